@@ -1,0 +1,1 @@
+"""bankml: a graph compiler for LLM inference, bit-identical to llama.cpp."""

@@ -1,0 +1,76 @@
+"""Float order as data: how an op's floats are combined, written once per ggml kernel.
+
+A FloatOrder names the ggml function it mirrors and spells out the choices that decide
+its bits: SIMD lanes and independent accumulators, how they fold, f32 or f64 sums,
+fused multiply-adds, where values are rounded to f16, and which expf is called.
+Backends lower this data; they never pick an order of their own.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class FloatOrder:
+    kernel: str                     # the ggml function mirrored (file:function in the constant's comment)
+    lanes: int = 1                  # SIMD width of one accumulator
+    accs: int = 1                   # independent accumulators
+    fold: str = "seq"               # how accs and lanes combine: "seq" | "hsum8" | "f32x8_reduce"
+    acc: str = "f32"                # "f32" | "f64"
+    fma: bool = False               # a*b+c rounded once
+    f16_at: tuple[str, ...] = ()    # values rounded to f16, e.g. ("src1",), ("q", "v_acc")
+    expf: str = ""                  # "glibc" | "ggml_v_expf" | "ggml_v_expf+glibc_tail"
+
+    def describe(self) -> str:
+        """Short annotation for IR dumps: only what differs from the defaults."""
+        parts = [self.kernel]
+        if self.lanes > 1 or self.accs > 1:
+            parts.append(f"lanes={self.lanes}x{self.accs}")
+        if self.fold != "seq":
+            parts.append(f"fold={self.fold}")
+        if self.acc != "f32":
+            parts.append(f"acc={self.acc}")
+        if self.fma:
+            parts.append("fma")
+        if self.f16_at:
+            parts.append("f16@" + ",".join(self.f16_at))
+        if self.expf:
+            parts.append(f"expf={self.expf}")
+        return " ".join(parts)
+
+
+# ---- mul_mat (GGML_MAP §3) -------------------------------------------------------------
+# ggml-cpu/vec.cpp:ggml_vec_dot_f16, AVX2: 4 accumulators of 8 lanes, GGML_F32x8_REDUCE, f64 tail
+F16_VEC_DOT = FloatOrder("ggml_vec_dot_f16", lanes=8, accs=4, fold="f32x8_reduce", fma=True, f16_at=("src1",))
+# ggml-cpu/llamafile/sgemm.cpp:tinyBLAS<8,__m256>::gemm_bloc: one 8-lane accumulator per output, hsum
+F16_TINYBLAS = FloatOrder("tinyBLAS_f16", lanes=8, fold="hsum8", fma=True, f16_at=("src1",))
+# ggml-cpu/arch/x86/quants.c:ggml_vec_dot_q8_0_q8_0 (tinyBLAS_Q0_AVX gives the same bits)
+Q8_0_DOT = FloatOrder("ggml_vec_dot_q8_0_q8_0", lanes=8, fold="hsum8", fma=True, f16_at=("act_d",))
+# ggml-cpu/arch/x86/quants.c:ggml_vec_dot_q4_1_q8_1: summs scalar fma chain, acc 8 lanes
+Q4_1_DOT = FloatOrder("ggml_vec_dot_q4_1_q8_1", lanes=8, fold="hsum8", fma=True, f16_at=("act_d", "act_s"))
+# ggml-cpu/arch/x86/quants.c:ggml_vec_dot_q1_0_q8_0 (AVX2)
+Q1_0_DOT = FloatOrder("ggml_vec_dot_q1_0_q8_0", lanes=8, fold="hsum8", fma=True, f16_at=("act_d",))
+# ggml-cpu/quants.c:ggml_vec_dot_q2_0_q8_0_generic (scalar, GCC-contracted fma)
+Q2_0_DOT = FloatOrder("ggml_vec_dot_q2_0_q8_0", fma=True, f16_at=("act_d",))
+
+# ---- elementwise and row ops -------------------------------------------------------------
+# ggml-cpu/ops.cpp:ggml_compute_forward_rms_norm_f32: sequential f64 sum of f32 squares
+RMS_NORM = FloatOrder("ggml_compute_forward_rms_norm_f32", acc="f64")
+# ggml-cpu/binary-ops.cpp:apply_binary_op
+ELEMENTWISE = FloatOrder("apply_binary_op")
+# ggml-cpu/ops.cpp:ggml_compute_forward_rope_flt + ggml_rope_cache_init (GCC-contracted fma)
+ROPE = FloatOrder("ggml_compute_forward_rope_flt", fma=True)
+# ggml-cpu/vec.cpp:ggml_vec_swiglu_f32: ggml_v_expf on 8-lane chunks, glibc expf tail
+SWIGLU = FloatOrder("ggml_vec_swiglu_f32", lanes=8, expf="ggml_v_expf+glibc_tail")
+# ggml-cpu/ops.cpp:ggml_compute_forward_set_rows -> ggml_cpu_fp32_to_fp16
+SET_ROWS_F16 = FloatOrder("ggml_compute_forward_set_rows", f16_at=("dst",))
+
+# ---- flash_attn_ext (GGML_MAP §5) -------------------------------------------------------------
+# ggml_compute_forward_flash_attn_ext_f16_one_chunk: Q to f16, f16 V accumulator, glibc expf
+FA_REFERENCE = FloatOrder("flash_attn_ext_f16_one_chunk", lanes=8, accs=4, fold="f32x8_reduce", fma=True,
+                          f16_at=("q", "v_acc"), expf="glibc")
+# ggml_compute_forward_flash_attn_ext_tiled: f32 Q, serial fma dots, f64 softmax sum, ggml_v_expf
+FA_TILED = FloatOrder("flash_attn_ext_tiled", fma=True, acc="f64", expf="ggml_v_expf")
+# one_chunk per thread chunk of keys, then ggml_flash_attn_ext_reduce_partials
+FA_SPLIT = FloatOrder("flash_attn_ext_split_kv", lanes=8, accs=4, fold="f32x8_reduce", fma=True,
+                      f16_at=("q", "v_acc"), expf="glibc")

@@ -1,0 +1,134 @@
+"""glibc's expf, logf, powf and sincosf over numpy arrays.
+
+ggml calls these libm functions (GGML_MAP §7, §4); numpy's own exp/sin/cos give other
+bits. A few lines of LLVM IR, JIT-compiled once with llvmlite, loop over an array and
+call the process's libm, so each element gets exactly what ggml's call gets.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+
+import numpy as np
+
+_IR = r"""
+declare float @expf(float)
+declare float @logf(float)
+declare float @powf(float, float)
+declare void @sincosf(float, float*, float*)
+
+define void @v_expf(float* %x, float* %y, i64 %n) {
+entry:
+  br label %loop
+loop:
+  %i = phi i64 [0, %entry], [%next, %body]
+  %done = icmp sge i64 %i, %n
+  br i1 %done, label %exit, label %body
+body:
+  %px = getelementptr float, float* %x, i64 %i
+  %v = load float, float* %px
+  %r = call float @expf(float %v)
+  %py = getelementptr float, float* %y, i64 %i
+  store float %r, float* %py
+  %next = add i64 %i, 1
+  br label %loop
+exit:
+  ret void
+}
+
+define void @v_logf(float* %x, float* %y, i64 %n) {
+entry:
+  br label %loop
+loop:
+  %i = phi i64 [0, %entry], [%next, %body]
+  %done = icmp sge i64 %i, %n
+  br i1 %done, label %exit, label %body
+body:
+  %px = getelementptr float, float* %x, i64 %i
+  %v = load float, float* %px
+  %r = call float @logf(float %v)
+  %py = getelementptr float, float* %y, i64 %i
+  store float %r, float* %py
+  %next = add i64 %i, 1
+  br label %loop
+exit:
+  ret void
+}
+
+define void @v_sincosf(float* %x, float* %s, float* %c, i64 %n) {
+entry:
+  br label %loop
+loop:
+  %i = phi i64 [0, %entry], [%next, %body]
+  %done = icmp sge i64 %i, %n
+  br i1 %done, label %exit, label %body
+body:
+  %px = getelementptr float, float* %x, i64 %i
+  %v = load float, float* %px
+  %ps = getelementptr float, float* %s, i64 %i
+  %pc = getelementptr float, float* %c, i64 %i
+  call void @sincosf(float %v, float* %ps, float* %pc)
+  %next = add i64 %i, 1
+  br label %loop
+exit:
+  ret void
+}
+"""
+
+_F32P = ctypes.POINTER(ctypes.c_float)
+
+
+@functools.cache
+def _lib():
+    import llvmlite.binding as llvm
+
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    llvm.load_library_permanently(ctypes.util.find_library("m"))
+    mod = llvm.parse_assembly(_IR)
+    mod.verify()
+    tm = llvm.Target.from_default_triple().create_target_machine(opt=0)
+    engine = llvm.create_mcjit_compiler(mod, tm)
+    engine.finalize_object()
+    libm = ctypes.CDLL(ctypes.util.find_library("m"))
+    libm.powf.restype = ctypes.c_float
+    libm.powf.argtypes = [ctypes.c_float, ctypes.c_float]
+    fns = {
+        "expf": ctypes.CFUNCTYPE(None, _F32P, _F32P, ctypes.c_int64)(engine.get_function_address("v_expf")),
+        "logf": ctypes.CFUNCTYPE(None, _F32P, _F32P, ctypes.c_int64)(engine.get_function_address("v_logf")),
+        "sincosf": ctypes.CFUNCTYPE(None, _F32P, _F32P, _F32P, ctypes.c_int64)(
+            engine.get_function_address("v_sincosf")),
+        "powf": libm.powf,
+    }
+    return engine, fns
+
+
+def _unary(name: str, x) -> np.ndarray:
+    x = np.ascontiguousarray(x, np.float32)
+    y = np.empty_like(x)
+    _lib()[1][name](x.ctypes.data_as(_F32P), y.ctypes.data_as(_F32P), x.size)
+    return y
+
+
+def expf(x) -> np.ndarray:
+    """glibc expf, elementwise."""
+    return _unary("expf", x)
+
+
+def logf(x) -> np.ndarray:
+    """glibc logf, elementwise."""
+    return _unary("logf", x)
+
+
+def sincosf(x) -> tuple[np.ndarray, np.ndarray]:
+    """glibc sincosf, elementwise: (sin, cos)."""
+    x = np.ascontiguousarray(x, np.float32)
+    s, c = np.empty_like(x), np.empty_like(x)
+    _lib()[1]["sincosf"](x.ctypes.data_as(_F32P), s.ctypes.data_as(_F32P), c.ctypes.data_as(_F32P), x.size)
+    return s, c
+
+
+def powf(x: float, y: float) -> np.float32:
+    """glibc powf of two scalars."""
+    return np.float32(_lib()[1]["powf"](x, y))
