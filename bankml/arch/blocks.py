@@ -1,0 +1,139 @@
+"""The DSL: a Builder whose calls read like llama.cpp's graph code (llama-graph.cpp).
+
+An architecture file calls these in the order llm_build_* does; each call adds IR nodes
+named as llama.cpp's cb() names them. Float orders of fixed ops are attached here; those
+that depend on shapes (mul_mat, attention) are chosen by passes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from bankml.gguf.plan import Plan
+from bankml.ir import order as fo
+from bankml.ir.graph import Graph
+from bankml.ir.node import Node
+from bankml.ir.ops import Op
+
+_ACT_DTYPE = "f32"
+
+
+def tensor_name(name: str, il: int) -> str:
+    """llama.cpp's cb(): "name-il", or "name" for il < 0."""
+    return f"{name}-{il}" if il >= 0 else name
+
+
+@dataclass(frozen=True)
+class Batch:
+    """What one micro-batch graph is built for."""
+    n_tokens: int
+    n_kv: int          # padded cache cells the attention reads
+    n_outputs: int     # rows whose logits are wanted
+
+
+class Builder:
+    def __init__(self, plan: Plan, batch: Batch, shapes: dict[str, tuple[int, ...]]):
+        self.plan, self.hp, self.batch, self.shapes = plan, plan.hparams, batch, shapes
+        self.g = Graph(meta={"arch": plan.arch, "n_tokens": batch.n_tokens, "n_kv": batch.n_kv,
+                             "n_outputs": batch.n_outputs})
+        self._weights: dict[str, Node] = {}
+        T = batch.n_tokens
+        self.inp_tokens = self._input("tokens", (T,), "i32")
+        self.inp_pos = self._input("pos", (T,), "i32")
+        self.kq_mask = self._input("kq_mask", (T, batch.n_kv), "f16")
+        self.out_ids = self._input("out_ids", (batch.n_outputs,), "i32")
+
+    # ---- plumbing ----
+    def node(self, op: Op, inputs: tuple[Node, ...], shape: tuple[int, ...], dtype: str = _ACT_DTYPE,
+             name: str | None = None, order: fo.FloatOrder | None = None, **params) -> Node:
+        n = Node(self.g.next_id(), op, tuple(i.id for i in inputs), tuple(shape), dtype, name, order, params)
+        return self.g.add(n)
+
+    def _input(self, name: str, shape, dtype) -> Node:
+        return self.node(Op.INPUT, (), shape, dtype, name=f"inp_{name}" if name != "kq_mask" else
+                         "attn_inp_kq_mask", input=name)
+
+    def weight(self, tensor: str) -> Node:
+        if tensor not in self._weights:
+            shape = self.shapes[tensor]
+            typ = self.plan.weight_types[tensor]
+            self._weights[tensor] = self.node(Op.WEIGHT, (), shape[::-1], f"ggml{typ}", name=tensor,
+                                              tensor=tensor, ggml_type=typ)
+        return self._weights[tensor]
+
+    def cb(self, n: Node, name: str, il: int = -1) -> Node:
+        """Name a tensor as llama.cpp's cb(cur, name, il) does."""
+        renamed = n.replace(name=tensor_name(name, il))
+        self.g.nodes[n.id] = renamed
+        return renamed
+
+    def output(self, key: str, n: Node) -> None:
+        self.g.outputs[key] = n.id
+
+    # ---- llama-graph.cpp blocks ----
+    def inp_embd(self, tok_embd: str) -> Node:
+        """build_inp_embd: get_rows of the token embeddings, named "embd"."""
+        w = self.weight(tok_embd)
+        return self.node(Op.GET_ROWS, (w, self.inp_tokens), (self.batch.n_tokens, w.shape[1]), name="embd")
+
+    def norm(self, x: Node, w: str, il: int) -> Node:
+        """build_norm(LLM_NORM_RMS): rms_norm ("norm-il") then mul by the weight."""
+        cur = self.node(Op.RMS_NORM, (x,), x.shape, name=tensor_name("norm", il), order=fo.RMS_NORM,
+                        eps=self.hp.rms_eps)
+        return self.node(Op.MUL, (cur, self.weight(w)), x.shape, order=fo.ELEMENTWISE)
+
+    def mm(self, w: str, x: Node) -> Node:
+        """build_lora_mm: a plain mul_mat; the pass choose_matmul_kernel gives its order."""
+        wn = self.weight(w)
+        return self.node(Op.MUL_MAT, (wn, x), (*x.shape[:-1], wn.shape[0]))
+
+    def reshape(self, x: Node, shape: tuple[int, ...]) -> Node:
+        return self.node(Op.RESHAPE, (x,), shape, name=x.name)
+
+    def qkv(self, cur: Node, il: int) -> tuple[Node, Node, Node]:
+        """build_qkv with separate wq/wk/wv: mul_mat, cb, reshape_3d, cb."""
+        hp, T, p = self.hp, self.batch.n_tokens, f"blk.{il}."
+        out = []
+        for w, nm, heads in (("attn_q", "Qcur", hp.n_head), ("attn_k", "Kcur", hp.n_head_kv),
+                             ("attn_v", "Vcur", hp.n_head_kv)):
+            t = self.cb(self.mm(p + w + ".weight", cur), nm, il)
+            out.append(self.cb(self.reshape(t, (T, heads, hp.head_dim)), nm, il))
+        return out[0], out[1], out[2]
+
+    def rope(self, x: Node) -> Node:
+        """ggml_rope_ext with the model's (or YaRN-derived) parameters."""
+        hp = self.hp
+        return self.node(Op.ROPE, (x, self.inp_pos), x.shape, order=fo.ROPE, mode=hp.rope_type,
+                         n_dims=hp.head_dim, n_ctx_orig=hp.yarn_orig_ctx, freq_base=hp.rope_freq_base,
+                         freq_scale=hp.rope_freq_scale, ext_factor=hp.yarn_ext_factor,
+                         attn_factor=hp.yarn_attn_factor, beta_fast=hp.yarn_beta_fast,
+                         beta_slow=hp.yarn_beta_slow)
+
+    def attn(self, wo: str, q: Node, k: Node, v: Node, kq_scale: float, il: int) -> Node:
+        """build_attn with the K/V cache and flash attention: set_rows into the f16 cache,
+        flash_attn_ext over the n_kv cells, reshape "kqv_out-il", then wo."""
+        hp, b = self.hp, self.batch
+        kv_shape = (b.n_kv, hp.n_head_kv, hp.head_dim)
+        k_cache = self.node(Op.SET_ROWS, (self.node(Op.CACHE, (), kv_shape, "f16", layer=il, kind="k"), k,
+                                          self.inp_pos), kv_shape, "f16", name=f"cache_k_l{il} (view)",
+                            order=fo.SET_ROWS_F16)
+        v_cache = self.node(Op.SET_ROWS, (self.node(Op.CACHE, (), kv_shape, "f16", layer=il, kind="v"), v,
+                                          self.inp_pos), kv_shape, "f16", name=f"cache_v_l{il} (view)",
+                            order=fo.SET_ROWS_F16)
+        fa = self.node(Op.FLASH_ATTN, (q, k_cache, v_cache, self.kq_mask), q.shape, scale=kq_scale)
+        cur = self.cb(self.reshape(fa, (b.n_tokens, hp.n_head * hp.head_dim)), "kqv_out", il)
+        return self.mm(wo, cur)
+
+    def get_rows(self, x: Node, ids: Node) -> Node:
+        """ggml_get_rows of f32 rows: the output rows through the last layer (inp_out_ids)."""
+        return self.node(Op.GET_ROWS, (x, ids), (ids.shape[0], *x.shape[1:]))
+
+    def add(self, a: Node, b: Node) -> Node:
+        return self.node(Op.ADD, (a, b), a.shape, order=fo.ELEMENTWISE)
+
+    def ffn(self, cur: Node, il: int) -> Node:
+        """build_ffn(LLM_FFN_SILU, LLM_FFN_PAR): up, gate, swiglu(gate, up), down."""
+        p = f"blk.{il}."
+        up = self.cb(self.mm(p + "ffn_up.weight", cur), "ffn_up", il)
+        gate = self.cb(self.mm(p + "ffn_gate.weight", cur), "ffn_gate", il)
+        cur = self.cb(self.node(Op.SWIGLU, (gate, up), gate.shape, order=fo.SWIGLU), "ffn_swiglu", il)
+        return self.mm(p + "ffn_down.weight", cur)

@@ -1,0 +1,33 @@
+"""The IR's vocabulary: one commented enum, plus named groups."""
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Op(Enum):
+    INPUT = "input"            # a per-micro-batch input: params name in {tokens, pos, kq_mask, out_ids}
+    WEIGHT = "weight"          # a model tensor: params tensor (name), ggml_type
+    CACHE = "cache"            # the K or V cache of one layer: params layer, kind ("k" | "v")
+    GET_ROWS = "get_rows"      # rows of src0 selected by src1 (dequantized when src0 is a weight)
+    RMS_NORM = "rms_norm"      # x / sqrt(mean(x^2) + eps) per row: params eps
+    MUL = "mul"                # elementwise, src1 broadcast over rows
+    ADD = "add"                # elementwise
+    QUANTIZE = "quantize"      # activation to the vec_dot type of a weight: params type ("f16" | "q8_0" | "q8_1")
+    MUL_MAT = "mul_mat"        # src1 @ src0^T: src0 a weight, src1 activation (or its QUANTIZE)
+    RESHAPE = "reshape"        # same bytes, new shape
+    ROPE = "rope"              # rotary embedding: src0 x, src1 pos; params mode, n_dims, freq_base, ...
+    SET_ROWS = "set_rows"      # write src1 (rounded to the cache type) into cache src0 at positions src2
+    FLASH_ATTN = "flash_attn"  # softmax(q k^T * scale + mask) v: q, k cache, v cache, mask; params kernel
+    SWIGLU = "swiglu"          # silu(src0) * src1
+
+
+VIEWS = frozenset({Op.RESHAPE})
+LEAVES = frozenset({Op.INPUT, Op.WEIGHT, Op.CACHE})
+EFFECTS = frozenset({Op.SET_ROWS})     # writes state: never dead, even when nothing reads it
+
+# arity of each op (inputs it takes)
+ARITY = {
+    Op.INPUT: 0, Op.WEIGHT: 0, Op.CACHE: 0, Op.GET_ROWS: 2, Op.RMS_NORM: 1, Op.MUL: 2, Op.ADD: 2,
+    Op.QUANTIZE: 1, Op.MUL_MAT: 2, Op.RESHAPE: 1, Op.ROPE: 2, Op.SET_ROWS: 3, Op.FLASH_ATTN: 4,
+    Op.SWIGLU: 2,
+}

@@ -1,0 +1,34 @@
+"""Reference / Tiled / Split flash-attention kernel, as ggml-cpu chooses.
+
+ggml-cpu/ops.cpp:ggml_compute_forward_flash_attn_ext_f16: split-KV when one query row
+(neq1 == 1) reads 512 or more cells (nek1 >= 512), with one chunk of keys per llama.cpp
+thread; tiled when the micro-batch has GGML_FA_TILE_Q (64) rows or more; otherwise the
+one_chunk reference kernel.
+"""
+from __future__ import annotations
+
+from bankml.ir import order as fo
+from bankml.ir.graph import Graph
+from bankml.ir.node import Node
+from bankml.ir.ops import Op
+
+SPLIT_MIN_KV = 512
+TILE_Q = 64
+
+
+def attention_order(n_tokens: int, n_kv: int) -> fo.FloatOrder:
+    if n_tokens == 1 and n_kv >= SPLIT_MIN_KV:
+        return fo.FA_SPLIT
+    if n_tokens >= TILE_Q:
+        return fo.FA_TILED
+    return fo.FA_REFERENCE
+
+
+def choose_attention_kernel(g: Graph) -> Graph:
+    n_tokens, n_kv, threads = g.meta["n_tokens"], g.meta["n_kv"], g.meta.get("llama_threads", 1)
+
+    def pick(n: Node) -> Node:
+        o = attention_order(n_tokens, n_kv)
+        params = {**n.params, "n_threads": threads} if o is fo.FA_SPLIT else n.params
+        return n.replace(order=o, params=params)
+    return g.map(pick, Op.FLASH_ATTN)

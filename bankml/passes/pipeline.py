@@ -1,0 +1,26 @@
+"""The passes, in order: the table of contents of compilation."""
+from __future__ import annotations
+
+from bankml.ir.graph import Graph
+from bankml.passes.choose_attention_kernel import choose_attention_kernel
+from bankml.passes.choose_matmul_kernel import choose_matmul_kernel
+from bankml.passes.remove_dead_nodes import remove_dead_nodes
+from bankml.passes.share_quantized_activations import share_quantized_activations
+from bankml.passes.skip_unused_rows import skip_unused_rows
+
+PASSES = [
+    skip_unused_rows,
+    choose_matmul_kernel,
+    choose_attention_kernel,
+    share_quantized_activations,
+    remove_dead_nodes,
+]
+
+
+def run_passes(g: Graph, until: str | None = None) -> Graph:
+    """All passes, or those up to and including `until`."""
+    for p in PASSES:
+        g = p(g)
+        if p.__name__ == until:
+            break
+    return g
