@@ -190,3 +190,26 @@ class Context:
         n = self.L.ggml_nbytes(t)
         out = np.frombuffer(ctypes.string_at(self.L.ggml_get_data(t), n), np.float32).copy()
         return out.reshape(shape) if shape else out
+
+
+def vec_soft_max_f32(x: np.ndarray, max_: float) -> tuple[np.ndarray, float]:
+    """ggml-cpu's exported ggml_vec_soft_max_f32: y = exp(x - max) (ggml_v_expf in 8-lane chunks,
+    glibc expf for the n%8 tail) and the f64 sum it returns. With max = 0, y is ggml_v_expf(x)."""
+    x = np.ascontiguousarray(x, np.float32)
+    y = np.empty_like(x)
+    fn = lib().ggml_vec_soft_max_f32
+    fn.restype, fn.argtypes = ctypes.c_double, [_I, ctypes.POINTER(_F), ctypes.POINTER(_F), _F]
+    s = fn(x.size, y.ctypes.data_as(ctypes.POINTER(_F)), x.ctypes.data_as(ctypes.POINTER(_F)), max_)
+    return y, s
+
+
+def quantize_chunk(ggml_type: int, x: np.ndarray) -> np.ndarray:
+    """ggml-base's ggml_quantize_chunk (the *_ref quantizers, no imatrix) of x f32 [rows, n]:
+    the weight bytes [rows, row_size] as llama-quantize would write them."""
+    x = np.ascontiguousarray(x, np.float32)
+    rows, n = x.shape
+    out = np.zeros((rows, row_size(ggml_type, n)), np.uint8)
+    fn = lib().ggml_quantize_chunk
+    fn.restype, fn.argtypes = ctypes.c_size_t, [_I, ctypes.POINTER(_F), _P, _I64, _I64, _I64, _P]
+    fn(ggml_type, x.ctypes.data_as(ctypes.POINTER(_F)), out.ctypes.data, 0, rows, n, None)
+    return out

@@ -1,0 +1,50 @@
+"""vec_dot or llamafile tinyBLAS for each mul_mat, by the rule ggml-cpu uses.
+
+ggml-cpu/ggml-cpu.c:ggml_compute_forward_mul_mat (GGML_USE_LLAMAFILE build):
+  1. ggml_compute_forward_mul_mat_tiled only takes K-quants and IQ types: never ours.
+  2. llamafile_sgemm with the raw f32 src1 fails for every weight type we run
+     (F16 wants an F16 B on AVX2, Q8_0 a Q8_0 B).
+  3. src1 is converted to vec_dot_type; llamafile_sgemm is tried again
+     (ggml-cpu/llamafile/sgemm.cpp:llamafile_sgemm):
+       - n = ne11 (columns) < 2 -> false;
+       - F16: tinyBLAS<8,__m256,...>::matmul needs m = ne01 (weight rows) % 4 == 0
+         (16 vector registers: m%16, m%8 or m%4 tilings); any k works on AVX (masked tail);
+       - Q8_0: tinyBLAS_Q0_AVX, always (its bits equal ggml_vec_dot_q8_0_q8_0:
+         fma(r(da*db), lane sums, acc) per block, then the same hsum);
+       - Q4_1, Q1_0, Q2_0 (and anything else): false.
+     No contiguity or alignment condition applies to this second call (wdata is packed).
+  4. Otherwise ggml_compute_forward_mul_mat_one_chunk calls vec_dot once per output.
+Thread count never changes the bits (it only splits outputs and src1 block ranges).
+"""
+from __future__ import annotations
+
+from bankml.ir import order as fo
+from bankml.ir.graph import Graph
+from bankml.ir.node import Node
+from bankml.ir.ops import Op
+from bankml.quants import F16, Q1_0, Q2_0, Q4_1, Q8_0
+
+_VEC_DOT = {Q8_0: fo.Q8_0_DOT, Q4_1: fo.Q4_1_DOT, Q1_0: fo.Q1_0_DOT, Q2_0: fo.Q2_0_DOT}
+
+
+def matmul_order(wtype: int, n_rows: int, n_cols: int) -> fo.FloatOrder:
+    """The FloatOrder of ggml's mul_mat for a weight of type wtype with n_rows rows (ne01)
+    times n_cols activation columns (ne11)."""
+    if wtype == F16:
+        return fo.F16_TINYBLAS if n_cols >= 2 and n_rows % 4 == 0 else fo.F16_VEC_DOT
+    if wtype in _VEC_DOT:
+        return _VEC_DOT[wtype]      # Q8_0: tinyBLAS_Q0_AVX for n_cols >= 2 gives the same bits
+    raise ValueError(f"mul_mat: weight type {wtype} has no float order; bankml runs F16 Q8_0 Q4_1 Q1_0 Q2_0")
+
+
+def choose_matmul_kernel(g: Graph) -> Graph:
+    """Attach matmul_order to every mul_mat whose src0 is a weight."""
+    def pick(n: Node) -> Node | None:
+        w = g[n.inputs[0]]
+        if w.op is not Op.WEIGHT:
+            return None
+        n_cols = 1
+        for s in n.shape[:-1]:
+            n_cols *= s
+        return n.replace(order=matmul_order(int(w.params["ggml_type"]), w.shape[0], n_cols))
+    return g.map(pick, Op.MUL_MAT)
