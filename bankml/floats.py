@@ -9,37 +9,43 @@ import numpy as np
 
 f32, f64 = np.float32, np.float64
 
-_LOW29 = np.uint64((1 << 29) - 1)
-_HALF29 = np.uint64(1 << 28)
-_TINY = 2.0 ** -125  # below this an f32 result may be subnormal: use the general midpoint test
+u32, u64 = np.uint32, np.uint64
+_LOW29, _HALF29 = u64((1 << 29) - 1), u64(1 << 28)
 
 
 def fma(a, b, c) -> np.ndarray:
-    """f32 a*b+c rounded once (what vfmadd computes), elementwise with broadcasting.
+    """f32 a*b+c rounded once, broadcasting; the hot loop of the reference kernels.
 
-    a*b is exact in f64 (24+24 bits); the f64 sum can round, and rounding that to f32
-    again errs only when the f64 sum sits exactly on an f32 midpoint. There the exact
-    remainder (TwoSum) decides the direction.
+    a*b is exact in f64 and s = a*b + c rounds at most once there; rounding s to f32 again is
+    wrong only when s sits exactly on an f32 midpoint (low 29 bits 1000...0) or the result is
+    subnormal. Those few lanes are redone: the TwoSum error says which way the exact sum lies.
+    The step to the exact side goes by the sign of err: nextafter(s, s + err) would not move,
+    since s + err == s in f64.
     """
-    p = np.multiply(np.asarray(a, f32), np.asarray(b, f32), dtype=f64)
-    c64 = np.asarray(c, f32).astype(f64)
-    s = p + c64
+    shape = np.broadcast_shapes(np.shape(a), np.shape(b), np.shape(c))
+    s = np.atleast_1d(np.multiply(a, b, dtype=f64))
+    if s.shape == np.shape(c):
+        s += c
+    else:
+        s = np.atleast_1d(s + c)
     r = s.astype(f32)
-    bits = np.abs(s).view(np.uint64)
-    suspect = ((bits & _LOW29) == _HALF29) | (np.abs(s) < _TINY)
-    if suspect.any():
-        r = np.array(r, copy=True)
-        idx = np.nonzero(suspect)
-        ps, cs, ss = p[idx], np.broadcast_to(c64, s.shape)[idx], s[idx]
-        bp = ss - cs
-        err = (ps - bp) + (cs - (ss - bp))
-        lo = ss.astype(f32)
-        other = np.nextafter(lo, np.where(ss > lo.astype(f64), f32(np.inf), f32(-np.inf)))
-        mid = (lo.astype(f64) + other.astype(f64)) * 0.5 == ss
-        fix = mid & (err != 0) & (ss != lo.astype(f64))
-        nudged = np.nextafter(ss, ss + err).astype(f32)
-        r[idx] = np.where(fix, nudged, lo)
-    return r
+    odd = (s.view(u64) & _LOW29) == _HALF29
+    odd |= ((r.view(u32) & u32(0x7F800000)) == 0) & (s != 0)       # subnormal (0 is exact)
+    idx = np.flatnonzero(odd)
+    if idx.size == 0:
+        return r.reshape(shape)
+    at = np.unravel_index(idx, s.shape)
+    p = np.multiply(np.broadcast_to(a, s.shape)[at], np.broadcast_to(b, s.shape)[at], dtype=f64)
+    cc = np.broadcast_to(np.asarray(c, f32), s.shape)[at].astype(f64)
+    ss = s.reshape(-1)[idx]
+    bp = ss - cc
+    err = (p - bp) + (cc - (ss - bp))                                # exact p + c - ss (TwoSum)
+    lo = ss.astype(f32)
+    other = np.nextafter(lo, np.where(ss > lo, f32(np.inf), f32(-np.inf)))
+    mid = (lo.astype(f64) + other.astype(f64)) * 0.5 == ss          # ss on an f32 midpoint
+    toward = np.nextafter(ss, np.where(err > 0, np.inf, -np.inf))    # one f64 step to the exact side
+    r.reshape(-1)[idx] = np.where(mid & (err != 0), toward, ss).astype(f32)
+    return r.reshape(shape)
 
 
 def f16(x) -> np.ndarray:

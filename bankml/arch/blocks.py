@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from bankml.gguf.plan import Plan
+from bankml.gguf.reader import ggml_type_name
 from bankml.ir import order as fo
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
@@ -56,7 +57,7 @@ class Builder:
         if tensor not in self._weights:
             shape = self.shapes[tensor]
             typ = self.plan.weight_types[tensor]
-            self._weights[tensor] = self.node(Op.WEIGHT, (), shape[::-1], f"ggml{typ}", name=tensor,
+            self._weights[tensor] = self.node(Op.WEIGHT, (), shape[::-1], ggml_type_name(typ), name=tensor,
                                               tensor=tensor, ggml_type=typ)
         return self._weights[tensor]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import mmap
 import os
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -42,7 +42,7 @@ GGML_TYPES: dict[int, tuple[str, int, int]] = {
 }
 
 # GGUF metadata value types: gguf.h `enum gguf_type` -> numpy dtype (None: string / array)
-GGUF_UINT32, GGUF_FLOAT32, GGUF_BOOL, GGUF_STRING, GGUF_ARRAY = 4, 6, 7, 8, 9
+GGUF_UINT32, GGUF_INT32, GGUF_FLOAT32, GGUF_BOOL, GGUF_STRING, GGUF_ARRAY = 4, 5, 6, 7, 8, 9
 GGUF_VALUE_DTYPES: dict[int, np.dtype | None] = {
     0: np.dtype("<u1"), 1: np.dtype("<i1"), 2: np.dtype("<u2"), 3: np.dtype("<i2"),
     4: np.dtype("<u4"), 5: np.dtype("<i4"), 6: np.dtype("<f4"), 7: np.dtype("<u1"),
@@ -80,7 +80,7 @@ class GGUFFile:
     tensors: dict[str, TensorInfo]  # in file order
     alignment: int
     data_offset: int
-    _bytes: np.ndarray              # uint8 view of the mapped file
+    _bytes: np.ndarray = field(repr=False)  # uint8 view of the mapped file
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.metadata.get(key, default)
@@ -114,9 +114,14 @@ class _Cursor:
     def scalar(self, fmt: str, what: str) -> Any:
         return struct.unpack_from(fmt, self.take(struct.calcsize(fmt), what))[0]
 
-    def string(self, what: str) -> str:
+    def raw_string(self, what: str) -> memoryview:
         n = self.scalar("<Q", f"{what} length")
-        return str(self.take(n, f"{what} ({n} bytes)"), "utf-8", errors="replace")
+        if n > self.remain():
+            raise self.fail(f"{what} has length {n}, only {self.remain()} bytes remain")
+        return self.take(n, what)
+
+    def string(self, what: str) -> str:
+        return str(self.raw_string(what), "utf-8", errors="replace")
 
 
 def read_gguf(path: str | os.PathLike) -> GGUFFile:
@@ -244,7 +249,7 @@ def _alignment(c: _Cursor, metadata: dict[str, Any], types: dict[str, tuple[int,
     if "general.alignment" not in metadata:
         return GGUF_DEFAULT_ALIGNMENT
     if types["general.alignment"] != (GGUF_UINT32,):
-        raise c.fail(f"key 'general.alignment' must be u32, is gguf type {types['general.alignment']}")
+        raise c.fail(f"key 'general.alignment' must be u32, is gguf type {types['general.alignment'][0]}")
     a = metadata["general.alignment"]
     if a == 0 or a & (a - 1):
         raise c.fail(f"general.alignment {a} is not a power of 2")
@@ -264,9 +269,10 @@ def _read_tensor_infos(c: _Cursor, n_tensors: int) -> list[tuple[str, int, tuple
 
 def _read_tensor_info(c: _Cursor, i: int) -> tuple[str, int, tuple[int, ...], int, int]:
     """(name, type, shape, relative offset, nbytes): one entry of the tensor info table."""
-    name = c.string(f"tensor {i} name")
-    if len(name.encode("utf-8", errors="replace")) >= GGML_MAX_NAME:
-        raise c.fail(f"tensor {i} name {name[:40]!r}... is {len(name)} bytes, ggml allows {GGML_MAX_NAME - 1}")
+    raw = c.raw_string(f"tensor {i} name")
+    name = str(raw, "utf-8", errors="replace")
+    if len(raw) >= GGML_MAX_NAME:
+        raise c.fail(f"tensor {i} name {name[:40]!r}... is {len(raw)} bytes, ggml allows {GGML_MAX_NAME - 1}")
     n_dims = c.scalar("<I", f"tensor {name} n_dims")
     if n_dims > GGML_MAX_DIMS:
         raise c.fail(f"tensor {name} has {n_dims} dimensions, ggml allows at most {GGML_MAX_DIMS}")

@@ -27,7 +27,7 @@ from bankml.errors import LoweringError
 from bankml.floats import f16, f32x8_reduce, hsum8
 from bankml.ir.order import FloatOrder
 from bankml.quants import F16, Q1_0, Q2_0, Q4_1, Q8_0, Q8_1, WEIGHT_TYPES
-from bankml.quants.activation import quantize_q8_0, quantize_q8_1
+from bankml.quants.activation import Q8Act, quantize_q8_0, quantize_q8_1
 
 f32, f64 = np.float32, np.float64
 QK = 32                              # the q8 activation block
@@ -35,15 +35,29 @@ _LOW29, _HALF29 = np.uint64((1 << 29) - 1), np.uint64(1 << 28)
 _TEMP_ELEMS = 1 << 18                # elements of one [M, lanes, rows] temporary
 
 
-def mul_mat(w_raw: np.ndarray, wtype: int, x: np.ndarray, order: FloatOrder) -> np.ndarray:
-    """ggml_mul_mat(w, x): w_raw uint8 [N, row_bytes] of type wtype, x f32 [M, K] -> f32 [M, N]."""
+def quantize_activation(x: np.ndarray, act_type: int) -> np.ndarray | Q8Act:
+    """src1 converted to the weight's vec_dot_type, as ggml_compute_forward_mul_mat does once
+    into wdata: f16 (ggml_cpu_fp32_to_fp16, RNE) for F16 weights, q8_0 or q8_1 blocks."""
+    x = np.ascontiguousarray(x, f32)
+    if act_type == F16:
+        return x.astype(np.float16)
+    return quantize_q8_1(x) if act_type == Q8_1 else quantize_q8_0(x)
+
+
+def mul_mat(w_raw: np.ndarray, wtype: int, x: np.ndarray | Q8Act, order: FloatOrder) -> np.ndarray:
+    """ggml_mul_mat(w, x): w_raw uint8 [N, row_bytes] of type wtype, x f32 [M, K] -> f32 [M, N].
+
+    x may already be converted by quantize_activation (one conversion shared by several
+    mul_mats, as Q/K/V share attn_norm's): a Q8Act, or an f16 array for F16 weights.
+    """
     if wtype not in WEIGHT_TYPES:
         raise LoweringError(f"mul_mat: weight type {wtype} has no reference lowering")
     if order.acc != "f32":
         raise LoweringError(f"mul_mat: order {order.kernel} accumulates in {order.acc}; only f32 is lowered")
-    x = np.ascontiguousarray(x, f32)
+    if not isinstance(x, Q8Act) and x.dtype != np.float16:
+        x = np.ascontiguousarray(x, f32)
     w_raw = np.ascontiguousarray(w_raw, np.uint8)
-    wt, K = WEIGHT_TYPES[wtype], x.shape[1]
+    wt, K = WEIGHT_TYPES[wtype], (x.q if isinstance(x, Q8Act) else x).shape[1]
     if K % max(wt.block, QK if wtype != F16 else 1) or w_raw.shape[1] != wt.row_bytes(K):
         raise LoweringError(f"mul_mat: {wt.name} weight rows of {w_raw.shape[1]} bytes do not fit K = {K} "
                             f"(blocks of {wt.block}, {wt.block_bytes} bytes)")
@@ -168,7 +182,10 @@ def _mul_mat_f16(w_raw: np.ndarray, x: np.ndarray, order: FloatOrder) -> np.ndar
     """
     N = w_raw.shape[0]
     M, K = x.shape
-    xs = f16(x) if "src1" in order.f16_at else x
+    if x.dtype == np.float16:                          # already converted (quantize_activation)
+        xs = x.astype(f32)
+    else:
+        xs = f16(x) if "src1" in order.f16_at else x
     L, A = order.lanes, order.accs
     if not ((order.fold == "f32x8_reduce" and (A, L) == (4, 8)) or (order.fold == "hsum8" and (A, L) == (1, 8))):
         raise LoweringError(f"mul_mat: F16 order {order.kernel} ({A} accs of {L}, fold {order.fold}) is not lowered")
@@ -223,8 +240,8 @@ def _lane_matrix(q: np.ndarray, lanes: int) -> np.ndarray:
 def _mul_mat_quant(w_raw: np.ndarray, wtype: int, x: np.ndarray, order: FloatOrder) -> np.ndarray:
     wt = WEIGHT_TYPES[wtype]
     N = w_raw.shape[0]
-    M, K = x.shape
-    act = quantize_q8_1(x) if wt.act_type == Q8_1 else quantize_q8_0(x)
+    act = x if isinstance(x, Q8Act) else quantize_activation(x, wt.act_type)
+    M, K = act.q.shape
     L = order.lanes
     if order.accs != 1 or QK % L:
         raise LoweringError(f"mul_mat: {wt.name} with {order.accs} accs of {L} lanes is not lowered")

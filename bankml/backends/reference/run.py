@@ -15,7 +15,6 @@ from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
 from bankml.quants import WEIGHT_TYPES
-from bankml.quants import activation as act
 
 LOWERINGS: dict[Op, Callable] = {}
 
@@ -87,7 +86,7 @@ def _add(env, g, n, a, b):
 
 @lowers(Op.QUANTIZE)
 def _quantize(env, g, n, x):
-    return x  # TODO: hand the quantized activation to mul_mat
+    return matmul.quantize_activation(x.reshape(-1, x.shape[-1]), n.params["type"])
 
 
 @lowers(Op.MUL_MAT)

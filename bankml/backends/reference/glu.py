@@ -1,0 +1,42 @@
+"""SwiGLU and add in ggml's float order (GGML_MAP §7, §8).
+
+ggml-cpu/vec.cpp:ggml_vec_swiglu_f32 (AVX2+FMA branch), per row of n = gate.shape[-1]:
+    i < n - n%8 (8-lane chunks, ggml_v_silu): y = r( r(g / r(1 + ggml_v_expf(r(0 - g)))) * u )
+    the n%8 tail (ggml_silu_f32):             y = r( r(g / r(1 + expf(-g))) * u )   # glibc expf
+No FMA outside ggml_v_expf (checked: vaddps, vdivps, vmulps). gate is src0 of
+ggml_swiglu_split and up is src1.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from bankml.errors import LoweringError
+from bankml.expf import ggml_v_expf
+from bankml.ir.order import ELEMENTWISE, SWIGLU, FloatOrder
+from bankml.libm import expf
+
+f32 = np.float32
+
+
+def _check(order: FloatOrder, want: FloatOrder, op: str) -> None:
+    if order != want:
+        raise LoweringError(f"reference backend: {op} lowers only {want.describe()!r}, not {order.describe()!r}")
+
+
+def swiglu(gate: np.ndarray, up: np.ndarray, order: FloatOrder = SWIGLU) -> np.ndarray:
+    """silu(gate) * up over rows [..., n] (ggml_vec_swiglu_f32); f32, the shape of gate."""
+    _check(order, SWIGLU, "swiglu")
+    g, u = np.asarray(gate, f32), np.asarray(up, f32)
+    n = g.shape[-1]
+    body = n - n % order.lanes
+    e = np.empty_like(g)
+    e[..., :body] = ggml_v_expf((f32(0) - g[..., :body]).astype(f32))     # _mm256_sub_ps(zero, x)
+    e[..., body:] = expf(-g[..., body:])                                  # ggml_silu_f32: expf(-x)
+    silu = (g / (f32(1) + e).astype(f32)).astype(f32)
+    return (silu * u).astype(f32)
+
+
+def add(a: np.ndarray, b: np.ndarray, order: FloatOrder = ELEMENTWISE) -> np.ndarray:
+    """r(a+b), b broadcast (binary-ops.cpp:apply_binary_op<op_add>)."""
+    _check(order, ELEMENTWISE, "add")
+    return (np.asarray(a, f32) + np.asarray(b, f32)).astype(f32)

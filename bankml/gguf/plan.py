@@ -1,0 +1,280 @@
+"""plan(): what bankml builds for a GGUF, decided from its header alone, or a refusal.
+
+Mirrors llama.cpp b11434: src/llama-model.cpp `llama_model_base::load_hparams`,
+src/models/llama.cpp and src/models/qwen3.cpp (`load_arch_hparams`, `load_arch_tensors`),
+the rope/yarn defaults of src/llama-context.cpp's `llama_context` constructor (default
+context params), and the loader's rule that every tensor in the file is used. Anything the
+graph would not reproduce raises `ModelRefused` naming the key or tensor, before any weight
+byte is read.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from bankml.errors import ModelRefused
+from bankml.gguf.reader import (GGML_TYPES, GGUF_ARRAY, GGUF_FLOAT32, GGUF_INT32, GGUF_STRING, GGUF_UINT32,
+                                GGUFFile, ggml_type_name)
+
+F32, F16, Q4_1, Q8_0, Q1_0, Q2_0 = 0, 1, 3, 8, 41, 42
+MATRIX_TYPES = (F16, Q8_0, Q4_1, Q1_0, Q2_0)   # bankml's weight types for layer matrices
+EMBED_TYPES = (F16, Q8_0)                       # token_embd/output may also be one of these
+ROPE_TYPES = {"llama": "norm", "qwen3": "neox"}  # llama-model.cpp `llama_model_rope_type`
+HEAD_DIMS = (64, 128)
+ROPE_SCALING_TYPES = ("none", "linear", "yarn")  # llama.cpp also knows longrope: refused
+LAYER_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+GGUF_TYPE_NAMES = {GGUF_UINT32: "u32", GGUF_INT32: "i32", GGUF_FLOAT32: "f32", 7: "bool", GGUF_STRING: "str"}
+LLAMA_MAX_LAYERS = 512
+
+
+@dataclass(frozen=True)
+class HParams:
+    """The numbers the graph uses, as llama.cpp holds them after creating a default context.
+
+    llama.cpp reads no yarn_* key, rope.scaling.yarn_log_multiplier nor attention.scale for
+    llama and qwen3, so those keep its defaults here even when the file has them.
+    """
+    n_vocab: int
+    n_embd: int
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int             # attention.key_length (= value_length = rope dimension count)
+    n_ff: int
+    n_ctx_train: int
+    rms_eps: float
+    rope_type: str            # "norm" (llama) | "neox" (qwen3)
+    rope_freq_base: float
+    rope_freq_scale: float    # cparams.rope_freq_scale: 1/factor, 1 for scaling type "none"
+    rope_scaling_type: str    # "none" | "linear" | "yarn"; llama.cpp's default is "linear"
+    yarn_orig_ctx: int        # cparams.n_ctx_orig_yarn
+    yarn_ext_factor: float    # cparams.yarn_ext_factor: 1 for yarn, else 0
+    yarn_attn_factor: float   # cparams.yarn_attn_factor (the attn_factor given to rope)
+    yarn_beta_fast: float
+    yarn_beta_slow: float
+    yarn_log_multiplier: float
+    rope_attn_factor: float   # rope.scaling.attn_factor, default 1
+    attention_scale: float    # f_attention_scale; 0 means 1/sqrt(head_dim)
+    tied: bool                # no output.weight: logits use token_embd.weight
+
+
+@dataclass(frozen=True)
+class Plan:
+    arch: str
+    hparams: HParams
+    weight_types: dict[str, int]  # tensor name -> ggml type, file order
+    logits_matrix: str            # "output.weight" or "token_embd.weight" when tied
+    matrix_type: int              # the one ggml type of every layer matrix
+
+
+def plan(gguf: GGUFFile) -> Plan:
+    """Decide the graph from the header (`load_hparams` + `load_arch_tensors`), or refuse."""
+    keys = _Keys(gguf)
+    arch = keys.text("general.architecture", required=True)
+    if arch not in ROPE_TYPES:
+        raise keys.refuse(f"general.architecture is {arch!r}; bankml reproduces {', '.join(ROPE_TYPES)}")
+    hp = _hparams(keys, arch, tied="output.weight" not in gguf.tensors)
+    expected = _expected_tensors(arch, hp)
+    _check_tensor_names(gguf, keys, arch, expected)
+    _check_shapes(gguf, keys, expected)
+    matrix_type = _check_types(gguf, keys, expected)
+    return Plan(arch, hp, {t.name: t.ggml_type for t in gguf.tensors.values()},
+                "token_embd.weight" if hp.tied else "output.weight", matrix_type)
+
+
+class _Keys:
+    """Typed metadata access with llama.cpp's strict type check (`GGUFMeta::GKV::validate_type`)."""
+
+    def __init__(self, gguf: GGUFFile):
+        self.gguf = gguf
+
+    def refuse(self, why: str) -> ModelRefused:
+        return ModelRefused(f"{self.gguf.path}: {why}")
+
+    def _get(self, key: str, gtypes: tuple[int, ...], required: bool) -> Any:
+        if key not in self.gguf.metadata:
+            if required:
+                raise self.refuse(f"key {key} is missing; llama.cpp requires it")
+            return None
+        vtype = self.gguf.value_types[key]
+        if vtype[0] not in gtypes:
+            got = "array" if vtype[0] == GGUF_ARRAY else GGUF_TYPE_NAMES.get(vtype[0], f"type {vtype[0]}")
+            raise self.refuse(f"key {key} is {got}, expected {GGUF_TYPE_NAMES[gtypes[0]]}")
+        return self.gguf.metadata[key]
+
+    def text(self, key: str, default: str | None = None, required: bool = False) -> str | None:
+        value = self._get(key, (GGUF_STRING,), required)
+        return default if value is None else value
+
+    def u32(self, key: str, default: int | None = None, required: bool = False) -> int | None:
+        value = self._get(key, (GGUF_UINT32,), required)
+        return default if value is None else int(value)
+
+    def f32(self, key: str, default: float | None = None, required: bool = False) -> float | None:
+        value = self._get(key, (GGUF_FLOAT32,), required)
+        return default if value is None else float(value)
+
+    def u32_per_layer(self, key: str, n_layer: int, required: bool = False) -> int | None:
+        """`get_key_or_arr`: one u32, or one per layer (all equal here, or refused)."""
+        if key not in self.gguf.metadata or self.gguf.value_types[key][0] != GGUF_ARRAY:
+            return self.u32(key, required=required)
+        values = self.gguf.metadata[key]
+        if self.gguf.value_types[key][1] not in (GGUF_UINT32, GGUF_INT32) or len(values) != n_layer:
+            raise self.refuse(f"key {key} must be u32 or an array of {n_layer} integers")
+        if len(set(int(v) for v in values)) != 1:
+            raise self.refuse(f"key {key} differs between layers; bankml needs one value for all layers")
+        return int(values[0])
+
+
+def _hparams(keys: _Keys, arch: str, tied: bool) -> HParams:
+    """`load_hparams` for LLM_ARCH_LLAMA / LLM_ARCH_QWEN3, then the context's rope defaults."""
+    k = lambda name: f"{arch}.{name}"  # noqa: E731
+    n_ctx_train = keys.u32(k("context_length"), required=True)
+    n_embd = keys.u32(k("embedding_length"), required=True)
+    n_layer = keys.u32(k("block_count"), required=True)
+    if not 0 < n_layer <= LLAMA_MAX_LAYERS:
+        raise keys.refuse(f"key {k('block_count')} is {n_layer}; llama.cpp needs 1..{LLAMA_MAX_LAYERS}")
+    n_expert = keys.u32(k("expert_count"), 0)
+    if n_expert:
+        raise keys.refuse(f"key {k('expert_count')} is {n_expert}: mixture-of-experts is not reproduced by bankml")
+    n_ff = keys.u32_per_layer(k("feed_forward_length"), n_layer, required=True)
+    n_head = keys.u32_per_layer(k("attention.head_count"), n_layer, required=True)
+    n_head_kv = keys.u32_per_layer(k("attention.head_count_kv"), n_layer)
+    n_head_kv = n_head if n_head_kv is None else n_head_kv
+    if n_ff == 0:
+        raise keys.refuse(f"key {k('feed_forward_length')} is 0; bankml needs a feed-forward block")
+    if n_head == 0 or n_head_kv == 0 or n_head % n_head_kv:
+        raise keys.refuse(f"{n_head} heads over {n_head_kv} K/V heads: needs n_head a multiple of n_head_kv")
+    head_dim = keys.u32(k("attention.key_length"), n_embd // n_head)
+    head_dim_v = keys.u32(k("attention.value_length"), n_embd // n_head)
+    n_rot = keys.u32(k("rope.dimension_count"), head_dim)
+    if head_dim_v != head_dim:
+        raise keys.refuse(f"key {k('attention.value_length')} is {head_dim_v}, key_length is {head_dim}: "
+                          "they must be equal")
+    if n_rot != head_dim:
+        raise keys.refuse(f"key {k('rope.dimension_count')} is {n_rot}, head size is {head_dim}: "
+                          "partial rope is not reproduced by bankml")
+    if head_dim not in HEAD_DIMS:
+        raise keys.refuse(f"head size {head_dim} (key {k('attention.key_length')} or n_embd/n_head); "
+                          f"bankml supports {' '.join(map(str, HEAD_DIMS))}")
+    tokens = keys.gguf.metadata.get("tokenizer.ggml.tokens")
+    if keys.gguf.value_types.get("tokenizer.ggml.tokens") != (GGUF_ARRAY, GGUF_STRING) or not tokens:
+        raise keys.refuse("key tokenizer.ggml.tokens is missing, empty or not a string array; it gives n_vocab")
+    rope = _rope(keys, arch, n_ctx_train)
+    return HParams(
+        n_vocab=len(tokens), n_embd=n_embd, n_layer=n_layer, n_head=n_head, n_head_kv=n_head_kv,
+        head_dim=head_dim, n_ff=n_ff, n_ctx_train=n_ctx_train,
+        rms_eps=keys.f32(k("attention.layer_norm_rms_epsilon"), required=True),
+        rope_type=ROPE_TYPES[arch], attention_scale=0.0, tied=tied, **rope)
+
+
+def _rope(keys: _Keys, arch: str, n_ctx_train: int) -> dict[str, Any]:
+    """rope keys (`load_hparams`) resolved as the `llama_context` constructor does."""
+    k = lambda name: f"{arch}.rope.{name}"  # noqa: E731
+    scaling = keys.text(k("scaling.type"), "linear")
+    if scaling not in ROPE_SCALING_TYPES:
+        raise keys.refuse(f"key {k('scaling.type')} is {scaling!r}; bankml reproduces "
+                          f"{', '.join(ROPE_SCALING_TYPES)}")
+    factor = keys.f32(k("scaling.factor"))
+    if factor is None:
+        factor = keys.f32(k("scale_linear"), 0.0)
+    f32 = np.float32
+    freq_scale = f32(1.0) if factor == 0.0 else f32(1.0) / f32(factor)
+    if scaling == "none":
+        freq_scale = f32(1.0)  # "never scale if scaling type is none"
+    rope_attn_factor = f32(keys.f32(k("scaling.attn_factor"), 1.0))
+    ext_factor = 1.0 if scaling == "yarn" else 0.0
+    attn_factor = f32(1.0)
+    if ext_factor != 0.0:
+        from bankml.libm import logf  # glibc logf, as llama-context.cpp calls it
+        scale = f32(1.0) / freq_scale
+        log_scale = logf(np.array([scale], f32))[0]
+        mscale = f32(1.0) if scale <= 1.0 else f32(0.1) * log_scale + f32(1.0)
+        attn_factor = mscale * (f32(1.0) / (f32(1.0) + f32(0.1) * log_scale))
+    orig_ctx = keys.u32(k("scaling.original_context_length"), n_ctx_train) or n_ctx_train
+    return dict(rope_freq_base=keys.f32(k("freq_base"), 10000.0), rope_freq_scale=float(freq_scale),
+                rope_scaling_type=scaling, yarn_orig_ctx=orig_ctx, yarn_ext_factor=ext_factor,
+                yarn_attn_factor=float(attn_factor * rope_attn_factor), yarn_beta_fast=32.0,
+                yarn_beta_slow=1.0, yarn_log_multiplier=0.0, rope_attn_factor=float(rope_attn_factor))
+
+
+def _expected_tensors(arch: str, hp: HParams) -> dict[str, tuple[tuple[int, ...], str]]:
+    """name -> (ne shape, role) as `load_arch_tensors` creates them; role: matrix | embed | norm."""
+    q, kv = hp.head_dim * hp.n_head, hp.head_dim * hp.n_head_kv
+    out = {"token_embd.weight": ((hp.n_embd, hp.n_vocab), "embed"),
+           "output_norm.weight": ((hp.n_embd,), "norm")}
+    if not hp.tied:
+        out["output.weight"] = ((hp.n_embd, hp.n_vocab), "embed")
+    for il in range(hp.n_layer):
+        shapes = {"attn_norm": (hp.n_embd,), "attn_q": (hp.n_embd, q), "attn_k": (hp.n_embd, kv),
+                  "attn_v": (hp.n_embd, kv), "attn_output": (q, hp.n_embd), "ffn_norm": (hp.n_embd,),
+                  "ffn_gate": (hp.n_embd, hp.n_ff), "ffn_up": (hp.n_embd, hp.n_ff),
+                  "ffn_down": (hp.n_ff, hp.n_embd)}
+        if arch == "qwen3":
+            shapes |= {"attn_q_norm": (hp.head_dim,), "attn_k_norm": (hp.head_dim,)}
+        for part, shape in shapes.items():
+            out[f"blk.{il}.{part}.weight"] = (shape, "matrix" if part in LAYER_MATRICES else "norm")
+    return out
+
+
+# Tensors llama.cpp may load for these archs that bankml's graph does not reproduce, and why.
+UNUSED_TENSORS = [
+    (r"\.bias$", "biases are not reproduced by bankml"),
+    (r"^blk\.\d+\.attn_qkv\.", "fused QKV is not reproduced by bankml (needs attn_q/attn_k/attn_v)"),
+    (r"^rope_freqs\.|rope_factors", "rope frequency factors (llama3 rope scaling) are not reproduced by bankml"),
+    (r"_exps\.|_shexp\.|ffn_gate_inp\.", "mixture-of-experts is not reproduced by bankml"),
+    (r"^blk\.\d+\.attn_[qk]_norm\.", "Q/K norms are used by qwen3, not by llama's graph"),
+    (r"^cls\.", "classifier heads are not reproduced by bankml"),
+]
+
+
+def _check_tensor_names(gguf: GGUFFile, keys: _Keys, arch: str, expected: dict) -> None:
+    """Every tensor used and every required one present (`done_getting_tensors`)."""
+    for name in gguf.tensors:
+        if name in expected:
+            continue
+        why = next((why for pat, why in UNUSED_TENSORS if re.search(pat, name)),
+                   f"not used by the {arch} graph")
+        raise keys.refuse(f"tensor {name}: {why}")
+    for name in expected:
+        if name not in gguf.tensors:
+            raise keys.refuse(f"tensor {name} is missing; the {arch} graph needs it")
+
+
+def _check_shapes(gguf: GGUFFile, keys: _Keys, expected: dict) -> None:
+    """Shapes as `create_tensor` checks them (ne padded with 1s to 4 dims)."""
+    pad = lambda s: tuple(s) + (1,) * (4 - len(s))  # noqa: E731
+    for name, (shape, _) in expected.items():
+        got = gguf.tensors[name].shape
+        if pad(got) != pad(shape):
+            raise keys.refuse(f"tensor {name} has shape {list(got)}, hparams give {list(shape)}")
+
+
+def _check_types(gguf: GGUFFile, keys: _Keys, expected: dict) -> int:
+    """One matrix type for all layers; token_embd/output that type, F16 or Q8_0; F32 norms."""
+    names = " ".join(map(ggml_type_name, MATRIX_TYPES))
+    first = next(n for n, (_, role) in expected.items() if role == "matrix")
+    matrix_type = gguf.tensors[first].ggml_type
+    for name, (shape, role) in expected.items():
+        t = gguf.tensors[name]
+        if role == "norm" and t.ggml_type != F32:
+            raise keys.refuse(f"tensor {name} is {t.type_name}; norm weights must be F32")
+        if role == "norm":
+            continue
+        if t.ggml_type not in MATRIX_TYPES:
+            raise keys.refuse(f"tensor {name} is {t.type_name}; bankml supports {names}")
+        if role == "matrix" and t.ggml_type != matrix_type:
+            raise keys.refuse(f"tensor {name} is {t.type_name} but {first} is "
+                              f"{ggml_type_name(matrix_type)}; bankml needs one type for all layer matrices")
+        if role == "embed" and t.ggml_type not in (matrix_type, *EMBED_TYPES):
+            allowed = " ".join(dict.fromkeys(map(ggml_type_name, (matrix_type, *EMBED_TYPES))))
+            raise keys.refuse(f"tensor {name} is {t.type_name} with {ggml_type_name(matrix_type)} layers; "
+                              f"it must be one of {allowed}")
+        block = GGML_TYPES[t.ggml_type][1]
+        if shape[0] % block:
+            raise keys.refuse(f"tensor {name} rows of {shape[0]} are not a multiple of the "
+                              f"{t.type_name} block ({block})")
+    return matrix_type

@@ -1,0 +1,306 @@
+"""plan(): llama.cpp's hparams and defaults from the header, and one refusal per unsupported feature."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf_fixtures import (ARRAY, F16_T, F32, F32_T, I32, Q1_0_T, Q2_0_T, Q4_1_T, Q8_0_T, STR, U32, model_tensors,
+                           real_models, write_model)
+
+from bankml.errors import ModelRefused
+from bankml.gguf import GGUFFile, plan, read_gguf
+
+Q4_0_T, Q5_K_T = 2, 13
+
+
+def planned(tmp_path, **kw):
+    return plan(read_gguf(write_model(tmp_path / "m.gguf", **kw)))
+
+
+def refused(tmp_path, *causes: str, **kw) -> str:
+    """Plan a model that must be refused; the one-line message names every cause."""
+    path = write_model(tmp_path / "m.gguf", **kw)
+    with pytest.raises(ModelRefused) as err:
+        plan(read_gguf(path))
+    msg = str(err.value)
+    assert msg.startswith(f"{path}: ") and "\n" not in msg
+    for cause in causes:
+        assert cause in msg
+    return msg
+
+
+def test_plans_tiny_llama_f16(tmp_path):
+    p = planned(tmp_path)
+    hp = p.hparams
+    assert p.arch == "llama" and p.matrix_type == F16_T and p.logits_matrix == "output.weight"
+    assert (hp.n_vocab, hp.n_embd, hp.n_layer, hp.n_head, hp.n_head_kv) == (32, 128, 2, 2, 1)
+    assert (hp.head_dim, hp.n_ff) == (64, 256)
+    assert hp.rope_type == "norm" and hp.rope_freq_base == 100000.0 and hp.n_ctx_train == 256
+    assert hp.rms_eps == float(np.float32(1e-6)) and not hp.tied and hp.attention_scale == 0.0
+    assert list(p.weight_types) == [name for name, _, _ in model_tensors()]
+    assert p.weight_types["blk.0.attn_norm.weight"] == F32_T
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("mtype", [F16_T, Q8_0_T, Q4_1_T, Q1_0_T, Q2_0_T], ids=["F16", "Q8_0", "Q4_1", "Q1_0", "Q2_0"])
+def test_plans_each_weight_type(tmp_path, arch, mtype):
+    p = planned(tmp_path, arch=arch, mtype=mtype)
+    assert p.matrix_type == mtype and p.hparams.rope_type == {"llama": "norm", "qwen3": "neox"}[arch]
+
+
+def test_tied_model_takes_logits_from_token_embd(tmp_path):
+    p = planned(tmp_path, arch="qwen3", tied=True)
+    assert p.hparams.tied and p.logits_matrix == "token_embd.weight" and "output.weight" not in p.weight_types
+
+
+@pytest.mark.parametrize("etype", [Q8_0_T, F16_T], ids=["Q8_0", "F16"])
+def test_q4_1_layers_with_other_embeddings_like_smollm2(tmp_path, etype):
+    p = planned(tmp_path, mtype=Q4_1_T, etype=etype, tied=True)
+    assert p.matrix_type == Q4_1_T and p.weight_types["token_embd.weight"] == etype
+
+
+def test_defaults_are_llama_cpps(tmp_path):
+    gone = {"llama.rope.freq_base": None, "llama.attention.head_count_kv": None}
+    hp = planned(tmp_path, kv_edit=gone, n_head_kv=2).hparams
+    assert hp.rope_freq_base == 10000.0 and hp.n_head_kv == hp.n_head == 2
+    assert hp.rope_scaling_type == "linear" and hp.rope_freq_scale == 1.0 and hp.yarn_orig_ctx == 256
+    assert (hp.yarn_ext_factor, hp.yarn_attn_factor, hp.yarn_beta_fast, hp.yarn_beta_slow) == (0.0, 1.0, 32.0, 1.0)
+    assert hp.yarn_log_multiplier == 0.0 and hp.rope_attn_factor == 1.0
+
+
+def test_head_dim_from_key_length(tmp_path):
+    hp = planned(tmp_path, arch="qwen3", n_embd=128, n_head=4, n_head_kv=2, head_dim=128,
+                 kv_edit={"qwen3.attention.key_length": (U32, 128),
+                          "qwen3.attention.value_length": (U32, 128)}).hparams
+    assert hp.head_dim == 128
+
+
+def test_head_dim_from_key_length_shapes_the_tensors(tmp_path):
+    kv = {"qwen3.attention.key_length": (U32, 128), "qwen3.attention.value_length": (U32, 128)}
+    refused(tmp_path, "tensor blk.0.attn_q.weight has shape [128, 128], hparams give [128, 256]",
+            arch="qwen3", n_head=1, kv_edit=kv | {"qwen3.attention.head_count": (U32, 2)})
+
+
+def test_linear_rope_scaling_factor(tmp_path):
+    kv = {"llama.rope.scaling.type": (STR, "linear"), "llama.rope.scaling.factor": (F32, 4.0)}
+    assert planned(tmp_path, kv_edit=kv).hparams.rope_freq_scale == 0.25
+
+
+def test_rope_scale_linear_old_key(tmp_path):
+    assert planned(tmp_path, kv_edit={"llama.rope.scale_linear": (F32, 2.0)}).hparams.rope_freq_scale == 0.5
+
+
+def test_scaling_type_none_never_scales(tmp_path):
+    kv = {"llama.rope.scaling.type": (STR, "none"), "llama.rope.scaling.factor": (F32, 4.0)}
+    hp = planned(tmp_path, kv_edit=kv).hparams
+    assert hp.rope_scaling_type == "none" and hp.rope_freq_scale == 1.0
+
+
+def test_yarn_resolves_ext_and_attn_factor_like_llama_context(tmp_path):
+    kv = {"qwen3.rope.scaling.type": (STR, "yarn"), "qwen3.rope.scaling.factor": (F32, 4.0),
+          "qwen3.rope.scaling.original_context_length": (U32, 64), "qwen3.rope.scaling.attn_factor": (F32, 2.0)}
+    hp = planned(tmp_path, arch="qwen3", kv_edit=kv).hparams
+    assert hp.yarn_ext_factor == 1.0 and hp.rope_freq_scale == 0.25 and hp.yarn_orig_ctx == 64
+    f32 = np.float32
+    mscale = f32(0.1) * f32(np.log(4.0)) + f32(1.0)  # glibc logf(4) is the correctly rounded one
+    assert hp.yarn_attn_factor == float(mscale * (f32(1.0) / mscale) * f32(2.0))
+
+
+def test_yarn_keys_llama_cpp_ignores_keep_defaults(tmp_path):
+    kv = {"llama.rope.scaling.yarn_beta_fast": (F32, 8.0), "llama.attention.scale": (F32, 0.5)}
+    hp = planned(tmp_path, kv_edit=kv).hparams
+    assert hp.yarn_beta_fast == 32.0 and hp.attention_scale == 0.0
+
+
+# ---- refusals: each names its key or tensor and why ------------------------------------------
+
+def test_refuses_other_architecture_from_header(tmp_path):
+    refused(tmp_path, "general.architecture is 'gemma'", kv_edit={"general.architecture": (STR, "gemma")})
+
+
+def test_refuses_missing_architecture_from_header(tmp_path):
+    refused(tmp_path, "key general.architecture is missing", kv_edit={"general.architecture": None})
+
+
+def test_refuses_attn_q_bias_from_header(tmp_path):
+    refused(tmp_path, "tensor blk.0.attn_q.bias: biases are not reproduced by bankml",
+            add=[("blk.0.attn_q.bias", (128,), F32_T)])
+
+
+def test_refuses_ffn_down_bias_from_header(tmp_path):
+    refused(tmp_path, "tensor blk.1.ffn_down.bias: biases", add=[("blk.1.ffn_down.bias", (128,), F32_T)])
+
+
+def test_refuses_fused_attn_qkv_from_header(tmp_path):
+    refused(tmp_path, "tensor blk.0.attn_qkv.weight: fused QKV",
+            drop=("blk.0.attn_q.weight", "blk.0.attn_k.weight", "blk.0.attn_v.weight"),
+            add=[("blk.0.attn_qkv.weight", (128, 256), F16_T)])
+
+
+def test_refuses_expert_count_from_header(tmp_path):
+    refused(tmp_path, "key llama.expert_count is 8: mixture-of-experts",
+            kv_edit={"llama.expert_count": (U32, 8), "llama.expert_used_count": (U32, 2)})
+
+
+def test_refuses_expert_tensors_from_header(tmp_path):
+    refused(tmp_path, "tensor blk.0.ffn_gate_exps.weight: mixture-of-experts",
+            add=[("blk.0.ffn_gate_exps.weight", (128, 256, 4), F16_T)])
+
+
+def test_refuses_rope_freqs_from_header(tmp_path):
+    refused(tmp_path, "tensor rope_freqs.weight: rope frequency factors", add=[("rope_freqs.weight", (32,), F32_T)])
+
+
+def test_refuses_qk_norm_on_llama_from_header(tmp_path):
+    refused(tmp_path, "tensor blk.0.attn_q_norm.weight: Q/K norms", add=[("blk.0.attn_q_norm.weight", (64,), F32_T)])
+
+
+def test_refuses_unknown_tensor_from_header(tmp_path):
+    refused(tmp_path, "tensor blk.0.layer_out_norm.weight: not used by the llama graph",
+            add=[("blk.0.layer_out_norm.weight", (128,), F32_T)])
+
+
+def test_refuses_missing_ffn_up_from_header(tmp_path):
+    refused(tmp_path, "tensor blk.1.ffn_up.weight is missing", drop=("blk.1.ffn_up.weight",))
+
+
+def test_refuses_missing_qwen3_k_norm_from_header(tmp_path):
+    refused(tmp_path, "tensor blk.1.attn_k_norm.weight is missing", arch="qwen3", drop=("blk.1.attn_k_norm.weight",))
+
+
+def test_refuses_missing_output_norm_from_header(tmp_path):
+    refused(tmp_path, "tensor output_norm.weight is missing", drop=("output_norm.weight",))
+
+
+@pytest.mark.parametrize("key", ["llama.block_count", "llama.context_length", "llama.embedding_length",
+                                 "llama.attention.layer_norm_rms_epsilon", "llama.feed_forward_length",
+                                 "llama.attention.head_count"])
+def test_refuses_missing_required_key_from_header(tmp_path, key):
+    refused(tmp_path, f"key {key} is missing", kv_edit={key: None})
+
+
+def test_refuses_zero_kv_heads_from_header(tmp_path):
+    refused(tmp_path, "2 heads over 0 K/V heads", kv_edit={"llama.attention.head_count_kv": (U32, 0)})
+
+
+def test_refuses_key_of_wrong_type_from_header(tmp_path):
+    refused(tmp_path, "key llama.block_count is f32, expected u32", kv_edit={"llama.block_count": (F32, 2.0)})
+
+
+def test_refuses_zero_layers_from_header(tmp_path):
+    refused(tmp_path, "key llama.block_count is 0", kv_edit={"llama.block_count": (U32, 0)})
+
+
+def test_refuses_per_layer_head_counts_that_differ_from_header(tmp_path):
+    refused(tmp_path, "key llama.attention.head_count differs between layers",
+            kv_edit={"llama.attention.head_count": (ARRAY, (I32, [2, 4]))})
+
+
+def test_accepts_per_layer_head_counts_that_agree(tmp_path):
+    assert planned(tmp_path, kv_edit={"llama.attention.head_count": (ARRAY, (U32, [2, 2]))}).hparams.n_head == 2
+
+
+def test_refuses_missing_token_list_from_header(tmp_path):
+    refused(tmp_path, "key tokenizer.ggml.tokens is missing", kv_edit={"tokenizer.ggml.tokens": None})
+
+
+def test_refuses_wrong_shape_from_header(tmp_path):
+    refused(tmp_path, "tensor blk.0.attn_k.weight has shape [128, 128], hparams give [128, 64]",
+            reshape={"blk.0.attn_k.weight": (128, 128)})
+
+
+def test_refuses_token_embd_of_wrong_vocab_from_header(tmp_path):
+    refused(tmp_path, "tensor token_embd.weight has shape [128, 33]", reshape={"token_embd.weight": (128, 33)})
+
+
+def test_refuses_head_dim_96_from_header(tmp_path):
+    refused(tmp_path, "head size 96", n_embd=192, n_head=2)
+
+
+def test_refuses_value_length_unlike_key_length_from_header(tmp_path):
+    refused(tmp_path, "key llama.attention.value_length is 128, key_length is 64",
+            kv_edit={"llama.attention.value_length": (U32, 128)})
+
+
+def test_refuses_partial_rope_from_header(tmp_path):
+    refused(tmp_path, "key llama.rope.dimension_count is 32", kv_edit={"llama.rope.dimension_count": (U32, 32)})
+
+
+def test_refuses_heads_not_a_multiple_of_kv_heads_from_header(tmp_path):
+    refused(tmp_path, "4 heads over 3 K/V heads", n_embd=256, n_head=4, n_head_kv=3)
+
+
+def test_refuses_longrope_from_header(tmp_path):
+    refused(tmp_path, "key llama.rope.scaling.type is 'longrope'",
+            kv_edit={"llama.rope.scaling.type": (STR, "longrope")})
+
+
+def test_refuses_mixed_layer_matrix_types_from_header(tmp_path):
+    refused(tmp_path, "tensor blk.1.ffn_down.weight is Q8_0 but blk.0.attn_q.weight is F16",
+            retype={"blk.1.ffn_down.weight": Q8_0_T})
+
+
+@pytest.mark.parametrize("mtype", [Q4_0_T, Q5_K_T], ids=["Q4_0", "Q5_K"])
+def test_refuses_unsupported_matrix_type_from_header(tmp_path, mtype):
+    name = {Q4_0_T: "Q4_0", Q5_K_T: "Q5_K"}[mtype]
+    refused(tmp_path, f"is {name}; bankml supports F16 Q8_0 Q4_1 Q1_0 Q2_0", mtype=mtype, n_ff=512, n_embd=256,
+            n_head=4, n_head_kv=2, etype=F16_T)
+
+
+def test_refuses_q1_0_token_embd_with_q4_1_layers_from_header(tmp_path):
+    refused(tmp_path, "tensor token_embd.weight is Q1_0 with Q4_1 layers; it must be one of Q4_1 F16 Q8_0",
+            mtype=Q4_1_T, etype=Q1_0_T)
+
+
+def test_refuses_f32_output_from_header(tmp_path):
+    refused(tmp_path, "tensor output.weight is F32", retype={"output.weight": F32_T})
+
+
+def test_refuses_f16_norm_from_header(tmp_path):
+    refused(tmp_path, "tensor blk.0.attn_norm.weight is F16; norm weights must be F32",
+            retype={"blk.0.attn_norm.weight": F16_T})
+
+
+class Untouchable:
+    """Stands in for the mapped file: any read of tensor bytes fails the test."""
+
+    def __getitem__(self, _):
+        raise AssertionError("plan() read tensor data")
+
+
+REFUSED = {
+    "bias": dict(add=[("blk.0.attn_q.bias", (128,), F32_T)]),
+    "mixed_types": dict(retype={"blk.1.ffn_down.weight": Q8_0_T}),
+    "wrong_shape": dict(reshape={"blk.0.attn_k.weight": (128, 128)}),
+    "other_arch": dict(kv_edit={"general.architecture": (STR, "gemma")}),
+}
+
+
+@pytest.mark.parametrize("case", [None, *REFUSED], ids=["accepted", *REFUSED])
+def test_plan_never_reads_tensor_data(tmp_path, monkeypatch, case):
+    g = read_gguf(write_model(tmp_path / "m.gguf", **REFUSED.get(case, {})))
+    g._bytes = Untouchable()
+    monkeypatch.setattr(GGUFFile, "tensor_data", lambda self, name: Untouchable()[name])
+    if case is None:
+        plan(g)
+    else:
+        with pytest.raises(ModelRefused):
+            plan(g)
+
+
+TYPE_IN_NAME = {"f16": F16_T, "q8_0": Q8_0_T, "q4_1": Q4_1_T, "q1_0": Q1_0_T, "q2_0": Q2_0_T}
+
+
+@pytest.mark.parametrize("path", real_models() or [None], ids=lambda p: p.name if p else "absent")
+def test_plans_real_model(path):
+    if path is None:
+        pytest.skip("no real GGUF models found")
+    p = plan(read_gguf(path))
+    suffix = path.stem.rsplit("-", 1)[-1].rsplit(".", 1)[-1].lower()
+    if suffix in TYPE_IN_NAME:
+        assert p.matrix_type == TYPE_IN_NAME[suffix]
+    if path.stem.startswith(("smollm2", "SmolLM2")):
+        hp = p.hparams
+        assert (p.arch, hp.n_vocab, hp.n_embd, hp.n_layer, hp.n_head, hp.n_head_kv, hp.n_ff) == (
+            "llama", 49152, 576, 30, 9, 3, 1536)
+        assert hp.head_dim == 64 and hp.rope_freq_base == 100000.0 and hp.tied
+        assert p.logits_matrix == "token_embd.weight"
