@@ -1,0 +1,125 @@
+"""llama-server (b11434) on loopback as an oracle for generation, sampling and chat templates.
+
+    with LlamaServer("m.gguf", threads=2) as srv:
+        ids = srv.completion([1, 2, 3], n_predict=16, temperature=0.8, seed=42)
+        prompt = srv.apply_template([{"role": "user", "content": "hi"}])
+    ids = server.generate("m.gguf", "Once upon a time", 16, temp=0.0, seed=0)
+
+The server listens on 127.0.0.1 only, every wait is bounded, and the process is always ended
+(close(), the context manager, or interpreter exit).
+"""
+from __future__ import annotations
+
+import atexit
+import json
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+from bankml.errors import OracleError
+from bankml.oracle.paths import bin_dir
+
+START_TIMEOUT_S = 120.0
+REQUEST_TIMEOUT_S = 300.0
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LlamaServer:
+    """One llama-server process: `-m MODEL --host 127.0.0.1 --port P -t T --jinja -np 1 -c n_ctx`."""
+
+    def __init__(self, model, threads: int = 2, n_ctx: int = 4096, extra: tuple[str, ...] = ()):
+        self.model = str(model)
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self._log = tempfile.TemporaryFile()
+        cmd = [str(bin_dir() / "llama-server"), "-m", self.model, "--host", "127.0.0.1",
+               "--port", str(self.port), "-t", str(threads), "-tb", str(threads), "-c", str(n_ctx),
+               "-np", "1", "--jinja", "--no-webui", *extra]
+        self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        atexit.register(self.close)
+        try:
+            self._wait_ready()
+        except BaseException:
+            self.close()
+            raise
+
+    def _wait_ready(self) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise OracleError(f"llama-server exited with {self.proc.returncode}: {self._tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+                pass
+            time.sleep(0.2)
+        raise OracleError(f"llama-server not ready after {START_TIMEOUT_S:.0f}s: {self._tail()}")
+
+    def _tail(self) -> str:
+        self._log.seek(0)
+        return self._log.read().decode("utf-8", "replace")[-2000:]
+
+    def post(self, path: str, body: dict) -> dict:
+        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as r:
+                return json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            raise OracleError(f"llama-server {path}: HTTP {e.code} {e.read()[:500]!r}") from e
+
+    def completion(self, prompt, n_predict: int, temperature: float = 0.0, seed: int = 0, **sampling) -> list[int]:
+        """llama.cpp's generated token ids for `prompt` (text or token ids), default sampler chain."""
+        body = {"prompt": prompt, "n_predict": n_predict, "temperature": temperature, "seed": seed,
+                "return_tokens": True, "cache_prompt": False, "stream": False, **sampling}
+        return list(self.post("/completion", body)["tokens"])
+
+    def tokenize(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """/tokenize: common_tokenize, i.e. llama_tokenize, of the server's vocabulary."""
+        body = {"content": text, "add_special": add_special, "parse_special": parse_special}
+        return list(self.post("/tokenize", body)["tokens"])
+
+    def apply_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        """The prompt llama-server renders from `messages` with the model's template (--jinja)."""
+        body = {"messages": messages, "add_generation_prompt": add_generation_prompt}
+        return self.post("/apply-template", body)["prompt"]
+
+    def close(self) -> None:
+        proc = getattr(self, "proc", None)
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+        if not self._log.closed:
+            self._log.close()
+
+    def __enter__(self) -> "LlamaServer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def generate(model, prompt, n: int, temp: float = 0.0, seed: int = 0, threads: int = 2) -> list[int]:
+    """llama-server's generated token ids (prompt as text or ids), one server for this call."""
+    with LlamaServer(Path(model), threads=threads) as srv:
+        return srv.completion(prompt, n, temperature=temp, seed=seed)
+
+
+def apply_template(model, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    with LlamaServer(Path(model), threads=2) as srv:
+        return srv.apply_template(messages, add_generation_prompt)

@@ -1,0 +1,103 @@
+"""Chat templates: `tokenizer.chat_template` rendered as llama-server --jinja renders it.
+
+    prompt = render_chat(model, [{"role": "user", "content": "Hi"}], add_generation_prompt=True)
+    ids = model.tokenize(prompt, add_special=True, parse_special=True)
+
+A template is untrusted input: it runs in jinja2's ImmutableSandboxedEnvironment. The context
+is llama.cpp's (common/chat.cpp, common_chat_template_direct_apply_impl): messages, bos_token and
+eos_token (the pieces of the BOS/EOS ids), enable_thinking, add_generation_prompt, and
+raise_exception / strftime_now; the lexer options are common/jinja/lexer.cpp's (trim_blocks and
+lstrip_blocks on, one trailing newline of the template dropped). As llama.cpp does, a leading
+BOS text is cut when the vocabulary adds BOS itself (and a trailing EOS when it adds EOS).
+"""
+from __future__ import annotations
+
+import datetime
+import json
+from functools import lru_cache
+
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from bankml.errors import BankmlError
+from bankml.runtime.tokenizer import tokenizer_for
+
+
+class ChatTemplateError(BankmlError):
+    """The chat template failed to render (raise_exception, a syntax error, a sandbox refusal)."""
+
+
+def _raise_exception(message: str):
+    raise ChatTemplateError(f"chat template raised: {message}")
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.datetime.now().strftime(fmt)
+
+
+def _tojson(value, indent=None, ensure_ascii=False, separators=None, sort_keys=False):
+    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, separators=separators, sort_keys=sort_keys)
+
+
+@lru_cache(maxsize=16)
+def _compile(source: str):
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=False,
+                                        extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env.from_string(source.replace("\r\n", "\n").replace("\r", "\n"))
+
+
+def render_template(source: str, messages: list[dict], bos_token: str = "", eos_token: str = "",
+                    add_generation_prompt: bool = True, add_bos: bool = False, add_eos: bool = False,
+                    **extra) -> str:
+    """Render one template source with llama.cpp's variables."""
+    ctx = {"messages": [dict(m) for m in messages], "bos_token": bos_token, "eos_token": eos_token,
+           "enable_thinking": True, **extra}
+    if add_generation_prompt:
+        ctx["add_generation_prompt"] = True
+    try:
+        out = _compile(source).render(**ctx)
+    except ChatTemplateError:
+        raise
+    except TemplateError as e:
+        raise ChatTemplateError(f"chat template failed: {type(e).__name__}: {e}") from e
+    if add_bos and bos_token and out.startswith(bos_token):
+        out = out[len(bos_token):]
+    if add_eos and eos_token and out.endswith(eos_token):
+        out = out[:-len(eos_token)]
+    return out
+
+
+def chat_template(model) -> str:
+    """The model's `tokenizer.chat_template`, or an error naming the model."""
+    gguf = model.gguf if hasattr(model, "gguf") else None
+    if gguf is None:
+        from bankml.gguf import read_gguf
+        gguf = read_gguf(model)
+    src = gguf.metadata.get("tokenizer.chat_template")
+    if not isinstance(src, str) or not src:
+        raise ChatTemplateError(f"{getattr(model, 'path', model)}: no tokenizer.chat_template in the header; "
+                                "pass a template source to render_template")
+    return src
+
+
+def render_chat(model, messages: list[dict], add_generation_prompt: bool = True,
+                prefill_assistant: bool = True, **extra) -> str:
+    """The prompt text llama-server's /apply-template gives for `messages` on this model.
+
+    With `prefill_assistant` (llama-server's default), a final assistant message is continued:
+    the earlier messages with the generation prompt, then that message's content.
+    """
+    tok = tokenizer_for(model)
+    if prefill_assistant and messages and messages[-1].get("role") == "assistant":
+        if len(messages) >= 2 and messages[-2].get("role") == "assistant":
+            raise ChatTemplateError("cannot continue after 2 or more assistant messages at the end")
+        head = render_chat(model, messages[:-1], True, False, **extra)
+        return head + str(messages[-1].get("content") or "")
+
+    def text(tid):
+        return tok.piece(tid).decode("utf-8", "replace") if tid is not None else ""
+    return render_template(chat_template(model), messages, text(tok.bos), text(tok.eos),
+                           add_generation_prompt, tok.add_bos, tok.add_eos, **extra)

@@ -1,0 +1,41 @@
+"""Token generation as llama-server does it: prefill the prompt, then sample and decode one at a time.
+
+    for tok in generate(model, ids, 64, SamplerParams(temp=0.8), seed=42): ...
+    ids = list(generate(model, ids, 16, GREEDY))
+
+Stops after n tokens, at an end-of-generation token (not yielded, as llama-server leaves it
+out of its tokens) or once the text holds a stop string (the token that completes it is yielded).
+"""
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+from bankml.runtime.sampler import GREEDY, LLAMA_DEFAULT_SEED, Sampler, SamplerParams
+from bankml.runtime.tokenizer import tokenizer_for
+
+__all__ = ["generate", "GREEDY", "SamplerParams"]
+
+
+def generate(model, prompt_ids: Sequence[int], n: int, sampler_params: SamplerParams = SamplerParams(),
+             seed: int = LLAMA_DEFAULT_SEED, stop: Sequence[str] = (), ignore_eos: bool = False,
+             session=None) -> Iterator[int]:
+    """Up to `n` sampled token ids after `prompt_ids`, bit for bit llama-server's /completion."""
+    if not prompt_ids:
+        raise ValueError("generate needs at least one prompt token")
+    tok = tokenizer_for(model)
+    sess = session if session is not None else model.session()
+    sampler = Sampler(sampler_params, seed)
+    row = sess.prefill(list(prompt_ids), outputs="last")[-1]
+    text = b""
+    for i in range(n):
+        t = sampler.sample(row)
+        if t in tok.eog and not ignore_eos:
+            return
+        yield t
+        if stop:
+            text += tok.piece(t)
+            decoded = text.decode("utf-8", "ignore")
+            if any(s in decoded for s in stop):
+                return
+        if i + 1 < n:
+            row = sess.decode(t)

@@ -1,0 +1,62 @@
+"""Generation with greedy and the default sampler chain, token for token llama-server's.
+
+The reference backend is slow (about a second a token here), so CI runs a few prompts;
+BANKML_GENERATE_FULL=1 runs the issue's full target: 20 prompts x 64 tokens, 20 seeded pairs.
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+import bankml
+from bankml.runtime.generate import generate
+from bankml.runtime.sampler import GREEDY, SamplerParams
+from bankml.testing import models
+
+FULL = os.environ.get("BANKML_GENERATE_FULL") == "1"
+N_TOKENS = 64 if FULL else 16
+N_GREEDY = 20 if FULL else 2
+N_SEEDED = 20 if FULL else 5
+MODEL = "smollm2-q4_1"
+
+PROMPTS = [
+    "Once upon a time", "The capital of France is", "def fib(n):", "1, 2, 3, 4,", "Water boils at",
+    "<|im_start|>user\nName a color.<|im_end|>\n<|im_start|>assistant\n", "The best way to learn is",
+    "import numpy as np\n", "In 1969,", "My favourite food", "Dear Sir,", "The sky is", "Q: What is 7*8?\nA:",
+    "Roses are red,", "Hello", "<|im_start|>user\nSay hi.<|im_end|>\n<|im_start|>assistant\n", "To be or not",
+    "The mitochondria", "Paris, London,", "A haiku about rain:",
+]
+SEEDS = [1, 42, 7, 1234, 99999, 3, 5, 8, 13, 21, 34, 55, 89, 144, 233, 377, 610, 987, 2024, 4294967294]
+
+
+@pytest.fixture(scope="module")
+def model():
+    return bankml.load(models.path(MODEL), threads=2)
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("i", range(N_GREEDY))
+def test_greedy_tokens_equal_llama_server(servers, model, i):
+    ids = model.tokenize(PROMPTS[i])
+    want = servers(MODEL).completion(ids, N_TOKENS, temperature=0.0, seed=0)
+    assert list(generate(model, ids, N_TOKENS, GREEDY, seed=0)) == want
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("i", range(N_SEEDED))
+def test_default_chain_tokens_equal_llama_server(servers, model, i):
+    ids = model.tokenize(PROMPTS[-1 - i])
+    want = servers(MODEL).completion(ids, N_TOKENS, temperature=0.8, seed=SEEDS[i])
+    assert list(generate(model, ids, N_TOKENS, SamplerParams(temp=0.8), seed=SEEDS[i])) == want
+
+
+def test_stops_at_stop_string(model):
+    ids = model.tokenize("1, 2, 3, 4,")
+    out = list(generate(model, ids, 8, GREEDY, stop=[","]))
+    assert len(out) <= 8 and "," in model_text(model, out)
+
+
+def model_text(model, ids):
+    from bankml.runtime.tokenizer import tokenizer_for
+    return tokenizer_for(model).decode(ids)
