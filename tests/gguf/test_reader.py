@@ -205,10 +205,13 @@ def test_zero_element_tensor_is_allowed_as_in_ggml(tmp_path):
     assert g.tensors["z"].nbytes == 0 and g.tensor_data("z").size == 0
 
 
-@pytest.mark.parametrize("path", real_models() or [None], ids=lambda p: p.name if p else "absent")
+def gguf_py_readable(paths):
+    """gguf-py cannot read Q2_0 (type 42): those files are checked by the oracle tests instead."""
+    return [p for p in paths if not any(t.ggml_type == Q2_0_T for t in read_gguf(p).tensors.values())]
+
+
+@pytest.mark.parametrize("path", gguf_py_readable(real_models()) or [None], ids=lambda p: p.name if p else "absent")
 def test_real_model_reads_like_gguf_py(path):
     if path is None:
         pytest.skip(f"no GGUF in {cache_root() / 'models'} nor $BANKML_TEST_GGUF")
-    if any(t.ggml_type == Q2_0_T for t in read_gguf(path).tensors.values()):
-        pytest.skip("gguf-py cannot read Q2_0 (type 42)")
     same_as_gguf_py(path)
