@@ -1,0 +1,73 @@
+"""Types, intrinsics and small emit helpers shared by the llvm kernels.
+
+Types are made once here (numba's cgutils style). FMA is always explicit (`fma`), never a
+fast-math flag, so fmul + fadd round twice as ggml's unfused steps do.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+from llvmlite import ir
+
+i1, i8, i16, i32, i64 = (ir.IntType(b) for b in (1, 8, 16, 32, 64))
+f16, f32, f64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
+void = ir.VoidType()
+i8p = i8.as_pointer()
+v8f32 = ir.VectorType(f32, 8)
+
+
+def new_function(m: ir.Module, name: str, ftype: ir.FunctionType) -> tuple[ir.Function, ir.IRBuilder]:
+    fn = ir.Function(m, ftype, name=name)
+    return fn, ir.IRBuilder(fn.append_basic_block("entry"))
+
+
+def intrinsic(m: ir.Module, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.Function:
+    """Declare (once) an LLVM intrinsic or libm function as a plain function; llvmlite's
+    declare_intrinsic does not take vector types."""
+    if name in m.globals:
+        return m.globals[name]
+    return ir.Function(m, ir.FunctionType(ret, args), name=name)
+
+
+def fma(b: ir.IRBuilder, x, y, z):
+    """x*y+z rounded once: llvm.fma.f32 / llvm.fma.v8f32."""
+    t = x.type
+    name = "llvm.fma.v8f32" if t == v8f32 else "llvm.fma.f32" if t == f32 else f"llvm.fma.{t}"
+    return b.call(intrinsic(b.module, name, t, [t, t, t]), [x, y, z])
+
+
+def typed(b: ir.IRBuilder, p, t: ir.Type):
+    return b.bitcast(p, t.as_pointer())
+
+
+@contextmanager
+def for_range(b: ir.IRBuilder, start, stop, step=1, name: str = "i"):
+    """for (i = start; i < stop; i += step) — yields i (i64) inside the body."""
+    start = start if isinstance(start, ir.Value) else i64(start)
+    stop = stop if isinstance(stop, ir.Value) else i64(stop)
+    pre = b.block
+    cond = b.append_basic_block(f"{name}.cond")
+    body = b.append_basic_block(f"{name}.body")
+    end = b.append_basic_block(f"{name}.end")
+    b.branch(cond)
+    b.position_at_end(cond)
+    phi = b.phi(i64, name=name)
+    phi.add_incoming(start, pre)
+    b.cbranch(b.icmp_signed("<", phi, stop), body, end)
+    b.position_at_end(body)
+    yield phi
+    nxt = b.add(phi, i64(step), name=f"{name}.next")
+    phi.add_incoming(nxt, b.block)
+    b.branch(cond)
+    b.position_at_end(end)
+
+
+def thread_range(b: ir.IRBuilder, n_items, ith, nth):
+    """[lo, hi) of n_items for thread ith of nth: contiguous, ceil-sized chunks."""
+    n_items = n_items if isinstance(n_items, ir.Value) else i64(n_items)
+    per = b.sdiv(b.add(n_items, b.sub(nth, i64(1))), nth)
+    lo = b.mul(per, ith)
+    hi = b.add(lo, per)
+    lo = b.select(b.icmp_signed("<", lo, n_items), lo, n_items)
+    hi = b.select(b.icmp_signed("<", hi, n_items), hi, n_items)
+    return lo, hi

@@ -1,0 +1,65 @@
+"""The kernel contract of the llvm backend, and the registry of kernels by op.
+
+A kernel is one LLVM function per IR node, emitted into the graph's module by
+
+    @kernel(Op.RMS_NORM)
+    def define_rms_norm(m: ir.Module, g: Graph, n: Node) -> ir.Function: ...
+
+Signature of every kernel function (name: f"k{n.id}_{n.op.value}", linkage internal is fine):
+
+    void (i8* out, i8* in_0, ..., i8* in_{k-1}, i64 ith, i64 nth)
+
+- `out` is the node's buffer; `in_j` the buffer of n.inputs[j]; all pointers are i8*.
+- Buffers are contiguous, row-major in node.shape (numpy order):
+    f32 nodes: float;   f16 nodes (the K/V cache, the KQ mask): half;   i32 inputs (tokens, pos,
+    out_ids): i32;   WEIGHT: the GGUF tensor bytes, rows of row_bytes;   QUANTIZE output: the ggml
+    bytes of its type (F16: half; Q8_0: 34-byte blocks per 32 values; Q8_1: 36-byte blocks), one
+    activation row after another (row_bytes = K/32 * block bytes, or 2K for F16).
+- CACHE buffers are the session's whole f16 cache [kv_size, n_head_kv, head_dim]; SET_ROWS
+  writes the rows at positions pos into its input cache and its `out` IS that same cache
+  buffer (the runner aliases them), so FLASH_ATTN reads the first n_kv cells of it.
+- RESHAPE has no kernel: the runner aliases its buffer to its input's.
+- The kernel computes the share `ith` of `nth` threads (any deterministic split of rows, heads
+  or blocks); the graph function puts a barrier between dependent kernels. The bits must not
+  depend on nth, and must equal the reference backend's lowering of the same node (the split-KV
+  attention's chunk count comes from n.params["n_threads"], llama.cpp's thread count, never nth).
+- Float order comes from n.order (FloatOrder) exactly as the reference backend reads it:
+  `llvm.fma.*` where it says fma, plain fmul/fadd otherwise, never a fast-math flag.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from llvmlite import ir
+
+from bankml.errors import LoweringError
+from bankml.ir.graph import Graph
+from bankml.ir.node import Node
+from bankml.ir.ops import Op
+
+KERNELS: dict[Op, Callable[[ir.Module, Graph, Node], ir.Function]] = {}
+NO_KERNEL = frozenset({Op.INPUT, Op.WEIGHT, Op.CACHE, Op.RESHAPE})
+
+
+def kernel(op: Op):
+    def register(fn):
+        KERNELS[op] = fn
+        return fn
+    return register
+
+
+def kernel_name(n: Node) -> str:
+    return f"k{n.id}_{n.op.value}"
+
+
+def kernel_type(n: Node) -> ir.FunctionType:
+    i8p = ir.IntType(8).as_pointer()
+    return ir.FunctionType(ir.VoidType(), [i8p] * (1 + len(n.inputs)) + [ir.IntType(64)] * 2)
+
+
+def define(m: ir.Module, g: Graph, n: Node) -> ir.Function:
+    """The kernel function of node n, emitted into module m."""
+    fn = KERNELS.get(n.op)
+    if fn is None:
+        raise LoweringError(f"no llvm kernel for {n.op.value} ({n.name or n.id})")
+    return fn(m, g, n)
