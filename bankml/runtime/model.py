@@ -20,7 +20,7 @@ BACKENDS = ("reference", "llvm")
 
 class Model:
     def __init__(self, path, backend: str = "reference", threads: int = 1, llama_threads: int | None = None,
-                 cache_type: str = "f16", n_ubatch: int = 512, n_ctx: int = 4096):
+                 cache_type: str = "f16", n_ubatch: int = 512, n_ctx: int = 4096, gpu: str | int | None = None):
         if backend not in BACKENDS:
             raise BankmlError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
         if backend == "llvm":
@@ -36,6 +36,7 @@ class Model:
         self.backend, self.threads = backend, threads
         self.llama_threads = llama_threads or threads
         self.cache_type, self.n_ubatch, self.n_ctx = cache_type, n_ubatch, n_ctx
+        self.gpu = gpu              # Q1_0 decode matvecs: None (BANKML_GPU) | "auto" | "off" | index
         self.kv_size = -(-n_ctx // 256) * 256          # llama-context.cpp: n_ctx padded to 256
         self.shapes = {name: t.shape for name, t in self.gguf.tensors.items()}
         self._build = builder_for(self.plan.arch)
@@ -77,7 +78,7 @@ class Model:
 
 
 def load(path, backend: str = "reference", threads: int | None = None, llama_threads: int | None = None,
-         cache_type: str = "f16", n_ubatch: int = 512, n_ctx: int = 4096) -> Model:
+         cache_type: str = "f16", n_ubatch: int = 512, n_ctx: int = 4096, gpu: str | int | None = None) -> Model:
     """Read and plan a GGUF (refusing what bankml does not reproduce, from the header alone)."""
     threads = threads or min(4, os.cpu_count() or 1)
-    return Model(path, backend, threads, llama_threads, cache_type, n_ubatch, n_ctx)
+    return Model(path, backend, threads, llama_threads, cache_type, n_ubatch, n_ctx, gpu)

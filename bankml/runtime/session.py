@@ -8,6 +8,7 @@ import numpy as np
 from bankml.backends.reference.run import Env, run
 from bankml.errors import BankmlError
 from bankml.ir.node import Node
+from bankml.runtime.gpu import for_model as gpu_for_model
 
 
 def pad256(n: int) -> int:
@@ -62,6 +63,7 @@ class Session:
         g = m.graph(T, n_kv, len(out_ids))
         env = Env(m.weight, self.caches, {"tokens": np.asarray(tokens, np.int64), "pos": pos, "kq_mask": mask,
                                           "out_ids": np.asarray(out_ids, np.int64)})
+        env.gpu = gpu_for_model(m)                     # None: CPU only (runtime/gpu.py)
         ub = self._ubatch_index
         trace = (lambda n, v: self.trace(ub, n, v)) if self.trace else None
         out = run(g, env, trace)

@@ -14,7 +14,8 @@ from bankml.errors import LoweringError
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
-from bankml.quants import WEIGHT_TYPES
+from bankml.ir.order import Q1_0_DOT
+from bankml.quants import Q1_0, WEIGHT_TYPES
 
 LOWERINGS: dict[Op, Callable] = {}
 
@@ -93,7 +94,11 @@ def _quantize(env, g, n, x):
 def _mul_mat(env, g, n, w, x):
     wn = g[n.inputs[0]]
     lead = n.shape[:-1]
-    y = matmul.mul_mat(w, wn.params["ggml_type"], x, n.order)
+    y, gpu = None, getattr(env, "gpu", None)      # runtime/gpu.py: decode's Q1_0 matvecs on Vulkan
+    if gpu is not None and wn.params["ggml_type"] == Q1_0 and n.order == Q1_0_DOT:
+        y = gpu.gpu_matvec(wn.params["tensor"], w, x)   # None unless one q8_0 row
+    if y is None:
+        y = matmul.mul_mat(w, wn.params["ggml_type"], x, n.order)
     return y.reshape(*lead, y.shape[-1])
 
 

@@ -1,0 +1,84 @@
+"""Decode's Q1_0 matvecs on a Vulkan device; every other op stays on the CPU (docs/spirv.md).
+
+    env.gpu = for_model(model)                  # a ModelGpu, or None: CPU only
+    y = env.gpu.gpu_matvec(name, w_raw, act)    # [1, rows] f32, or None when it does not apply
+
+The device is chosen once per process and setting (load(gpu=...), else BANKML_GPU, default off)
+by device_check.select_device, which admits a device only after the on-device oracle; a refusal
+is said once on stderr and bankml stays on the CPU. Each model keeps its own uploaded weights,
+one Q1Matvec per weight tensor, made the first time that matrix meets a single-row activation.
+The kernel is ggml_vec_dot_q1_0_q8_0 bit for bit, the order choose_matmul_kernel gives Q1_0.
+"""
+from __future__ import annotations
+
+import os
+import weakref
+
+import click
+import numpy as np
+
+from bankml.backends.spirv import device_check
+from bankml.backends.spirv.q1_matvec import Q1_BYTES
+from bankml.backends.spirv.runtime import Device, Q1Matvec
+from bankml.quants.activation import Q8Act, to_bytes
+
+_CHOICES: dict[str, device_check.GpuChoice] = {}            # setting -> choice, per process
+_MODELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # Model -> ModelGpu
+
+
+def setting(gpu: str | int | None) -> str:
+    """load()'s gpu= as a BANKML_GPU string: None reads the environment (default off)."""
+    s = os.environ.get("BANKML_GPU", "off") if gpu is None else str(gpu)
+    return s.strip().lower() or "off"
+
+
+def device(gpu: str | int | None = None) -> Device | None:
+    """The device this process uses for this setting, or None (the reason said once on stderr)."""
+    s = setting(gpu)
+    if s not in _CHOICES:
+        choice = device_check.select_device(s)
+        if choice.device is None and s not in ("off", "none"):
+            click.echo(f"bankml: {choice.reason}", err=True)
+        _CHOICES[s] = choice
+    return _CHOICES[s].device
+
+
+class ModelGpu:
+    """One model's Q1_0 matrices on one device, each uploaded the first time it is used."""
+
+    def __init__(self, dev: Device):
+        self.device = dev
+        self.mats: dict[str, Q1Matvec] = {}
+        self.calls = 0                                   # matvecs run on the device
+
+    def gpu_matvec(self, tensor_name: str, w_raw: np.ndarray, act) -> np.ndarray | None:
+        """w · act for Q1_0 rows w_raw [rows, row_bytes] and one q8_0 row: [1, rows] f32.
+        None when act is not a single q8_0 row or the rows do not fit K (the CPU runs it)."""
+        if not isinstance(act, Q8Act) or act.s is not None or act.q.shape[0] != 1:
+            return None
+        rows, k = w_raw.shape[0], act.q.shape[1]
+        if k % 128 or w_raw.ndim != 2 or w_raw.shape[1] != k // 128 * Q1_BYTES:
+            return None
+        mv = self.mats.get(tensor_name)
+        if mv is None:
+            mv = Q1Matvec(self.device).upload(np.ascontiguousarray(w_raw, np.uint8).tobytes(), rows, k)
+            self.mats[tensor_name] = mv
+        self.calls += 1
+        return mv.run(to_bytes(act).tobytes())[None, :]
+
+    def close(self) -> None:
+        """Free the uploaded weights now (else they live as long as the device)."""
+        for mv in self.mats.values():
+            mv.close()
+        self.mats = {}
+
+
+def for_model(model) -> ModelGpu | None:
+    """The model's ModelGpu on its device (model.gpu: None | "auto" | "off" | index), or None."""
+    dev = device(getattr(model, "gpu", None))
+    if dev is None:
+        return None
+    mg = _MODELS.get(model)
+    if mg is None or mg.device is not dev:
+        mg = _MODELS[model] = ModelGpu(dev)
+    return mg
