@@ -20,7 +20,8 @@ BACKENDS = ("reference", "llvm")
 
 class Model:
     def __init__(self, path, backend: str = "reference", threads: int = 1, llama_threads: int | None = None,
-                 cache_type: str = "f16", n_ubatch: int = 512, n_ctx: int = 4096, gpu: str | int | None = None):
+                 cache_type: str = "f16", n_ubatch: int = 512, n_ctx: int = 4096, gpu: str | int | None = None,
+                 arch: str | None = None):
         if backend not in BACKENDS:
             raise BankmlError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
         if backend == "llvm":
@@ -39,7 +40,8 @@ class Model:
         self.gpu = gpu              # Q1_0 decode matvecs: None (BANKML_GPU) | "auto" | "off" | index
         self.kv_size = -(-n_ctx // 256) * 256          # llama-context.cpp: n_ctx padded to 256
         self.shapes = {name: t.shape for name, t in self.gguf.tensors.items()}
-        self._build = builder_for(self.plan.arch)
+        self.arch = arch or self.plan.arch          # a registered builder may stand in for the file's
+        self._build = builder_for(self.arch)
 
     # ---- graphs ----
     @functools.lru_cache(maxsize=64)
@@ -78,7 +80,11 @@ class Model:
 
 
 def load(path, backend: str = "reference", threads: int | None = None, llama_threads: int | None = None,
-         cache_type: str = "f16", n_ubatch: int = 512, n_ctx: int = 4096, gpu: str | int | None = None) -> Model:
-    """Read and plan a GGUF (refusing what bankml does not reproduce, from the header alone)."""
+         cache_type: str = "f16", n_ubatch: int = 512, n_ctx: int = 4096, gpu: str | int | None = None, arch: str | None = None) -> Model:
+    """Read and plan a GGUF (refusing what bankml does not reproduce, from the header alone).
+
+    `arch` runs the graph of another registered architecture (bankml.arch.registry) on the
+    file's weights, e.g. one defined outside the package (examples/custom_architecture.py).
+    """
     threads = threads or min(4, os.cpu_count() or 1)
-    return Model(path, backend, threads, llama_threads, cache_type, n_ubatch, n_ctx, gpu)
+    return Model(path, backend, threads, llama_threads, cache_type, n_ubatch, n_ctx, gpu, arch)

@@ -1,0 +1,86 @@
+"""An architecture defined outside bankml, run end to end.
+
+`my_llama` is Llama written out by hand from the DSL's primitives (no `b.ffn`, no `b.qkv`):
+the feed-forward is spelled as three mul_mats and a swiglu node. Registered under its own
+name, it runs SmolLM2 through `bankml.load(..., arch="my_llama")` and its logits are compared
+with the built-in Llama graph (and with llama.cpp when the oracle build is present).
+
+    python examples/custom_architecture.py [MODEL.gguf]
+"""
+from __future__ import annotations
+
+import math
+import sys
+
+import numpy as np
+
+import bankml
+from bankml.arch.blocks import Builder
+from bankml.arch.registry import architecture
+from bankml.ir import order as fo
+from bankml.ir.ops import Op
+
+
+@architecture("my_llama")
+def build_my_llama(b: Builder) -> None:
+    hp = b.hp
+    kq_scale = 1.0 / math.sqrt(hp.head_dim)
+    T = b.batch.n_tokens
+
+    inpL = b.inp_embd("token_embd.weight")
+    for il in range(hp.n_layer):
+        p = f"blk.{il}."
+        inpSA = inpL
+        cur = b.cb(b.norm(inpL, p + "attn_norm.weight", il), "attn_norm", il)
+
+        q = b.cb(b.reshape(b.cb(b.mm(p + "attn_q.weight", cur), "Qcur", il), (T, hp.n_head, hp.head_dim)), "Qcur", il)
+        k = b.cb(b.reshape(b.cb(b.mm(p + "attn_k.weight", cur), "Kcur", il), (T, hp.n_head_kv, hp.head_dim)),
+                 "Kcur", il)
+        v = b.cb(b.reshape(b.cb(b.mm(p + "attn_v.weight", cur), "Vcur", il), (T, hp.n_head_kv, hp.head_dim)),
+                 "Vcur", il)
+        q = b.cb(b.rope(q), "Qcur", il)
+        k = b.cb(b.rope(k), "Kcur", il)
+        cur = b.cb(b.attn(p + "attn_output.weight", q, k, v, kq_scale, il), "attn_out", il)
+
+        if il == hp.n_layer - 1:
+            cur, inpSA = b.get_rows(cur, b.out_ids), b.get_rows(inpSA, b.out_ids)
+        ffn_inp = b.cb(b.add(cur, inpSA), "ffn_inp", il)
+
+        cur = b.cb(b.norm(ffn_inp, p + "ffn_norm.weight", il), "ffn_norm", il)
+        up = b.cb(b.mm(p + "ffn_up.weight", cur), "ffn_up", il)
+        gate = b.cb(b.mm(p + "ffn_gate.weight", cur), "ffn_gate", il)
+        act = b.cb(b.node(Op.SWIGLU, (gate, up), gate.shape, order=fo.SWIGLU), "ffn_swiglu", il)
+        cur = b.cb(b.mm(p + "ffn_down.weight", act), "ffn_out", il)
+        inpL = b.cb(b.add(cur, ffn_inp), "l_out", il)
+
+    cur = b.cb(b.norm(inpL, "output_norm.weight", -1), "result_norm")
+    b.output("logits", b.cb(b.mm(b.plan.logits_matrix, cur), "result_output"))
+
+
+def main() -> int:
+    if len(sys.argv) > 1:
+        path = sys.argv[1]
+    else:
+        from bankml.runtime.default_model import default_model_path
+        path = default_model_path()
+    mine = bankml.load(path, arch="my_llama", threads=2)
+    builtin = bankml.load(path, threads=2)
+    ids = mine.tokenize("The capital of France is", add_special=True, parse_special=True)
+    a = mine.session().prefill(ids, outputs="all")
+    b = builtin.session().prefill(ids, outputs="all")
+    same = np.array_equal(a.view(np.uint32), b.view(np.uint32))
+    print(f"my_llama: {len(ids)} prompt tokens, next token {int(a[-1].argmax())}; "
+          f"equal to the built-in llama graph: {same}")
+    try:
+        from bankml import oracle
+        if oracle.is_built():
+            ref = oracle.logits(path, ids, threads=2)
+            print(f"equal to llama.cpp: {np.array_equal(a.view(np.uint32), ref.view(np.uint32))}")
+            same = same and np.array_equal(a.view(np.uint32), ref.view(np.uint32))
+    except ImportError:
+        pass
+    return 0 if same else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
