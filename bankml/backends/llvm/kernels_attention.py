@@ -1,0 +1,438 @@
+"""FLASH_ATTN kernels (GGML_MAP §5): one_chunk, split-KV and tiled, by n.order, with the bits of
+bankml/backends/reference/attention.py:flash_attn.
+
+Inputs q f32 [M, n_head, D]; k, v the f16 caches [kv_size, n_head_kv, D] of which the first
+n_kv cells are read (n_kv = the mask's width = the SET_ROWS node's shape[0]); mask f16 [M, n_kv].
+Out f32 [M, n_head, DV]. Head h reads kv head h // (n_head // n_head_kv).
+
+- FA_REFERENCE (ggml_compute_forward_flash_attn_ext_f16_one_chunk), per (row, head), split over
+  threads: Q rounded to f16; per key whose mask is not -inf, in order:
+      s = r(r(vec_dot_f16(K, Q16) * scale) + mask)       # 4x8 fma accumulators, GGML_F32x8_REDUCE
+      s > M: ms = expf(M - s), M = s, VKQ = f16(VKQ*ms), vs = 1;  else ms = 1, vs = expf(s - M)
+      VKQ = f16(fma(V, vs, VKQ));  S = fma(S, ms, vs)                # glibc expf
+  out = r(VKQ * (S == 0 ? 0 : r(1/S))).
+- FA_SPLIT (one row, n_kv >= 512): per head (split over threads), the one_chunk loop over key
+  chunks of ceil(n_kv / n_params["n_threads"]), then ggml_flash_attn_ext_reduce_partials in
+  chunk order (chunks with S_c == 0 skipped):
+      Mn = fmaxf(M, M_c); a = expf(M - Mn); b = expf(M_c - Mn)
+      VKQ = fma(VKQ, a, r(VKQ_c*b)); S = fma(S, a, r(S_c*b)); M = Mn
+      out = S != 0 ? r(VKQ * r(1/S)) : VKQ
+- FA_TILED (ggml_compute_forward_flash_attn_ext_tiled): Q tiles of <= 64 rows of one head, cut
+  as ggml cuts them for n_params.get("n_threads", 1) (a static table here), handed to threads
+  round-robin; K/V tiles of 64 keys converted to f32 on the stack (K transposed, so 8 keys share
+  a vector and each lane is simd_gemm's serial fma chain over d). A KV tile is skipped for a Q tile
+  when every row's mask there is -inf. Per row of a computed tile:
+      KQ = r(dot*scale); pad keys -inf; KQ = r(KQ + mask); tmax = max(KQ)
+      tmax != -inf: Mn = fmaxf(M, tmax); Mn > M: ms = expf(M - Mn), VKQ = r(VKQ*ms), S = r(S*ms)
+                    M = Mn; P = ggml_v_expf(r(KQ - Mn)); S = (float)((double)S + sum_c (double)hsum8(P_c))
+      else P = 0;   VKQ = serial fma chain over the 64 keys of V[k]*P[k]
+  out = r(VKQ * (S == 0 ? 0 : r(1/S))).
+
+Scratch lives on the stack (allocas in the entry block): a few KiB for one_chunk/split, about
+(2*64*D + 64*DV + 200) floats for tiled (96 KiB at D = 128).
+"""
+from __future__ import annotations
+
+
+import numpy as np
+from llvmlite import ir
+
+from bankml.backends.llvm.common import f16, f32, f64, fma, for_range, i1, i16, i32, i64, intrinsic, new_function
+from bankml.backends.llvm.common import thread_range, typed, v8f32
+from bankml.backends.llvm.kernels_glu import broadcast, splat, v_expf
+from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
+from bankml.errors import LoweringError
+from bankml.ir.graph import Graph
+from bankml.ir.node import Node
+from bankml.ir.ops import Op
+from bankml.ir.order import FA_REFERENCE, FA_SPLIT, FA_TILED
+
+v8f16 = ir.VectorType(f16, 8)
+v8i16 = ir.VectorType(i16, 8)
+NEG_INF_F16_BITS = 0xFC00
+TILE_Q = TILE_KV = 64                  # GGML_FA_TILE_Q, GGML_FA_TILE_KV (ggml-cpu/common.h)
+NEG_INF = float("-inf")
+
+
+class _Emit:
+    """Pointers, dimensions and small emit helpers of one flash_attn kernel."""
+
+    def __init__(self, g: Graph, n: Node, fn: ir.Function, b: ir.IRBuilder):
+        self.b, self.m = b, b.module
+        out, q, k, v, mask, self.ith, self.nth = fn.args
+        self.M, self.H, self.DV = n.shape
+        qn, kn, vn, mn = (g[i] for i in n.inputs)
+        self.D, self.Hkv, self.n_kv = qn.shape[2], kn.shape[1], mn.shape[1]
+        if (qn.shape[:2] != (self.M, self.H) or self.H % self.Hkv or kn.shape[2] != self.D
+                or vn.shape[1:] != (self.Hkv, self.DV) or mn.shape[0] != self.M
+                or min(kn.shape[0], vn.shape[0]) < self.n_kv or self.D % 8 or self.DV % 8):
+            raise LoweringError(f"llvm backend: flash_attn shapes q{qn.shape} k{kn.shape} v{vn.shape} "
+                                f"mask{mn.shape} out{n.shape} do not fit ({n.name or n.id})")
+        self.grp = self.H // self.Hkv
+        self.out, self.q = typed(b, out, f32), typed(b, q, f32)
+        self.k, self.v = typed(b, k, f16), typed(b, v, f16)
+        self.mask, self.mask16 = typed(b, mask, f16), typed(b, mask, i16)
+        self.scale = f32(float(np.float32(n.params["scale"])))
+        self.expf = intrinsic(self.m, "expf", f32, [f32])
+
+    # -- memory --------------------------------------------------------------------------
+    def alloca(self, t: ir.Type, count: int = 1, name: str = "") -> ir.Value:
+        """Stack scratch in the entry block (32-byte aligned), as f32* / t*."""
+        b = self.b
+        with b.goto_entry_block():
+            a = b.alloca(ir.ArrayType(t, count), name=name)
+            a.align = 32
+            p = b.gep(a, [i32(0), i32(0)])
+        return p
+
+    def vload(self, p, off, align=4):
+        return self.b.load(self.b.bitcast(self.b.gep(p, [off]), v8f32.as_pointer()), align=align)
+
+    def vstore(self, x, p, off, align=4):
+        self.b.store(x, self.b.bitcast(self.b.gep(p, [off]), v8f32.as_pointer()), align=align)
+
+    def hload(self, p, off):
+        """8 halves at p[off] as f32 (vcvtph2ps, exact)."""
+        h = self.b.load(self.b.bitcast(self.b.gep(p, [off]), v8f16.as_pointer()), align=2)
+        return self.b.fpext(h, v8f32)
+
+    def round16(self, x):
+        """f16(x) and back: F16C vcvtps2ph (RNE) then vcvtph2ps."""
+        t = v8f16 if x.type == v8f32 else f16
+        return self.b.fpext(self.b.fptrunc(x, t), x.type)
+
+    def kv_off(self, j, hk, d=0):
+        """Element offset of [cell j, kv head hk, d] in a cache."""
+        b = self.b
+        return b.add(b.mul(b.add(b.mul(j, i64(self.Hkv)), hk), i64(self.D)), i64(d))
+
+    def not_neg_inf(self, mrow, j):
+        """mask[mrow, j] != -inf, on the f16 bits (the same answer, NaN included)."""
+        b = self.b
+        bits = b.load(b.gep(self.mask16, [b.add(b.mul(mrow, i64(self.n_kv)), j)]))
+        return b.icmp_unsigned("!=", bits, i16(NEG_INF_F16_BITS))
+
+    def mask32(self, mrow, j):
+        b = self.b
+        return b.fpext(b.load(b.gep(self.mask, [b.add(b.mul(mrow, i64(self.n_kv)), j)])), f32)
+
+    def store_normalised(self, vkq, S, out_off):
+        """out = r(VKQ * (S == 0 ? 0 : r(1/S)))."""
+        b = self.b
+        s_inv = b.select(b.fcmp_ordered("==", S, f32(0.0)), f32(0.0), b.fdiv(f32(1.0), S))
+        sb = broadcast(b, s_inv)
+        for i in range(0, self.DV, 8):
+            self.vstore(b.fmul(self.vload(vkq, i64(i), 32), sb), self.out, b.add(out_off, i64(i)))
+
+    # -- one_chunk ----------------------------------------------------------------------
+    def q16(self, qbuf, q_off):
+        """Q row rounded to f16 (ggml_cpu_fp32_to_fp16 of Q) into qbuf."""
+        for i in range(0, self.D, 8):
+            self.vstore(self.round16(self.vload(self.q, self.b.add(q_off, i64(i)))), qbuf, i64(i), 32)
+
+    def dot_f16(self, qbuf, hk, j):
+        """ggml_vec_dot_f16(D, K[j, hk], Q16), AVX2: acc[a] = fma(K, Q, acc[a]) in steps of 32,
+        GGML_F32x8_REDUCE, then an f64 tail of r(K*Q) for D % 32."""
+        b = self.b
+        base = self.kv_off(j, hk)
+        body = self.D - self.D % 32
+        accs = [splat(0.0)] * 4
+        for i in range(0, body, 32):
+            for a in range(4):
+                x = self.hload(self.k, b.add(base, i64(i + 8 * a)))
+                accs[a] = fma(b, x, self.vload(qbuf, i64(i + 8 * a), 32), accs[a])
+        s = b.fadd(b.fadd(accs[0], accs[2]), b.fadd(accs[1], accs[3]))
+        lo = b.shuffle_vector(s, s, ir.Constant(ir.VectorType(i32, 4), [0, 1, 2, 3]))
+        hi = b.shuffle_vector(s, s, ir.Constant(ir.VectorType(i32, 4), [4, 5, 6, 7]))
+        t = b.fadd(lo, hi)
+        e = [b.extract_element(t, i32(i)) for i in range(4)]
+        res = b.fadd(b.fadd(e[0], e[1]), b.fadd(e[2], e[3]))
+        if body == self.D:
+            return res
+        res = b.fpext(res, f64)
+        for i in range(body, self.D):
+            x = b.fpext(b.load(b.gep(self.k, [b.add(base, i64(i))])), f32)
+            res = b.fadd(res, b.fpext(b.fmul(x, b.load(b.gep(qbuf, [i64(i)]))), f64))
+        return b.fptrunc(res, f32)
+
+    def one_chunk(self, mrow, hk, qbuf, vkq, Mp, Sp, lo, hi):
+        """The one_chunk loop over keys [lo, hi) of row mrow; state VKQ (f16 values), M, S in memory."""
+        b = self.b
+        with for_range(b, lo, hi, name="j") as j:
+            with b.if_then(self.not_neg_inf(mrow, j)):
+                s = b.fadd(b.fmul(self.dot_f16(qbuf, hk, j), self.scale), self.mask32(mrow, j), name="s")
+                m_old = b.load(Mp)
+                new = b.fcmp_ordered(">", s, m_old, name="new")
+                e = b.call(self.expf, [b.select(new, b.fsub(m_old, s), b.fsub(s, m_old))])
+                ms, vs = b.select(new, e, f32(1.0)), b.select(new, f32(1.0), e)
+                with b.if_then(new):                                     # ggml_vec_scale_f16
+                    msb = broadcast(b, ms)
+                    for i in range(0, self.DV, 8):
+                        self.vstore(self.round16(b.fmul(self.vload(vkq, i64(i), 32), msb)), vkq, i64(i), 32)
+                    b.store(s, Mp)
+                vsb = broadcast(b, vs)
+                base = self.kv_off(j, hk)
+                for i in range(0, self.DV, 8):                            # ggml_vec_mad_f16
+                    x = self.hload(self.v, b.add(base, i64(i)))
+                    self.vstore(self.round16(fma(b, x, vsb, self.vload(vkq, i64(i), 32))), vkq, i64(i), 32)
+                b.store(fma(b, b.load(Sp), ms, vs), Sp)
+
+    def reset(self, vkq, Mp, Sp, count=None):
+        b = self.b
+        for i in range(0, count or self.DV, 8):
+            self.vstore(splat(0.0), vkq, i64(i), 32)
+        if Mp is not None:
+            b.store(f32(NEG_INF), Mp)
+            b.store(f32(0.0), Sp)
+
+
+def _define_one_chunk(e: _Emit) -> None:
+    b = e.b
+    qbuf, vkq = e.alloca(f32, e.D, "q16"), e.alloca(f32, e.DV, "vkq")
+    Mp, Sp = e.alloca(f32, 1, "M"), e.alloca(f32, 1, "S")
+    lo, hi = thread_range(b, e.M * e.H, e.ith, e.nth)
+    with for_range(b, lo, hi, name="row") as r:                        # r = mrow*H + h
+        mrow, h = b.sdiv(r, i64(e.H)), b.srem(r, i64(e.H))
+        hk = b.sdiv(h, i64(e.grp))
+        e.q16(qbuf, b.mul(r, i64(e.D)))
+        e.reset(vkq, Mp, Sp)
+        e.one_chunk(mrow, hk, qbuf, vkq, Mp, Sp, i64(0), i64(e.n_kv))
+        e.store_normalised(vkq, b.load(Sp), b.mul(r, i64(e.DV)))
+
+
+def _define_split(e: _Emit, n_threads: int) -> None:
+    """One query row: per head, one_chunk over each key chunk, reduced as the partials are."""
+    b = e.b
+    if e.M != 1:
+        raise LoweringError(f"llvm backend: split-KV attention takes 1 query row, not {e.M}")
+    cs = -(-e.n_kv // n_threads)
+    n_chunks = -(-e.n_kv // cs)
+    qbuf, vkq, acc = e.alloca(f32, e.D, "q16"), e.alloca(f32, e.DV, "vkq_c"), e.alloca(f32, e.DV, "vkq")
+    Mp, Sp, Mt, St = (e.alloca(f32, 1, nm) for nm in ("M_c", "S_c", "M", "S"))
+    maxnum = intrinsic(e.m, "llvm.maxnum.f32", f32, [f32, f32])
+    lo, hi = thread_range(b, e.H, e.ith, e.nth)
+    with for_range(b, lo, hi, name="h") as h:
+        hk = b.sdiv(h, i64(e.grp))
+        e.q16(qbuf, b.mul(h, i64(e.D)))
+        e.reset(acc, Mt, St)
+        with for_range(b, 0, n_chunks, name="c") as c:
+            k0 = b.mul(c, i64(cs))
+            k1 = b.add(k0, i64(cs))
+            k1 = b.select(b.icmp_signed("<", k1, i64(e.n_kv)), k1, i64(e.n_kv))
+            e.reset(vkq, Mp, Sp)
+            e.one_chunk(i64(0), hk, qbuf, vkq, Mp, Sp, k0, k1)
+            s_c = b.load(Sp)
+            with b.if_then(b.fcmp_unordered("!=", s_c, f32(0.0))):       # ggml_flash_attn_ext_reduce_partials
+                m, m_c = b.load(Mt), b.load(Mp)
+                mn = b.call(maxnum, [m, m_c])
+                a = b.call(e.expf, [b.fsub(m, mn)])
+                w = b.call(e.expf, [b.fsub(m_c, mn)])
+                ab, wb = broadcast(b, a), broadcast(b, w)
+                for i in range(0, e.DV, 8):
+                    part = b.fmul(e.vload(vkq, i64(i), 32), wb)
+                    e.vstore(fma(b, e.vload(acc, i64(i), 32), ab, part), acc, i64(i), 32)
+                b.store(fma(b, b.load(St), a, b.fmul(s_c, w)), St)
+                b.store(mn, Mt)
+        S = b.load(St)
+        sb = broadcast(b, b.fdiv(f32(1.0), S))
+        keep = b.fcmp_unordered("!=", S, f32(0.0))
+        out_off = b.mul(h, i64(e.DV))
+        for i in range(0, e.DV, 8):
+            x = e.vload(acc, i64(i), 32)
+            e.vstore(b.select(keep, b.fmul(x, sb), x), e.out, b.add(out_off, i64(i)))
+
+
+# ---- tiled ------------------------------------------------------------------------------
+
+def q_tiles(M: int, H: int, n_threads: int) -> list[tuple[int, int]]:
+    """(first row ir = h*M + m, rows) of every Q tile, cut as ggml_compute_forward_flash_attn_ext_f16
+    cuts rows for n_threads threads (4 chunks per thread), then into <= 64 rows of one head
+    (reference attention._tile_plan)."""
+    nr = M * H
+    chunk = -(-nr // (4 * n_threads))
+    nchunk = -(-nr // chunk)
+    if n_threads == 1 or nchunk < n_threads:
+        nchunk = n_threads
+    dr = -(-nr // nchunk)
+    tiles = []
+    for c in range(nchunk):
+        ir, ir1 = dr * c, min(dr * c + dr, nr)
+        while ir < ir1:
+            rows = min(TILE_Q, ir1 - ir, M - ir % M)
+            tiles.append((ir, rows))
+            ir += rows
+    return tiles
+
+
+def _hsum8(b, v):
+    """hsum_float_8: ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7))."""
+    lo = b.shuffle_vector(v, v, ir.Constant(ir.VectorType(i32, 4), [0, 1, 2, 3]))
+    hi = b.shuffle_vector(v, v, ir.Constant(ir.VectorType(i32, 4), [4, 5, 6, 7]))
+    a = b.fadd(lo, hi)
+    x = [b.extract_element(a, i32(i)) for i in range(4)]
+    return b.fadd(b.fadd(x[0], x[2]), b.fadd(x[1], x[3]))
+
+
+def _partial_i16(b, p, off, lanes: int):
+    """The first `lanes` i16 at p[off] in a vector whose other lanes hold -inf's bits (a pad key)."""
+    v = ir.Constant(v8i16, [NEG_INF_F16_BITS] * 8)
+    for l in range(lanes):
+        v = b.insert_element(v, b.load(b.gep(p, [b.add(off, i64(l))])), i32(l))
+    return v
+
+
+def _define_tiled(e: _Emit, n_threads: int) -> None:
+    b, m = e.b, e.m
+    D, DV, T = e.D, e.DV, TILE_KV
+    tiles = q_tiles(e.M, e.H, n_threads)
+    tab_t = ir.ArrayType(i32, 2 * len(tiles))
+    tab = ir.GlobalVariable(m, tab_t, name=f"{b.function.name}.qtiles")
+    tab.global_constant, tab.linkage = True, "internal"
+    tab.initializer = ir.Constant(tab_t, [x for t in tiles for x in t])
+    kt, vt = e.alloca(f32, D * T, "k_tile"), e.alloca(f32, T * DV, "v_tile")
+    vkq, P = e.alloca(f32, TILE_Q * DV, "vkq"), e.alloca(f32, T, "p")
+    Sx, Mx = e.alloca(f32, TILE_Q, "S"), e.alloca(f32, TILE_Q, "M")
+    accp = [e.alloca(v8f32, 1, f"acc{a}") for a in range(8)]
+    anyp = e.alloca(v8i16, 1, "active")
+    maxnum = intrinsic(m, "llvm.maxnum.f32", f32, [f32, f32])
+    vmaxnum = intrinsic(m, "llvm.maxnum.v8f32", v8f32, [v8f32, v8f32])
+    n_full, last = divmod(e.n_kv, T)
+
+    def kv_tile(row0, R, h, hk, ic, kc: int):
+        """One KV tile [ic, ic+kc) for the Q tile rows row0..row0+R of head h."""
+        b.store(ir.Constant(v8i16, [0] * 8), anyp)                # any row sees any key here?
+        with for_range(b, 0, R, name="ar") as r:                   # (explicit vectors: LLVM would
+            moff = b.add(b.mul(b.add(row0, r), i64(e.n_kv)), ic)   # otherwise vectorise over rows)
+            seen = b.load(anyp)
+            for a in range(0, kc, 8):
+                lanes = min(8, kc - a)
+                bits = b.load(b.bitcast(b.gep(e.mask16, [b.add(moff, i64(a))]), v8i16.as_pointer()), align=2) \
+                    if lanes == 8 else _partial_i16(b, e.mask16, b.add(moff, i64(a)), lanes)
+                ne = b.icmp_unsigned("!=", bits, ir.Constant(v8i16, [NEG_INF_F16_BITS] * 8))
+                seen = b.or_(seen, b.sext(ne, v8i16))
+            b.store(seen, anyp)
+        active = b.icmp_unsigned("!=", b.bitcast(b.load(anyp), ir.IntType(128)), ir.IntType(128)(0))
+        with b.if_then(active):
+            with for_range(b, 0, kc, name="kj") as j:              # K -> f32, transposed: kt[d][j]
+                base = e.kv_off(b.add(ic, j), hk)
+                for d in range(0, D, 8):
+                    x = e.hload(e.k, b.add(base, i64(d)))
+                    for l in range(8):
+                        at = b.add(b.mul(i64(d + l), i64(T)), j)
+                        b.store(b.extract_element(x, i32(l)), b.gep(kt, [at]))
+                base = e.kv_off(b.add(ic, j), hk)
+                for d in range(0, DV, 8):                          # V -> f32: vt[j][d]
+                    e.vstore(e.hload(e.v, b.add(base, i64(d))), vt, b.add(b.mul(j, i64(DV)), i64(d)), 32)
+            if kc < T:                                             # pad keys: zeros
+                with for_range(b, kc, T, name="pj") as j:
+                    with for_range(b, 0, D, name="pd") as d:
+                        b.store(f32(0.0), b.gep(kt, [b.add(b.mul(d, i64(T)), j)]))
+                    with for_range(b, 0, DV // 8, name="pv") as d:
+                        e.vstore(splat(0.0), vt, b.add(b.mul(j, i64(DV)), b.mul(d, i64(8))), 32)
+            with for_range(b, 0, R, name="r") as r:
+                tile_row(b.add(row0, r), r, h, ic, kc)
+
+    def tile_row(mrow, r, h, ic, kc: int):
+        q_off = b.mul(b.add(b.mul(mrow, i64(e.H)), h), i64(D))
+        for a in range(8):
+            b.store(splat(0.0), accp[a])
+        with for_range(b, 0, D, name="d") as d:                    # simd_gemm: serial fma chain per key
+            qd = broadcast(b, b.load(b.gep(e.q, [b.add(q_off, d)])))
+            for a in range(8):
+                kv = e.vload(kt, b.add(b.mul(d, i64(T)), i64(8 * a)), 32)
+                b.store(fma(b, qd, kv, b.load(accp[a])), accp[a])
+        kq = []
+        for a in range(8):
+            sc = b.fmul(b.load(accp[a]), broadcast(b, e.scale))
+            lanes = [8 * a + l < kc for l in range(8)]
+            if all(lanes):
+                mk = e.hload(e.mask, b.add(b.mul(mrow, i64(e.n_kv)), b.add(ic, i64(8 * a))))
+            else:
+                valid = ir.Constant(ir.VectorType(i1, 8), [int(x) for x in lanes])
+                sc = b.select(valid, sc, splat(NEG_INF))
+                mk = splat(NEG_INF)
+                for l in range(8):
+                    if lanes[l]:
+                        mk = b.insert_element(mk, e.mask32(mrow, b.add(ic, i64(8 * a + l))), i32(l))
+            kq.append(b.fadd(sc, mk))
+        vm = kq[0]
+        for a in range(1, 8):
+            vm = b.call(vmaxnum, [vm, kq[a]])
+        tmax = b.extract_element(vm, i32(0))
+        for l in range(1, 8):
+            tmax = b.call(maxnum, [tmax, b.extract_element(vm, i32(l))])
+        vrow = b.mul(r, i64(DV))
+        with b.if_else(b.fcmp_unordered("!=", tmax, f32(NEG_INF))) as (live, dead):
+            with live:
+                mp, sp = b.gep(Mx, [r]), b.gep(Sx, [r])
+                m_old = b.load(mp)
+                m_new = b.call(maxnum, [m_old, tmax])
+                with b.if_then(b.fcmp_ordered(">", m_new, m_old)):
+                    ms = b.call(e.expf, [b.fsub(m_old, m_new)])
+                    msb = broadcast(b, ms)
+                    for i in range(0, DV, 8):
+                        at = b.add(vrow, i64(i))
+                        e.vstore(b.fmul(e.vload(vkq, at, 32), msb), vkq, at, 32)
+                    b.store(b.fmul(b.load(sp), ms), sp)
+                b.store(m_new, mp)
+                mb = broadcast(b, m_new)
+                psum = f64(0.0)
+                for a in range(8):                                 # ggml_vec_soft_max_f32
+                    p = v_expf(b, b.fsub(kq[a], mb))
+                    e.vstore(p, P, i64(8 * a), 32)
+                    psum = b.fadd(psum, b.fpext(_hsum8(b, p), f64))
+                b.store(b.fptrunc(b.fadd(b.fpext(b.load(sp), f64), psum), f32), sp)
+            with dead:
+                for a in range(8):
+                    e.vstore(splat(0.0), P, i64(8 * a), 32)
+        for g0 in range(0, DV, 64):                                # VKQ += P @ V, serial over keys
+            nv = min(8, (DV - g0) // 8)
+            for i in range(nv):
+                b.store(e.vload(vkq, b.add(vrow, i64(g0 + 8 * i)), 32), accp[i])
+            with for_range(b, 0, T, name="vk") as j:
+                pj = broadcast(b, b.load(b.gep(P, [j])))
+                for i in range(nv):
+                    x = e.vload(vt, b.add(b.mul(j, i64(DV)), i64(g0 + 8 * i)), 32)
+                    b.store(fma(b, x, pj, b.load(accp[i])), accp[i])
+            for i in range(nv):
+                e.vstore(b.load(accp[i]), vkq, b.add(vrow, i64(g0 + 8 * i)), 32)
+
+    n_tiles = len(tiles)
+    count = b.sdiv(b.add(b.sub(i64(n_tiles), e.ith), b.sub(e.nth, i64(1))), e.nth)
+    with for_range(b, 0, count, name="qt") as it:                  # Q tiles round-robin over threads
+        t = b.add(e.ith, b.mul(it, e.nth))
+        ir0 = b.sext(b.load(b.gep(tab, [i32(0), b.mul(t, i64(2))])), i64)
+        R = b.sext(b.load(b.gep(tab, [i32(0), b.add(b.mul(t, i64(2)), i64(1))])), i64)
+        h, row0 = b.sdiv(ir0, i64(e.M)), b.srem(ir0, i64(e.M))
+        hk = b.sdiv(h, i64(e.grp))
+        with for_range(b, 0, R, name="ir") as r:
+            e.reset(b.gep(vkq, [b.mul(r, i64(DV))]), None, None)
+            b.store(f32(NEG_INF), b.gep(Mx, [r]))
+            b.store(f32(0.0), b.gep(Sx, [r]))
+        with for_range(b, 0, n_full, name="kvt") as kvt:
+            kv_tile(row0, R, h, hk, b.mul(kvt, i64(T)), T)
+        if last:
+            kv_tile(row0, R, h, hk, i64(n_full * T), last)
+        with for_range(b, 0, R, name="or") as r:
+            out_off = b.mul(b.add(b.mul(b.add(row0, r), i64(e.H)), h), i64(DV))
+            e.store_normalised(b.gep(vkq, [b.mul(r, i64(DV))]), b.load(b.gep(Sx, [r])), out_off)
+
+
+@kernel(Op.FLASH_ATTN)
+def define_flash_attn(m: ir.Module, g: Graph, n: Node) -> ir.Function:
+    if n.order not in (FA_REFERENCE, FA_SPLIT, FA_TILED):
+        raise LoweringError(f"llvm backend: no flash_attn kernel for "
+                            f"{n.order.describe() if n.order else None!r} ({n.name or n.id})")
+    name = kernel_name(n)
+    if name in m.globals:
+        return m.globals[name]
+    fn, b = new_function(m, name, kernel_type(n))
+    e = _Emit(g, n, fn, b)
+    if n.order == FA_REFERENCE:
+        _define_one_chunk(e)
+    elif n.order == FA_SPLIT:
+        _define_split(e, int(n.params["n_threads"]))
+    else:
+        _define_tiled(e, int(n.params.get("n_threads", 1)))
+    b.ret_void()
+    return fn

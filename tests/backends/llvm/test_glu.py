@@ -1,0 +1,62 @@
+"""llvm SWIGLU kernel (ggml_v_expf in IR, glibc expf tail) against the reference, bit for bit."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from llvmlite import ir
+
+from bankml.backends.llvm import kernels_glu  # noqa: F401  (registers the kernel)
+from bankml.backends.llvm.jit import call_kernel, compile_module
+from bankml.backends.llvm.registry import define, kernel_name
+from bankml.backends.reference.glu import swiglu
+from bankml.expf import ggml_v_expf
+from bankml.ir.graph import Graph
+from bankml.ir.node import Node
+from bankml.ir.ops import Op
+from bankml.ir.order import SWIGLU
+
+
+
+def _engine(shape):
+    g = Graph()
+    g.add(Node(0, Op.INPUT, (), shape, "f32"))
+    g.add(Node(1, Op.INPUT, (), shape, "f32"))
+    n = g.add(Node(2, Op.SWIGLU, (0, 1), shape, "f32", "ffn_swiglu-0", SWIGLU))
+    m = ir.Module()
+    define(m, g, n)
+    return compile_module(m), kernel_name(n)
+
+
+def _gate(rng, shape):
+    """Realistic gates plus the v_expf edge cases: |x| past 126/ln2 and 192/ln2, +-0, +-inf."""
+    g = (rng.standard_normal(shape) * rng.choice([0.5, 3, 20], size=shape)).astype(np.float32)
+    flat = g.reshape(-1)
+    edge = np.array([0.0, -0.0, 88.0, -88.0, 90.0, -90.0, 104.0, -104.0, 140.0, -140.0, np.inf, -np.inf],
+                    np.float32)
+    flat[:min(edge.size, flat.size)] = edge[:flat.size]
+    return g
+
+
+@pytest.mark.parametrize("shape", [(7, 1536), (1, 6144), (3, 1003), (4, 13), (2, 5)], ids=str)
+def test_swiglu_bits_equal_reference_for_any_nth(shape):
+    eng, name = _engine(shape)
+    rng = np.random.default_rng(shape[-1])
+    gate, up = _gate(rng, shape), rng.standard_normal(shape).astype(np.float32)
+    want = swiglu(gate, up)
+    for nth in (1, 2, 3):
+        out = np.full(shape, np.nan, np.float32)
+        for ith in range(nth):
+            call_kernel(eng, name, out, [gate, up], ith, nth)
+        assert np.array_equal(out.view(np.uint32), want.view(np.uint32)), f"nth={nth}"
+
+
+def test_v_expf_bits_equal_numpy_ggml_v_expf():
+    """silu (up = 1) over a dense sweep that crosses v_expf's scaled paths (|n| > 126, > 192)."""
+    x = np.concatenate([np.linspace(-200, 200, 40001, dtype=np.float32),
+                        np.array([-87.3, -87.4, -103.9, -104.0, 88.7, 88.8, 126.5, -126.5], np.float32)])
+    x = x[: x.size - x.size % 8].reshape(1, -1)
+    eng, name = _engine(x.shape)
+    out = np.empty_like(x)
+    call_kernel(eng, name, out, [x, np.ones_like(x)], 0, 1)
+    want = (x / (np.float32(1) + ggml_v_expf((np.float32(0) - x).astype(np.float32)))).astype(np.float32)
+    assert np.array_equal(out.view(np.uint32), want.view(np.uint32))
