@@ -24,6 +24,11 @@ FEATURES = "+avx,+avx2,+fma,+f16c,+bmi,+bmi2,+popcnt,+sse4.2,-avx512f,-avx512vl,
 
 @functools.cache
 def target_machine() -> llvm.TargetMachine:
+    """The shared haswell target machine (passes, asm). Never hand it to an engine."""
+    return _new_target_machine()
+
+
+def _new_target_machine() -> llvm.TargetMachine:
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
     llvm.load_library_permanently(ctypes.util.find_library("m"))     # glibc expf, sincosf, powf, logf
@@ -43,17 +48,24 @@ def compile_module(m: ir.Module) -> llvm.ExecutionEngine:
         pb = llvm.create_pass_builder(tm, pto)
         pm = pb.getModulePassManager()
         pm.run(mod, pb)
-    eng = llvm.create_mcjit_compiler(mod, tm)
+    # an MCJIT engine owns its target machine and destroys it with itself: give it its own
+    eng = llvm.create_mcjit_compiler(mod, _new_target_machine())
     eng.finalize_object()
     eng._bankml_module = mod        # keep the module alive with the engine
     return eng
 
 
-def asm(m: ir.Module) -> str:
-    """The machine code of a module as text (BANKML_DEBUG=4 inspection, tests that grep for vfmadd)."""
+def asm(m: ir.Module, optimize: bool = False) -> str:
+    """The machine code of a module as text (BANKML_DEBUG=4 inspection, tests that grep for vfmadd);
+    optimize: after the O3 pipeline compile_module runs."""
     tm = target_machine()
     m.triple = tm.triple
+    m.data_layout = str(tm.target_data)
     mod = llvm.parse_assembly(str(m))
+    if optimize:
+        pto = llvm.create_pipeline_tuning_options(speed_level=3)
+        pb = llvm.create_pass_builder(tm, pto)
+        pb.getModulePassManager().run(mod, pb)
     return tm.emit_assembly(mod)
 
 

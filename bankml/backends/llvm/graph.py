@@ -1,0 +1,277 @@
+"""Compile a whole micro-batch Graph into one LLVM module with one entry point:
+
+    void graph(i8** bufs, i64 ith, i64 nth, i8* barrier)
+
+It calls every node's kernel in execution order (`for n in g`), with a spin barrier between
+kernels where the next one reads what a kernel since the last barrier wrote (read after
+write, on buffers after aliasing: RESHAPE is its input, SET_ROWS is its cache). Kernels are
+deduplicated: nodes with the same op, shapes, dtypes, float order and parameters (tensor
+and layer names aside) share one function, so 30 layers are one copy of each kernel.
+
+bufs[slot[node id]] is the node's buffer; the runner fills the table (runner.py). Buffer
+reuse must respect the barriers: a buffer whose last reader runs before barrier b may be
+written only by kernels after b (plan_arena does this).
+
+Compiled graphs are cached by a structural key (every node's op, inputs, shape, dtype, order
+and parameters), so a session compiles each micro-batch shape once.
+"""
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import functools
+import math
+import os
+import sys
+import time
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from llvmlite import binding as llvm
+from llvmlite import ir
+
+from bankml.backends.llvm import jit, registry
+from bankml.backends.llvm import kernels_matmul, kernels_quantize, kernels_rows  # noqa: F401 (register)
+from bankml.backends.llvm.common import i8p, i64, intrinsic, new_function, void
+from bankml.ir.graph import Graph
+from bankml.ir.node import Node
+from bankml.ir.ops import Op
+from bankml.quants import F16, Q8_0, Q8_1
+
+for _mod in ("kernels_norm", "kernels_rope", "kernels_attention", "kernels_glu"):      # helper L2's kernels
+    try:
+        __import__(f"bankml.backends.llvm.{_mod}")
+    except ImportError:
+        pass
+
+_IGNORED_PARAMS = ("tensor", "layer")
+ALIGN = 64
+
+
+def _log(msg: str) -> None:
+    if os.environ.get("BANKML_DEBUG", "0") not in ("", "0"):
+        print(msg, file=sys.stderr)
+
+
+def _frozen(params: dict) -> tuple:
+    return tuple(sorted((k, repr(v)) for k, v in params.items() if k not in _IGNORED_PARAMS))
+
+
+def kernel_key(g: Graph, n: Node) -> tuple:
+    """Nodes with equal keys compile to the same kernel function."""
+    srcs = tuple((s.op, s.shape, s.dtype, s.order, _frozen(s.params)) for s in (g[i] for i in n.inputs))
+    return n.op, n.shape, n.dtype, n.order, _frozen(n.params), srcs
+
+
+def graph_key(g: Graph) -> tuple:
+    nodes = tuple((n.id, n.op, n.inputs, n.shape, n.dtype, n.name, n.order, _frozen(n.params), n.params.get("tensor"),
+                   n.params.get("layer")) for n in sorted(g.nodes.values(), key=lambda n: n.id))
+    return nodes, tuple(sorted(g.outputs.items()))
+
+
+def root(g: Graph, i: int) -> int:
+    """The node whose buffer node i uses: views and cache writes alias their first input."""
+    while g[i].op in (Op.RESHAPE, Op.SET_ROWS):
+        i = g[i].inputs[0]
+    return i
+
+
+def nbytes(n: Node) -> int:
+    """Bytes of a node's buffer (registry.py's layouts)."""
+    if n.op is Op.QUANTIZE:
+        t, K, M = int(n.params["type"]), n.shape[-1], math.prod(n.shape[:-1])
+        return M * (2 * K if t == F16 else K // 32 * (34 if t == Q8_0 else 36 if t == Q8_1 else 0))
+    size = {"f32": 4, "f16": 2, "i32": 4, "F32": 4}.get(n.dtype)
+    if size is None:
+        raise ValueError(f"node {n.name or n.id}: no buffer size for dtype {n.dtype}")
+    return math.prod(n.shape) * size
+
+
+@dataclass
+class CompiledGraph:
+    order: list[Node]                  # execution order
+    slot: dict[int, int]               # node id -> index in bufs
+    kernels: list[Node]                # nodes with a kernel, in order
+    barrier_before: list[bool]         # per kernel node
+    engine: object
+    fn: object                         # ctypes function (bufs, ith, nth, barrier)
+    part: object                       # ctypes function (bufs, ith, nth, barrier, lo, hi): kernels [lo, hi)
+    n_functions: int
+    compile_s: dict = field(default_factory=dict)
+    buffers: object = None                          # runner state (runner._Buffers)
+
+
+def plan_barriers(g: Graph, kernels: list[Node]) -> list[bool]:
+    dirty: set[int] = set()            # roots written since the last barrier
+    read: set[int] = set()             # roots read since the last barrier
+    out = []
+    for n in kernels:
+        reads = {root(g, i) for i in n.inputs}
+        w = root(g, n.id)
+        need = bool(reads & dirty) or w in dirty or w in read
+        if need:
+            dirty, read = set(), set()
+        out.append(need)
+        dirty.add(w)
+        read |= reads
+    return out
+
+
+def plan_arena(g: Graph, cg: CompiledGraph, reuse: bool = True) -> tuple[dict[int, int], int]:
+    """Offsets in one arena for every kernel output that is not an alias. With reuse, a buffer
+    is free once its last reader ran and a barrier followed; a named view counts as a reader
+    right after the kernel before it (a trace reads it there)."""
+    last_use: dict[int, int] = {}
+    k = -1
+    for n in cg.order:
+        if n.op not in registry.NO_KERNEL:
+            k += 1
+            for i in n.inputs:
+                last_use[root(g, i)] = k
+        elif n.op is Op.RESHAPE and n.name:
+            last_use[root(g, n.id)] = max(last_use.get(root(g, n.id), -1), k)
+    keep = {root(g, i) for i in g.outputs.values()}
+    offsets: dict[int, int] = {}
+    free: list[tuple[int, int]] = []       # (offset, size)
+    pending: list[tuple[int, int]] = []
+    top = 0
+    for k, n in enumerate(cg.kernels):
+        if cg.barrier_before[k]:
+            free += pending
+            pending = []
+        if root(g, n.id) == n.id:
+            size = -(-nbytes(n) // ALIGN) * ALIGN
+            fit = [f for f in free if f[1] >= size] if reuse else []
+            if fit:
+                best = min(fit, key=lambda f: f[1])
+                free.remove(best)
+                offsets[n.id] = best[0]
+                if best[1] > size:
+                    free.append((best[0] + size, best[1] - size))
+            else:
+                offsets[n.id] = top
+                top += size
+        for i in {root(g, i) for i in n.inputs}:
+            if last_use.get(i) == k and i in offsets and i not in keep:
+                pending.append((offsets[i], -(-nbytes(g[i]) // ALIGN) * ALIGN))
+    return offsets, top
+
+
+@functools.cache
+def _libc_symbols() -> None:
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    llvm.add_symbol("sched_yield", ctypes.cast(libc.sched_yield, ctypes.c_void_p).value)
+
+
+def _define_barrier(m: ir.Module) -> ir.Function:
+    """Counter at byte 0, generation at byte 64: the last thread to arrive resets the counter
+    and bumps the generation; the others spin on it: 100 pauses, then sched_yield between
+    checks (a machine with more threads than free cores otherwise loses whole time slices)."""
+    fn, b = new_function(m, "barrier", ir.FunctionType(void, [i8p, i64]))
+    fn.linkage = "internal"
+    fn.attributes.add("noinline")
+    st, nth = fn.args
+    go, last, wait, spin, yld, done = (fn.append_basic_block(s) for s in ("go", "last", "wait", "spin", "yield", "done"))
+    b.cbranch(b.icmp_signed("<=", nth, i64(1)), done, go)
+    b.position_at_end(go)
+    cnt = b.bitcast(st, i64.as_pointer())
+    genp = b.bitcast(b.gep(st, [i64(64)]), i64.as_pointer())
+    gen = b.load_atomic(genp, "acquire", 8)
+    old = b.atomic_rmw("add", cnt, i64(1), "acq_rel")
+    b.cbranch(b.icmp_signed("==", old, b.sub(nth, i64(1))), last, wait)
+    b.position_at_end(last)
+    b.store_atomic(i64(0), cnt, "monotonic", 8)
+    b.atomic_rmw("add", genp, i64(1), "release")
+    b.branch(done)
+    b.position_at_end(wait)
+    b.branch(spin)
+    b.position_at_end(spin)
+    k = b.phi(i64, name="spins")
+    k.add_incoming(i64(0), wait)
+    b.call(intrinsic(m, "llvm.x86.sse2.pause", void, []), [])
+    k1 = b.add(k, i64(1))
+    b.cbranch(b.icmp_signed("==", b.load_atomic(genp, "acquire", 8), gen), yld, done)
+    b.position_at_end(yld)
+    many = b.icmp_signed(">", k1, i64(100))
+    with b.if_then(many):
+        b.call(intrinsic(m, "sched_yield", ir.IntType(32), []), [])
+    k.add_incoming(k1, b.block)
+    b.branch(spin)
+    b.position_at_end(done)
+    b.ret_void()
+    return fn
+
+
+def emit(g: Graph) -> tuple[ir.Module, list[Node], list[Node], dict[int, int], list[bool], int]:
+    order = list(g)
+    slot = {n.id: k for k, n in enumerate(order)}
+    kernels = [n for n in order if n.op not in registry.NO_KERNEL]
+    barriers = plan_barriers(g, kernels)
+    m = ir.Module(name="bankml_graph")
+    barrier = _define_barrier(m)
+    fns: dict[tuple, ir.Function] = {}
+    rf, b = new_function(m, "graph_range", ir.FunctionType(void, [i8p.as_pointer(), i64, i64, i8p, i64, i64]))
+    rf.linkage = "internal"
+    rf.attributes.add("noinline")
+    bufs, ith, nth, bar, lo, hi = rf.args
+    for k, (n, need) in enumerate(zip(kernels, barriers)):
+        key = kernel_key(g, n)
+        if key not in fns:
+            f = registry.define(m, g, n)
+            f.attributes.add("noinline")
+            fns[key] = f
+        inside = b.and_(b.icmp_signed("<=", lo, i64(k)), b.icmp_signed(">", hi, i64(k)))
+        with b.if_then(inside, likely=True):
+            if need:
+                b.call(barrier, [bar, nth])
+            args = [b.load(b.gep(bufs, [i64(slot[i])])) for i in (n.id, *n.inputs)]
+            b.call(fns[key], [*args, ith, nth])
+    b.ret_void()
+    gf, b = new_function(m, "graph", ir.FunctionType(void, [i8p.as_pointer(), i64, i64, i8p]))
+    b.call(rf, [*gf.args, i64(0), i64(len(kernels))])
+    b.ret_void()
+    pf, b = new_function(m, "graph_part", rf.type.pointee)      # kernels [lo, hi) only (trace runs)
+    b.call(rf, list(pf.args))
+    b.ret_void()
+    return m, order, kernels, slot, barriers, len(fns)
+
+
+_CACHE: OrderedDict[tuple, CompiledGraph] = OrderedDict()     # least recently used first
+_BY_ID: dict[int, tuple[weakref.ref, CompiledGraph]] = {}
+CACHE_SIZE = 32
+
+
+def compile_graph(g: Graph) -> CompiledGraph:
+    """The compiled graph of g, from the cache when the same structure was compiled before."""
+    hit = _BY_ID.get(id(g))
+    if hit is not None and hit[0]() is g:
+        return hit[1]
+    key = graph_key(g)
+    cg = _CACHE.get(key)
+    if cg is not None:
+        _CACHE.move_to_end(key)
+    else:
+        _libc_symbols()
+        t0 = time.perf_counter()
+        m, order, kernels, slot, barriers, n_fns = emit(g)
+        t1 = time.perf_counter()
+        eng = jit.compile_module(m)
+        t2 = time.perf_counter()
+        proto = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
+        fn = proto(eng.get_function_address("graph"))
+        part = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                                ctypes.c_int64, ctypes.c_int64)(eng.get_function_address("graph_part"))
+        cg = CompiledGraph(order, slot, kernels, barriers, eng, fn, part, n_fns, {"emit": t1 - t0, "jit": t2 - t1})
+        _CACHE[key] = cg
+        while len(_CACHE) > CACHE_SIZE:
+            old = _CACHE.popitem(last=False)[1]
+            for k in [k for k, (_, c) in _BY_ID.items() if c is old]:
+                del _BY_ID[k]
+        _log(f"llvm: compiled {g.meta.get('n_tokens')}x{g.meta.get('n_kv')} graph: {len(kernels)} kernels, "
+                     f"{n_fns} functions, {sum(barriers)} barriers, emit {t1 - t0:.2f}s, jit {t2 - t1:.2f}s")
+    try:
+        _BY_ID[id(g)] = (weakref.ref(g, lambda _, k=id(g): _BY_ID.pop(k, None)), cg)
+    except TypeError:
+        pass
+    return cg

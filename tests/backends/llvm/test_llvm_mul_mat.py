@@ -1,0 +1,100 @@
+"""llvm mul_mat and quantize kernels equal the reference backend bit for bit, for every weight
+type and float order, with the work split over 1, 2 and 3 threads."""
+from __future__ import annotations
+
+import functools
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+from llvm_kernel_util import graph_of, run_kernel  # noqa: E402
+
+from bankml.backends.reference.matmul import mul_mat, quantize_activation  # noqa: E402
+from bankml.gguf.reader import ggml_type_name  # noqa: E402
+from bankml.ir.node import Node  # noqa: E402
+from bankml.ir.ops import Op  # noqa: E402
+from bankml.passes.choose_matmul_kernel import matmul_order  # noqa: E402
+from bankml.quants import F16, Q1_0, Q2_0, Q4_1, Q8_0, Q8_1, WEIGHT_TYPES  # noqa: E402
+from bankml.quants.activation import to_bytes  # noqa: E402
+
+TYPES = [F16, Q8_0, Q4_1, Q1_0, Q2_0]
+CASES = [(t, k, m, n) for t in TYPES for k in (128, 576, 1536) for m in (1, 2, 5, 7) for n in (36, 37)
+         if k % WEIGHT_TYPES[t].block == 0] + [(F16, 100, 3, 36), (F16, 100, 1, 37), (F16, 44, 6, 40)]
+
+
+def _id(c) -> str:
+    t, k, m, n = c
+    return f"{WEIGHT_TYPES[t].name}-K{k}-M{m}-N{n}"
+
+
+def _quantize_weights(t: int, w: np.ndarray) -> np.ndarray:
+    """Weight bytes of type t from f32 rows (the activation quantizers suffice for random tests)."""
+    if t == F16:
+        return w.astype(np.float16).view(np.uint8)
+    rng = np.random.default_rng(w.size + t)
+    n, k = w.shape
+    wt = WEIGHT_TYPES[t]
+    raw = rng.integers(0, 256, (n, wt.row_bytes(k)), dtype=np.uint8)
+    nb = k // wt.block
+    d = (rng.uniform(0.001, 0.1, (n, nb)) * rng.choice([-1, 1], (n, nb))).astype(np.float16)
+    blocks = raw.reshape(n, nb, wt.block_bytes)
+    blocks[:, :, 0:2] = d.view(np.uint8).reshape(n, nb, 2)
+    if t == Q4_1:
+        mn = rng.uniform(-0.1, 0.1, (n, nb)).astype(np.float16)
+        blocks[:, :, 2:4] = mn.view(np.uint8).reshape(n, nb, 2)
+    return raw
+
+
+@functools.cache
+def _problem(t, k, m, n):
+    rng = np.random.default_rng(1000 * k + 10 * m + n + t)
+    w = rng.standard_normal((n, k)).astype(np.float32)
+    x = (rng.standard_normal((m, k)) * rng.uniform(0.01, 20, (m, 1))).astype(np.float32)
+    x[0, 32:64] = 0
+    return _quantize_weights(t, w), x
+
+
+def _act_bytes(x: np.ndarray, act: int) -> np.ndarray:
+    a = quantize_activation(x, act)
+    return a.view(np.uint8).reshape(x.shape[0], -1) if act == F16 else to_bytes(a)
+
+
+def _nodes(t, k, m, n):
+    wt = WEIGHT_TYPES[t]
+    x = Node(0, Op.INPUT, (), (m, k), "f32", params={"input": "x"})
+    w = Node(1, Op.WEIGHT, (), (n, k), wt.name, params={"tensor": "w", "ggml_type": t})
+    q = Node(2, Op.QUANTIZE, (0,), (m, k), ggml_type_name(wt.act_type), params={"type": wt.act_type})
+    mm = Node(3, Op.MUL_MAT, (1, 2), (m, n), "f32", name="mm", order=matmul_order(t, n, m))
+    return graph_of(x, w, q, mm), q, mm
+
+
+@pytest.mark.parametrize("nth", [1, 2, 3])
+@pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
+def test_mul_mat_bits_equal_reference(case, nth):
+    t, k, m, n = case
+    raw, x = _problem(*case)
+    g, q, mm = _nodes(*case)
+    act = _act_bytes(x, WEIGHT_TYPES[t].act_type)
+    out = np.full((m, n), np.nan, np.float32)
+    run_kernel(g, mm, out, [raw, act], nth)
+    ref = mul_mat(raw, t, quantize_activation(x, WEIGHT_TYPES[t].act_type), mm.order)
+    assert np.array_equal(out.view(np.uint32), ref.view(np.uint32))
+
+
+@pytest.mark.parametrize("nth", [1, 2, 3])
+@pytest.mark.parametrize("act", [F16, Q8_0, Q8_1], ids=["f16", "q8_0", "q8_1"])
+def test_quantize_bits_equal_reference(act, nth):
+    rng = np.random.default_rng(act)
+    x = (rng.standard_normal((5, 256)) * rng.uniform(0.001, 50, (5, 1))).astype(np.float32)
+    x[1, 64:96] = 0
+    x[2, :32] = np.float32(0.5) / np.float32(127) * np.arange(32)      # ties for round-half-even
+    x[3, 5] = 1e30
+    wt = {F16: 2 * 256, Q8_0: 8 * 34, Q8_1: 8 * 36}[act]
+    g = graph_of(Node(0, Op.INPUT, (), x.shape, "f32", params={"input": "x"}),
+                 Node(1, Op.QUANTIZE, (0,), x.shape, ggml_type_name(act), params={"type": act}))
+    out = np.full((5, wt), 0xAB, np.uint8)
+    run_kernel(g, g[1], out, [x], nth)
+    assert np.array_equal(out, _act_bytes(x, act))
