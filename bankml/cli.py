@@ -1,10 +1,11 @@
-"""The bankml command line: run, ir, diff, info (and compile once the llvm backend lands)."""
+"""The bankml command line: run, compile, ir, diff, info."""
 from __future__ import annotations
 
 import json
 import os
 import sys
 import time
+from pathlib import Path
 
 import click
 
@@ -117,7 +118,7 @@ def diff(model: str, prompt: str, threads: int, outputs: str) -> None:
 @click.option("--top-p", default=0.95, show_default=True)
 @click.option("--min-p", default=0.05, show_default=True)
 @click.option("--threads", default=2, show_default=True)
-@click.option("--backend", type=click.Choice(["reference", "llvm"]), default="reference", show_default=True)
+@click.option("--backend", type=click.Choice(["llvm", "reference"]), default="llvm", show_default=True)
 @click.option("--gpu", default=None, metavar="[auto|off|N]",
               help="Q1_0 decode matvecs on a Vulkan device (default: BANKML_GPU, else off).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: tokens, text, timings.")
@@ -155,6 +156,67 @@ def run(model, prompt, chat, n_predict, temp, seed, top_k, top_p, min_p, threads
             messages.append({"role": "assistant", "content": r["text"]})
         if prompt is not None:
             break
+
+
+@main.command("compile")
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Where the plan and IR go (default: <cache>/compiled/<model sha256>-<version>/).")
+@click.option("--threads", default=2, show_default=True,
+              help="The --threads of the runs to come (llama.cpp's thread count shapes the graphs).")
+@click.option("--max-ctx", default=4096, show_default=True, help="Compile decode graphs up to this many cache cells.")
+@click.option("-p", "--prompt", "prompts", multiple=True, default=("The capital of France is",), show_default=True,
+              help="Also compile the prefill graphs of this prompt (repeatable); other lengths compile on demand.")
+def compile_cmd(model: str, out_dir: str | None, threads: int, max_ctx: int, prompts: tuple[str, ...]) -> None:
+    """Plan, IR and compiled kernels of MODEL, cached so the next run starts without compiling."""
+    import bankml
+    from bankml.backends.llvm.graph import compile_graph
+    from bankml.ir.printer import dump
+    from bankml.runtime import compile_cache
+    from bankml.runtime.session import pad256
+    if threads < 1 or max_ctx < 1:
+        raise click.BadParameter("--threads and --max-ctx must be >= 1")
+    m = bankml.load(model, backend="llvm", threads=threads, n_ctx=max(max_ctx, 4096))
+    out = Path(out_dir) if out_dir else compile_cache.compiled_dir(model, bankml.__version__)
+    out.mkdir(parents=True, exist_ok=True)
+    decode = [(1, n_kv, 1) for n_kv in range(256, pad256(min(max_ctx, m.kv_size)) + 1, 256)]
+    prefill = []
+    for text in prompts:                    # micro-batches as Session.prefill(ids, outputs="last") cuts them
+        n = len(m.tokenize(text, add_special=True, parse_special=True))
+        for start in range(0, n, m.n_ubatch):
+            t = min(m.n_ubatch, n - start)
+            prefill.append((t, min(m.kv_size, max(256, pad256(start + t))), 1 if start + t >= n else 0))
+    shapes = list(dict.fromkeys(prefill + decode))
+    (out / f"decode-1x{decode[0][1]}.ir").write_text(dump(m.graph(*decode[0])))
+    if prefill:
+        (out / f"prefill-{prefill[-1][0]}x{prefill[-1][1]}.ir").write_text(dump(m.graph(*prefill[-1])))
+    hits, t0 = 0, time.perf_counter()
+    with click.progressbar(shapes, label=f"compiling {len(shapes)} graphs", file=sys.stderr,
+                           item_show_func=lambda s: s and f"{s[0]}x{s[1]}") as bar:
+        for shape in bar:
+            eng = compile_graph(m.graph(*shape)).engine
+            hits += getattr(eng, "_bankml_cache", "") == "hit"
+    seconds = time.perf_counter() - t0
+    plan = _plan_json(m)
+    plan["compiled"] = {"threads": threads, "n_ctx": m.n_ctx, "n_ubatch": m.n_ubatch, "seconds": round(seconds, 3),
+                        "graphs": [{"n_tokens": t, "n_kv": kv, "n_outputs": o} for t, kv, o in shapes],
+                        "jit_cache": str(compile_cache.jit_dir()) if compile_cache.enabled() else None}
+    (out / "plan.json").write_text(json.dumps(plan, indent=1) + "\n")
+    click.echo(f"compiled {len(shapes)} graphs in {seconds:.1f}s ({hits} already in the cache); plan and IR in {out}")
+
+
+def _plan_json(m) -> dict:
+    """What `bankml info` says, as data."""
+    from dataclasses import asdict
+
+    import bankml
+    from bankml.gguf.reader import ggml_type_name
+    p = m.plan
+    types: dict[str, list[str]] = {}
+    for name, t in p.weight_types.items():
+        types.setdefault(ggml_type_name(t), []).append(name)
+    return {"model": str(m.path), "bankml": bankml.__version__, "arch": p.arch, "hparams": asdict(p.hparams),
+            "matrix_type": ggml_type_name(p.matrix_type), "logits_matrix": p.logits_matrix, "weight_types": types}
 
 
 def _spirv(model: str) -> None:

@@ -45,10 +45,11 @@ def _comparable(name: str) -> bool:
 
 
 def diff(model, tokens, outputs: str = "all", decode_from: int | None = None, names=None,
-         llama_threads: int = 2) -> DiffResult:
+         llama_threads: int = 2, backend: str = "llvm") -> DiffResult:
     """Compare every named tensor (or those in `names`) of a prefill (+ decodes) with llama.cpp."""
     from bankml.runtime.model import Model
-    m = model if isinstance(model, Model) else Model(model, llama_threads=llama_threads)
+    m = model if isinstance(model, Model) else Model(model, backend=backend, threads=llama_threads,
+                                                      llama_threads=llama_threads)
     tokens = list(tokens)
     decode_from = decode_from or len(tokens)
     ours: list[tuple[int, str, str, np.ndarray]] = []

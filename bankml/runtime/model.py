@@ -19,13 +19,11 @@ BACKENDS = ("reference", "llvm")
 
 
 class Model:
-    def __init__(self, path, backend: str = "reference", threads: int = 1, llama_threads: int | None = None,
+    def __init__(self, path, backend: str = "llvm", threads: int = 1, llama_threads: int | None = None,
                  cache_type: str = "f16", n_ubatch: int = 512, n_ctx: int = 4096, gpu: str | int | None = None,
                  arch: str | None = None):
         if backend not in BACKENDS:
             raise BankmlError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-        if backend == "llvm":
-            raise BankmlError("the llvm backend is not built yet; use backend='reference'")
         if cache_type != "f16":
             raise BankmlError(f"cache_type {cache_type!r} is not reproduced yet; bankml supports f16")
         if threads < 1 or (llama_threads is not None and llama_threads < 1) or n_ubatch < 1 or n_ctx < 1:
@@ -35,6 +33,11 @@ class Model:
         self.plan = make_plan(self.gguf)
         self.hparams = self.plan.hparams
         self.backend, self.threads = backend, threads
+        if backend == "llvm":
+            from bankml.backends.llvm import run as runner
+        else:
+            from bankml.backends.reference.run import run as runner
+        self.runner = runner
         self.llama_threads = llama_threads or threads
         self.cache_type, self.n_ubatch, self.n_ctx = cache_type, n_ubatch, n_ctx
         self.gpu = gpu              # Q1_0 decode matvecs: None (BANKML_GPU) | "auto" | "off" | index
@@ -79,7 +82,7 @@ class Model:
         return tokenizer_for(self).encode(text, add_special=add_special, parse_special=parse_special)
 
 
-def load(path, backend: str = "reference", threads: int | None = None, llama_threads: int | None = None,
+def load(path, backend: str = "llvm", threads: int | None = None, llama_threads: int | None = None,
          cache_type: str = "f16", n_ubatch: int = 512, n_ctx: int = 4096, gpu: str | int | None = None, arch: str | None = None) -> Model:
     """Read and plan a GGUF (refusing what bankml does not reproduce, from the header alone).
 

@@ -5,7 +5,7 @@ from typing import Callable
 
 import numpy as np
 
-from bankml.backends.reference.run import Env, run
+from bankml.backends.reference.run import Env
 from bankml.errors import BankmlError
 from bankml.ir.node import Node
 from bankml.runtime.gpu import for_model as gpu_for_model
@@ -66,7 +66,8 @@ class Session:
         env.gpu = gpu_for_model(m)                     # None: CPU only (runtime/gpu.py)
         ub = self._ubatch_index
         trace = (lambda n, v: self.trace(ub, n, v)) if self.trace else None
-        out = run(g, env, trace)
+        env.threads = m.threads
+        out = m.runner(g, env, trace)
         self.n_past = used
         self._ubatch_index += 1
         return out.get("logits")

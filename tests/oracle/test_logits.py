@@ -1,4 +1,11 @@
-"""Every logits row identical to llama.cpp's (sha256 of f32 bytes), reference backend."""
+"""Every logits row identical to llama.cpp's (sha256 of f32 bytes), on both backends.
+
+The llvm backend runs the whole matrix of the compiler-core issue (every model and weight type,
+prompts of 1, 7, 63, 64, 65 and 600 tokens, all rows and the last row only, then greedy decodes
+to 1,100 cells with llama_threads 2 and 3) and with 1, 2 and 3 of its own threads. The numpy
+reference backend, the readable spec, is slow (~1 token/s on SmolLM2): it runs the same checks
+on a smaller sample.
+"""
 from __future__ import annotations
 
 import numpy as np
@@ -13,16 +20,9 @@ pytestmark = pytest.mark.oracle
 MODELS = ["smollm2-q4_1", "smollm2-f16", "smollm2-q8_0", "smollm2-q2_0",
           "qwen3-small-f16", "qwen3-small-q1_0", "qwen3-small-q2_0",
           "qwen3-small-untied-f16", "qwen3-small-untied-q1_0", "qwen3-small-untied-q2_0", "llama-gqa-f16"]
-LENGTHS = [1, 7, 63, 64, 65]
-SMOLLM2_LENGTHS = {"all": [1, 7, 65], "last": [7, 65]}    # 135M params: the numpy backend is slow
-
-
-def cases():
-    for name in MODELS:
-        for outputs in ("all", "last"):
-            lengths = SMOLLM2_LENGTHS[outputs] if name.startswith("smollm2") else LENGTHS
-            for n in lengths:
-                yield pytest.param(name, n, outputs, id=f"{name}-{n}-{outputs}")
+LENGTHS = [1, 7, 63, 64, 65, 600]
+REFERENCE_LENGTHS = {"all": [1, 7, 63, 64, 65], "last": [1, 7, 63, 64, 65]}
+REFERENCE_SMOLLM2_LENGTHS = {"all": [7], "last": [7]}    # 135M params in numpy: the llvm run covers the rest
 
 
 def tokens(n: int, seed: int) -> list[int]:
@@ -35,34 +35,69 @@ def assert_rows_identical(ours: np.ndarray, ref: np.ndarray) -> None:
     assert not bad, f"{len(bad)}/{len(ref)} rows differ, first {bad[:5]}"
 
 
+_loaded: dict = {}
+
+
+def load(name: str, backend: str, threads: int = 2, llama_threads: int | None = None) -> bankml.Model:
+    key = (name, backend, threads, llama_threads)
+    if key not in _loaded:
+        _loaded[key] = bankml.load(models.path(name), backend=backend, threads=threads, llama_threads=llama_threads)
+    return _loaded[key]
+
+
 @pytest.fixture(scope="module")
-def loaded():
+def reference_rows():
+    """llama.cpp's rows, cached by (model, n, outputs, threads) across the backends' tests."""
     cache = {}
 
-    def get(name: str) -> bankml.Model:
-        if name not in cache:
-            cache[name] = bankml.load(models.path(name), backend="reference", threads=2)
-        return cache[name]
+    def get(name, n, outputs, threads=2):
+        key = (name, n, outputs, threads)
+        if key not in cache:
+            cache[key] = oracle.logits(models.path(name), tokens(n, n), threads=threads, outputs=outputs)
+        return cache[key]
     return get
 
 
-@pytest.mark.parametrize("name,n,outputs", cases())
-def test_prefill_rows_identical(loaded, name, n, outputs):
-    m, t = loaded(name), tokens(n, n)
-    assert_rows_identical(m.session().prefill(t, outputs=outputs), oracle.logits(m.path, t, outputs=outputs))
+def llvm_cases():
+    for name in MODELS:
+        for outputs in ("all", "last"):
+            for n in LENGTHS:
+                yield pytest.param(name, n, outputs, id=f"{name}-{n}-{outputs}")
 
 
-@pytest.mark.parametrize("name", ["qwen3-small-q1_0", "qwen3-small-untied-f16", "llama-gqa-f16"])
-def test_600_token_prompt_crosses_a_micro_batch(loaded, name):
-    """512 rows through the tiled kernel, then 88 through the reference kernel."""
-    m, t = loaded(name), tokens(600, 600)
-    assert_rows_identical(m.session().prefill(t, outputs="all"), oracle.logits(m.path, t, outputs="all"))
+def reference_cases():
+    for name in MODELS:
+        table = REFERENCE_SMOLLM2_LENGTHS if name.startswith("smollm2") else REFERENCE_LENGTHS
+        for outputs in ("all", "last"):
+            for n in table[outputs]:
+                yield pytest.param(name, n, outputs, id=f"{name}-{n}-{outputs}")
 
 
-@pytest.mark.slow
-def test_600_token_prompt_smollm2():
-    m, t = bankml.load(models.path("smollm2-q4_1"), threads=2), tokens(600, 600)
-    assert_rows_identical(m.session().prefill(t, outputs="last"), oracle.logits(m.path, t, outputs="last"))
+@pytest.mark.parametrize("name,n,outputs", llvm_cases())
+def test_llvm_prefill_rows_identical(reference_rows, name, n, outputs):
+    m = load(name, "llvm")
+    assert_rows_identical(m.session().prefill(tokens(n, n), outputs=outputs), reference_rows(name, n, outputs))
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+@pytest.mark.parametrize("name,n", [("smollm2-q4_1", 65), ("smollm2-f16", 7), ("qwen3-small-q1_0", 600),
+                                    ("qwen3-small-q2_0", 64), ("llama-gqa-f16", 63), ("smollm2-q8_0", 1)])
+def test_llvm_threads_never_change_the_bits(reference_rows, name, n, threads):
+    m = load(name, "llvm", threads=threads, llama_threads=2)
+    assert_rows_identical(m.session().prefill(tokens(n, n), outputs="all"), reference_rows(name, n, "all"))
+
+
+@pytest.mark.parametrize("name,n,outputs", reference_cases())
+def test_reference_prefill_rows_identical(reference_rows, name, n, outputs):
+    m = load(name, "reference")
+    assert_rows_identical(m.session().prefill(tokens(n, n), outputs=outputs), reference_rows(name, n, outputs))
+
+
+@pytest.mark.parametrize("name", ["qwen3-small-q1_0", "llama-gqa-f16"])
+def test_reference_600_token_prompt_crosses_a_micro_batch(reference_rows, name):
+    """512 rows through the tiled kernel, then 88 through the one_chunk kernel."""
+    m = load(name, "reference")
+    assert_rows_identical(m.session().prefill(tokens(600, 600), outputs="all"), reference_rows(name, 600, "all"))
 
 
 def greedy(m: bankml.Model, prompt: list[int], total: int) -> tuple[list[int], np.ndarray]:
@@ -76,20 +111,25 @@ def greedy(m: bankml.Model, prompt: list[int], total: int) -> tuple[list[int], n
     return toks, np.stack(rows)
 
 
-@pytest.mark.parametrize("name,llama_threads,total", [("qwen3-small-q1_0", 2, 300), ("qwen3-small-q1_0", 3, 300),
-                                                       ("llama-gqa-f16", 3, 300), ("smollm2-q4_1", 3, 270)])
-def test_greedy_decodes_cross_into_split_kernel(name, llama_threads, total):
-    """Decodes from 250 cells on: padded n_kv reaches 512 at 257 cells (split-KV)."""
-    m = bankml.load(models.path(name), threads=2, llama_threads=llama_threads)
-    toks, rows = greedy(m, tokens(250, 7), total)
-    ref = oracle.logits(m.path, toks, threads=llama_threads, outputs="last", decode_from=250)
+DECODE_CASES = [(name, lt, 2) for name in ("qwen3-small-q1_0", "smollm2-q4_1", "smollm2-f16", "llama-gqa-f16")
+                for lt in (2, 3)] + [("qwen3-small-q1_0", lt, t) for lt in (2, 3) for t in (1, 3)]
+
+
+@pytest.mark.parametrize("name,llama_threads,threads", DECODE_CASES)
+def test_llvm_greedy_decodes_to_1100_cells(name, llama_threads, threads):
+    """600-token prompt, then one llama_decode per token to 1,100 cells: split-KV from the first
+    decode (padded n_kv 768 and up), whose chunks follow llama_threads, never our threads."""
+    m = load(name, "llvm", threads=threads, llama_threads=llama_threads)
+    toks, rows = greedy(m, tokens(600, 11), 1100)
+    ref = oracle.logits(m.path, toks, threads=llama_threads, outputs="last", decode_from=600)
     assert_rows_identical(rows, ref[1:])
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("llama_threads", [2, 3])
-def test_greedy_decodes_to_1100_cells(llama_threads):
-    m = bankml.load(models.path("qwen3-small-q1_0"), threads=2, llama_threads=llama_threads)
-    toks, rows = greedy(m, tokens(600, 11), 1100)
-    ref = oracle.logits(m.path, toks, threads=llama_threads, outputs="last", decode_from=600)
+@pytest.mark.parametrize("name,llama_threads,total", [("qwen3-small-q1_0", 2, 300), ("qwen3-small-q1_0", 3, 300),
+                                                       ("llama-gqa-f16", 3, 300)])
+def test_reference_greedy_decodes_cross_into_split_kernel(name, llama_threads, total):
+    """Decodes from 250 cells on: padded n_kv reaches 512 at 257 cells (split-KV)."""
+    m = load(name, "reference", llama_threads=llama_threads)
+    toks, rows = greedy(m, tokens(250, 7), total)
+    ref = oracle.logits(m.path, toks, threads=llama_threads, outputs="last", decode_from=250)
     assert_rows_identical(rows, ref[1:])

@@ -10,11 +10,12 @@ from bankml.testing import models
 pytestmark = pytest.mark.oracle
 
 
+@pytest.mark.parametrize("backend", ["llvm", "reference"])
 @pytest.mark.parametrize("n", [1, 7, 64])
 @pytest.mark.parametrize("name,last", [("smollm2-f16", 29), ("qwen3-small-q1_0", 3)])
-def test_named_tensors_identical(name, last, n):
+def test_named_tensors_identical(name, last, n, backend):
     t = np.random.default_rng(n).integers(0, 49152, n).tolist()
-    r = diff(models.path(name), t)
+    r = diff(models.path(name), t, backend=backend)
     assert r.first_difference is None, r.summary()
     got = {c.name for c in r.compared}
     for want in ("embd", "attn_norm-0", "Qcur-0", "Kcur-0", "Vcur-0", "kqv_out-0", "ffn_inp-0", "ffn_norm-0",
@@ -24,15 +25,17 @@ def test_named_tensors_identical(name, last, n):
     assert not r.missing, r.missing
 
 
-def test_named_tensors_identical_when_only_the_last_row_is_wanted():
+@pytest.mark.parametrize("backend", ["llvm", "reference"])
+def test_named_tensors_identical_when_only_the_last_row_is_wanted(backend):
     t = np.random.default_rng(5).integers(0, 49152, 9).tolist()
-    r = diff(models.path("smollm2-f16"), t, outputs="last")
+    r = diff(models.path("smollm2-f16"), t, outputs="last", backend=backend)
     assert r.first_difference is None, r.summary()
     assert [c.shape for c in r.compared if c.name == "result_output"] == [(1, 49152)]
 
 
-def test_named_tensors_identical_through_decodes():
+@pytest.mark.parametrize("backend", ["llvm", "reference"])
+def test_named_tensors_identical_through_decodes(backend):
     t = np.random.default_rng(6).integers(0, 49152, 12).tolist()
-    r = diff(models.path("qwen3-small-q1_0"), t, decode_from=8)
+    r = diff(models.path("qwen3-small-q1_0"), t, decode_from=8, backend=backend)
     assert r.first_difference is None, r.summary()
     assert {c.ubatch for c in r.compared} == {0, 1, 2, 3, 4}

@@ -6,6 +6,11 @@
 The target is the ggml variant we match (haswell), whatever the host has: generated code must
 not use AVX-512 even on machines that have it. No fast-math anywhere: LLVM may then neither
 contract a*b+c nor reassociate a sum.
+
+Compiled objects are kept on disk (bankml/runtime/compile_cache.py), keyed by the sha256 of the
+module's IR text, CPU, FEATURES, the optimization level, llvmlite/LLVM and bankml versions: on
+a hit the O3 pipeline and codegen are skipped and MCJIT loads the saved object through its
+object cache (llvmlite's ExecutionEngine.set_object_cache).
 """
 from __future__ import annotations
 
@@ -14,9 +19,12 @@ import ctypes.util
 import functools
 import os
 
+import llvmlite
 import numpy as np
 from llvmlite import binding as llvm
 from llvmlite import ir
+
+from bankml.runtime import compile_cache
 
 CPU = "haswell"
 FEATURES = "+avx,+avx2,+fma,+f16c,+bmi,+bmi2,+popcnt,+sse4.2,-avx512f,-avx512vl,-avx512bw,-avx512dq,-avx512cd"
@@ -37,22 +45,43 @@ def _new_target_machine() -> llvm.TargetMachine:
 
 
 def compile_module(m: ir.Module) -> llvm.ExecutionEngine:
-    """Parse, verify, optimize (O3, no fast-math) and JIT a module."""
+    """Parse, verify, optimize (O3, no fast-math) and JIT a module; the object from the disk
+    cache when this IR was compiled before (engine._bankml_cache says "hit", "miss" or "off")."""
     tm = target_machine()
     m.triple = tm.triple
     m.data_layout = str(tm.target_data)
-    mod = llvm.parse_assembly(str(m))
+    text = str(m)
+    opt = os.environ.get("BANKML_LLVM_OPT", "3") != "0"
+    use_cache = compile_cache.enabled()
+    key = cache_key(text, opt)
+    cached = compile_cache.get(key) if use_cache else None
+    mod = llvm.parse_assembly(text)
     mod.verify()
-    if os.environ.get("BANKML_LLVM_OPT", "3") != "0":
-        pto = llvm.create_pipeline_tuning_options(speed_level=3)
-        pb = llvm.create_pass_builder(tm, pto)
-        pm = pb.getModulePassManager()
-        pm.run(mod, pb)
+    if opt and cached is None:
+        run_o3(mod, tm)
     # an MCJIT engine owns its target machine and destroys it with itself: give it its own
     eng = llvm.create_mcjit_compiler(mod, _new_target_machine())
+    if use_cache:
+        # getbuffer: MCJIT loads these bytes instead of running codegen; notify: the object it made
+        eng.set_object_cache(lambda _mod, obj: compile_cache.put(key, obj), lambda _mod: cached)
     eng.finalize_object()
     eng._bankml_module = mod        # keep the module alive with the engine
+    eng._bankml_cache = "off" if not use_cache else "hit" if cached is not None else "miss"
     return eng
+
+
+def cache_key(text: str, opt: bool = True) -> str:
+    """The disk cache key of a module's IR text (triple and data layout set) for this target."""
+    from bankml import __version__
+    return compile_cache.key(text, CPU, FEATURES, f"O{3 if opt else 0}", f"llvmlite {llvmlite.__version__}",
+                             "llvm " + ".".join(map(str, llvm.llvm_version_info)), f"bankml {__version__}")
+
+
+def run_o3(mod: llvm.ModuleRef, tm: llvm.TargetMachine) -> None:
+    """The O3 pipeline, in place (no fast-math: the IR carries no flags that allow it)."""
+    pto = llvm.create_pipeline_tuning_options(speed_level=3)
+    pb = llvm.create_pass_builder(tm, pto)
+    pb.getModulePassManager().run(mod, pb)
 
 
 def asm(m: ir.Module, optimize: bool = False) -> str:
@@ -63,9 +92,7 @@ def asm(m: ir.Module, optimize: bool = False) -> str:
     m.data_layout = str(tm.target_data)
     mod = llvm.parse_assembly(str(m))
     if optimize:
-        pto = llvm.create_pipeline_tuning_options(speed_level=3)
-        pb = llvm.create_pass_builder(tm, pto)
-        pb.getModulePassManager().run(mod, pb)
+        run_o3(mod, tm)
     return tm.emit_assembly(mod)
 
 

@@ -1,0 +1,210 @@
+"""The disk cache of compiled objects (jit.compile_module, runtime/compile_cache.py): a hit
+skips O3 and codegen and gives the same bits; a bad entry is recompiled, never a crash."""
+from __future__ import annotations
+
+import gc
+from collections import OrderedDict
+
+import numpy as np
+import pytest
+from llvmlite import ir
+
+from bankml.backends.llvm import graph as G
+from bankml.backends.llvm import jit
+from bankml.runtime import compile_cache
+from bankml.testing import models
+
+f32, i64 = ir.FloatType(), ir.IntType(64)
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """An empty cache folder for this test; the folder of jit entries."""
+    monkeypatch.setenv("BANKML_CACHE", str(tmp_path))
+    monkeypatch.delenv("BANKML_JIT_CACHE", raising=False)
+    monkeypatch.delenv("BANKML_LLVM_OPT", raising=False)
+    return tmp_path / "jit"
+
+
+@pytest.fixture
+def o3_calls(monkeypatch):
+    """How many times the O3 pipeline ran."""
+    calls = []
+    real = jit.run_o3
+
+    def counted(mod, tm):
+        calls.append(1)
+        real(mod, tm)
+    monkeypatch.setattr(jit, "run_o3", counted)
+    return calls
+
+
+def dot_module() -> ir.Module:
+    """float dot(float* a, float* b, i64 n): fmul then fadd in order (rounds twice; order matters)."""
+    m = ir.Module(name="dot")
+    fn = ir.Function(m, ir.FunctionType(f32, [f32.as_pointer(), f32.as_pointer(), i64]), "dot")
+    a, b_, n = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    acc = b.alloca(f32, name="acc")
+    b.store(ir.Constant(f32, 0.0), acc)
+    with _loop(b, n) as i:
+        x = b.load(b.gep(a, [i]))
+        y = b.load(b.gep(b_, [i]))
+        b.store(b.fadd(b.load(acc), b.fmul(x, y)), acc)
+    b.ret(b.load(acc))
+    return m
+
+
+class _loop:
+    """for (i = 0; i < n; i++), as cgutils.for_range."""
+
+    def __init__(self, b: ir.IRBuilder, n):
+        self.b, self.n = b, n
+
+    def __enter__(self):
+        b = self.b
+        self.pre = b.block
+        self.cond = b.append_basic_block("for.cond")
+        self.body = b.append_basic_block("for.body")
+        self.end = b.append_basic_block("for.end")
+        b.branch(self.cond)
+        b.position_at_end(self.cond)
+        self.i = b.phi(i64, name="i")
+        self.i.add_incoming(ir.Constant(i64, 0), self.pre)
+        b.cbranch(b.icmp_signed("<", self.i, self.n), self.body, self.end)
+        b.position_at_end(self.body)
+        return self.i
+
+    def __exit__(self, *exc):
+        b = self.b
+        nxt = b.add(self.i, ir.Constant(i64, 1))
+        self.i.add_incoming(nxt, b.block)
+        b.branch(self.cond)
+        b.position_at_end(self.end)
+
+
+def run_dot(eng) -> np.float32:
+    import ctypes
+    rng = np.random.default_rng(7)
+    a, b = rng.standard_normal((2, 1000), dtype=np.float32)
+    fn = ctypes.CFUNCTYPE(ctypes.c_float, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)(
+        eng.get_function_address("dot"))
+    return np.float32(fn(a.ctypes.data, b.ctypes.data, a.size))
+
+
+def bits(x) -> bytes:
+    return np.asarray(x, np.float32).tobytes()
+
+
+def test_hit_skips_o3_and_gives_the_same_bits(cache, o3_calls):
+    first = jit.compile_module(dot_module())
+    assert first._bankml_cache == "miss" and len(o3_calls) == 1
+    assert len(list(cache.glob("*.o"))) == 1
+    second = jit.compile_module(dot_module())
+    assert second._bankml_cache == "hit" and len(o3_calls) == 1
+    assert bits(run_dot(first)) == bits(run_dot(second))
+
+
+def test_hit_loads_no_codegen_object(cache, monkeypatch):
+    """On a hit MCJIT takes the saved object: nothing is handed back to be saved again."""
+    jit.compile_module(dot_module())
+    saved = []
+    monkeypatch.setattr(compile_cache, "put", lambda k, obj: saved.append(k))
+    assert jit.compile_module(dot_module())._bankml_cache == "hit" and saved == []
+
+
+@pytest.mark.parametrize("damage", ["truncated", "flipped_bit", "empty", "garbage", "not_elf"])
+def test_corrupt_entry_is_recompiled_and_rewritten(cache, o3_calls, damage):
+    want = bits(run_dot(jit.compile_module(dot_module())))
+    (entry,) = cache.glob("*.o")
+    data = entry.read_bytes()
+    head = len(compile_cache.MAGIC) + 32
+    if damage == "truncated":
+        entry.write_bytes(data[:len(data) // 2])
+    elif damage == "flipped_bit":
+        entry.write_bytes(data[:-10] + bytes([data[-10] ^ 1]) + data[-9:])
+    elif damage == "empty":
+        entry.write_bytes(b"")
+    elif damage == "garbage":
+        entry.write_bytes(b"\x00garbage" * 100)
+    else:                               # a well-formed entry of something that is not an object file
+        import hashlib
+        obj = b"not an object" * 10
+        entry.write_bytes(compile_cache.MAGIC + hashlib.sha256(obj).digest() + obj)
+    eng = jit.compile_module(dot_module())
+    assert eng._bankml_cache == "miss" and len(o3_calls) == 2
+    assert bits(run_dot(eng)) == want
+    assert compile_cache.get(entry.stem) is not None and entry.read_bytes()[head:].startswith(b"\x7fELF")
+    assert jit.compile_module(dot_module())._bankml_cache == "hit"
+
+
+def test_disabled_cache_writes_nothing_and_always_optimizes(cache, o3_calls, monkeypatch):
+    monkeypatch.setenv("BANKML_JIT_CACHE", "0")
+    for _ in range(2):
+        assert jit.compile_module(dot_module())._bankml_cache == "off"
+    assert len(o3_calls) == 2 and not cache.exists()
+
+
+def test_unwritable_cache_still_compiles(tmp_path, monkeypatch, o3_calls):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("BANKML_CACHE", str(blocker))
+    monkeypatch.delenv("BANKML_JIT_CACHE", raising=False)
+    eng = jit.compile_module(dot_module())
+    assert eng._bankml_cache == "miss" and np.isfinite(run_dot(eng))
+
+
+def test_writes_leave_no_tmp_files(cache):
+    jit.compile_module(dot_module())
+    assert [p.suffix for p in cache.iterdir()] == [".o"]
+
+
+def test_key_changes_with_opt_level_and_ir():
+    text = str(dot_module())
+    assert jit.cache_key(text, True) == jit.cache_key(text, True)
+    assert jit.cache_key(text, True) != jit.cache_key(text, False)
+    assert jit.cache_key(text + " ", True) != jit.cache_key(text, True)
+    assert compile_cache.key("ab", "c") != compile_cache.key("a", "bc")
+
+
+def test_opt_level_0_is_cached_apart(cache, o3_calls, monkeypatch):
+    jit.compile_module(dot_module())
+    monkeypatch.setenv("BANKML_LLVM_OPT", "0")
+    assert jit.compile_module(dot_module())._bankml_cache == "miss"
+    assert len(list(cache.glob("*.o"))) == 2 and len(o3_calls) == 1
+
+
+def test_engines_from_cache_each_own_a_target_machine(cache):
+    """MCJIT frees the target machine it is given: hits must not share one either."""
+    jit.compile_module(dot_module())
+    engines = [jit.compile_module(dot_module()) for _ in range(3)]
+    want = bits(run_dot(engines[0]))
+    del engines[:2]
+    gc.collect()
+    assert bits(run_dot(engines[0])) == want
+    assert bits(run_dot(jit.compile_module(dot_module()))) == want
+    assert jit.asm(dot_module(), optimize=True)           # the shared target machine is still alive
+
+
+@pytest.fixture(scope="module")
+def gqa_path():
+    return models.path("llama-gqa-f16")
+
+
+def test_model_logits_from_cached_graphs_are_the_same_bits(gqa_path, cache, o3_calls, monkeypatch):
+    import bankml
+    m = bankml.load(gqa_path, backend="llvm", threads=2, n_ctx=256)
+
+    def logits():
+        monkeypatch.setattr(G, "_CACHE", OrderedDict())       # forget graphs compiled in this process
+        monkeypatch.setattr(G, "_BY_ID", {})
+        s = m.session()
+        rows = s.prefill([1, 5, 9, 3], outputs="all")
+        return np.concatenate([rows, s.decode(11)[None]])
+
+    first = logits()
+    n_o3 = len(o3_calls)
+    assert n_o3 == 2                                          # prefill 4x256 and decode 1x256
+    second = logits()
+    assert len(o3_calls) == n_o3
+    assert np.array_equal(first.view(np.uint32), second.view(np.uint32))
