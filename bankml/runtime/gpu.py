@@ -56,15 +56,19 @@ class ModelGpu:
         None when act is not a single q8_0 row or the rows do not fit K (the CPU runs it)."""
         if not isinstance(act, Q8Act) or act.s is not None or act.q.shape[0] != 1:
             return None
-        rows, k = w_raw.shape[0], act.q.shape[1]
-        if k % 128 or w_raw.ndim != 2 or w_raw.shape[1] != k // 128 * Q1_BYTES:
+        return self.matvec_bytes(tensor_name, w_raw, to_bytes(act).tobytes(), act.q.shape[1])
+
+    def matvec_bytes(self, tensor_name: str, w_raw: np.ndarray, act_raw: bytes, k: int) -> np.ndarray | None:
+        """The same from the raw q8_0 bytes of one activation row of k values (the llvm backend's buffer)."""
+        rows = w_raw.shape[0]
+        if k % 128 or w_raw.ndim != 2 or w_raw.shape[1] != k // 128 * Q1_BYTES or len(act_raw) != k // 32 * 34:
             return None
         mv = self.mats.get(tensor_name)
         if mv is None:
             mv = Q1Matvec(self.device).upload(np.ascontiguousarray(w_raw, np.uint8).tobytes(), rows, k)
             self.mats[tensor_name] = mv
         self.calls += 1
-        return mv.run(to_bytes(act).tobytes())[None, :]
+        return mv.run(act_raw)[None, :]
 
     def close(self) -> None:
         """Free the uploaded weights now (else they live as long as the device)."""

@@ -32,7 +32,7 @@ from llvmlite import binding as llvm
 from llvmlite import ir
 
 from bankml.backends.llvm import jit, registry
-from bankml.backends.llvm import kernels_matmul, kernels_quantize, kernels_rows  # noqa: F401 (register)
+from bankml.backends.llvm import kernels_matmul, kernels_matmul_f16, kernels_matmul_q, kernels_quantize, kernels_rows  # noqa: F401,E501 (register)
 from bankml.backends.llvm.common import i8p, i64, intrinsic, new_function, void
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
@@ -102,19 +102,37 @@ class CompiledGraph:
     buffers: object = None                          # runner state (runner._Buffers)
 
 
-def plan_barriers(g: Graph, kernels: list[Node]) -> list[bool]:
-    dirty: set[int] = set()            # roots written since the last barrier
-    read: set[int] = set()             # roots read since the last barrier
+SERIAL_ELEMS = 8192        # kernels touching at most this many f32 values run on thread 0 alone
+
+
+def is_serial(g: Graph, n: Node) -> bool:
+    """Tiny kernels (a decode step's norms, quantizes, ropes, adds) run on thread 0 with nth = 1:
+    a chain of them needs no barrier inside, only where it meets split kernels. Every kernel's
+    bits are independent of nth, so this changes no result."""
+    if n.op in (Op.MUL_MAT, Op.FLASH_ATTN):
+        return False
+    views = [i for i in n.inputs if g[i].op not in (Op.WEIGHT, Op.CACHE, Op.SET_ROWS)]
+    sizes = [math.prod(g[i].shape) for i in views] + ([] if n.op is Op.SET_ROWS else [math.prod(n.shape)])
+    return max(sizes, default=0) <= SERIAL_ELEMS
+
+
+def plan_barriers(g: Graph, kernels: list[Node], serial: list[bool] | None = None) -> list[bool]:
+    """A barrier before a kernel that touches a buffer written (or writes one read) since the last
+    barrier, unless both kernels run on thread 0 alone (serial), which orders them already."""
+    serial = serial or [False] * len(kernels)
+    dirty = {True: set(), False: set()}        # roots written since the last barrier, by serial-ness
+    read = {True: set(), False: set()}
     out = []
-    for n in kernels:
+    for n, ser in zip(kernels, serial):
         reads = {root(g, i) for i in n.inputs}
         w = root(g, n.id)
-        need = bool(reads & dirty) or w in dirty or w in read
+        kinds = (False,) if ser else (False, True)
+        need = any(bool(reads & dirty[k]) or w in dirty[k] or w in read[k] for k in kinds)
         if need:
-            dirty, read = set(), set()
+            dirty, read = {True: set(), False: set()}, {True: set(), False: set()}
         out.append(need)
-        dirty.add(w)
-        read |= reads
+        dirty[ser].add(w)
+        read[ser] |= reads
     return out
 
 
@@ -207,7 +225,8 @@ def emit(g: Graph) -> tuple[ir.Module, list[Node], list[Node], dict[int, int], l
     order = list(g)
     slot = {n.id: k for k, n in enumerate(order)}
     kernels = [n for n in order if n.op not in registry.NO_KERNEL]
-    barriers = plan_barriers(g, kernels)
+    serial = [is_serial(g, n) for n in kernels]
+    barriers = plan_barriers(g, kernels, serial)
     m = ir.Module(name="bankml_graph")
     barrier = _define_barrier(m)
     fns: dict[tuple, ir.Function] = {}
@@ -215,7 +234,8 @@ def emit(g: Graph) -> tuple[ir.Module, list[Node], list[Node], dict[int, int], l
     rf.linkage = "internal"
     rf.attributes.add("noinline")
     bufs, ith, nth, bar, lo, hi = rf.args
-    for k, (n, need) in enumerate(zip(kernels, barriers)):
+    first = b.icmp_signed("==", ith, i64(0))
+    for k, (n, need, ser) in enumerate(zip(kernels, barriers, serial)):
         key = kernel_key(g, n)
         if key not in fns:
             f = registry.define(m, g, n)
@@ -226,7 +246,11 @@ def emit(g: Graph) -> tuple[ir.Module, list[Node], list[Node], dict[int, int], l
             if need:
                 b.call(barrier, [bar, nth])
             args = [b.load(b.gep(bufs, [i64(slot[i])])) for i in (n.id, *n.inputs)]
-            b.call(fns[key], [*args, ith, nth])
+            if ser:
+                with b.if_then(first):
+                    b.call(fns[key], [*args, i64(0), i64(1)])
+            else:
+                b.call(fns[key], [*args, ith, nth])
     b.ret_void()
     gf, b = new_function(m, "graph", ir.FunctionType(void, [i8p.as_pointer(), i64, i64, i8p]))
     b.call(rf, [*gf.args, i64(0), i64(len(kernels))])

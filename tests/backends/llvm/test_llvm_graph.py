@@ -125,6 +125,25 @@ def test_layers_share_kernel_functions():
     assert 0 < sum(barriers) < len(kernels)
 
 
+def test_decode_tiny_kernels_run_on_thread_0_between_fewer_barriers():
+    m = _model("smollm2-q4_1")
+    g = m.graph(1, 256, 1)
+    kernels = [n for n in g if n.op not in registry.NO_KERNEL]
+    serial = [llvm_graph.is_serial(g, n) for n in kernels]
+    assert not any(s for n, s in zip(kernels, serial) if n.op in (Op.MUL_MAT, Op.FLASH_ATTN))
+    assert sum(serial) > len(kernels) // 2
+    planned = llvm_graph.plan_barriers(g, kernels, serial)
+    assert sum(planned) < sum(llvm_graph.plan_barriers(g, kernels))
+    since: list[bool] = []                   # serial flags of the kernels since the last barrier
+    for need, ser in zip(planned, serial):
+        if need:
+            assert not (ser and all(since)), "a barrier between two runs of thread-0-only kernels"
+            since = []
+        since.append(ser)
+    g64 = m.graph(64, 256, 1)
+    assert not any(llvm_graph.is_serial(g64, n) for n in g64 if n.op is Op.ADD and n.shape[0] == 64)
+
+
 @pytest.mark.parametrize("threads", [1, 2])
 def test_micro_batch_without_outputs_only_writes_the_caches(threads):
     m = _model("qwen3-small-q1_0")

@@ -21,8 +21,9 @@ from bankml.quants import F16, Q1_0, Q2_0, Q4_1, Q8_0, Q8_1, WEIGHT_TYPES  # noq
 from bankml.quants.activation import to_bytes  # noqa: E402
 
 TYPES = [F16, Q8_0, Q4_1, Q1_0, Q2_0]
-CASES = [(t, k, m, n) for t in TYPES for k in (128, 576, 1536) for m in (1, 2, 5, 7) for n in (36, 37)
-         if k % WEIGHT_TYPES[t].block == 0] + [(F16, 100, 3, 36), (F16, 100, 1, 37), (F16, 44, 6, 40)]
+CASES = [(t, k, m, n) for t in TYPES for k in (128, 576, 1536) for m in (1, 2, 5, 7, 8, 19) for n in (36, 37)
+         if k % WEIGHT_TYPES[t].block == 0] + [(F16, 100, 3, 36), (F16, 100, 1, 37), (F16, 44, 6, 40),
+                                                (F16, 100, 13, 36), (F16, 44, 17, 40)]
 
 
 def _id(c) -> str:
@@ -80,6 +81,20 @@ def test_mul_mat_bits_equal_reference(case, nth):
     act = _act_bytes(x, WEIGHT_TYPES[t].act_type)
     out = np.full((m, n), np.nan, np.float32)
     run_kernel(g, mm, out, [raw, act], nth)
+    ref = mul_mat(raw, t, quantize_activation(x, WEIGHT_TYPES[t].act_type), mm.order)
+    assert np.array_equal(out.view(np.uint32), ref.view(np.uint32))
+
+
+@pytest.mark.parametrize("case", [(t, 256, 21, 37) for t in TYPES], ids=[WEIGHT_TYPES[t].name for t in TYPES])
+def test_mul_mat_bits_equal_reference_in_row_chunks(case, monkeypatch):
+    """Tiny row chunks (several chunks per thread, a short last one) keep every output's bits."""
+    from bankml.backends.llvm import kernels_matmul
+    monkeypatch.setattr(kernels_matmul, "CHUNK_BYTES", 1500)
+    t, k, m, n = case
+    raw, x = _problem(*case)
+    g, q, mm = _nodes(*case)
+    out = np.full((m, n), np.nan, np.float32)
+    run_kernel(g, mm, out, [raw, _act_bytes(x, WEIGHT_TYPES[t].act_type)], 2)
     ref = mul_mat(raw, t, quantize_activation(x, WEIGHT_TYPES[t].act_type), mm.order)
     assert np.array_equal(out.view(np.uint32), ref.view(np.uint32))
 

@@ -1,0 +1,249 @@
+"""Quantized weights against q8_0 / q8_1 activations: the ggml vec_dots, as register tiles.
+
+Float steps per (row, column) pair, exactly as backends/reference/matmul.py:
+- Q8_0 (ggml_vec_dot_q8_0_q8_0 = tinyBLAS_Q0_AVX): per 32-block acc = fma(r(wd*ad), float(s), acc);
+  hsum8(acc).
+- Q4_1 (ggml_vec_dot_q4_1_q8_1): the same with s = nibble x q8, plus the scalar chain
+  summs = fma(wm, as, summs); result r(hsum8(acc) + summs).
+- Q1_0 (ggml_vec_dot_q1_0_q8_0, AVX2): per 128-block blk = r(a0.d*s0), blk = fma(aK.d, sK, blk)
+  for K = 1..3, acc = fma(wd, blk, acc); hsum8(acc).
+- Q2_0 (ggml_vec_dot_q2_0_q8_0_generic: scalar, GCC-contracted): per 64-block sumi = 0;
+  sumi = fma(float(is), ad, sumi) for its two 32-halves; sumf = fma(wd, sumi, sumf).
+  The integer sums `is` are exact, so they are made in any order: codes are unpacked in a
+  permuted order (one variable shift), the activation is permuted to match once per column
+  tile, is = sum(q*a) - sum(a) reduces eight pairs at once (vphaddw tree), and the scalar
+  float steps of the eight pairs run side by side in the lanes of one vector.
+Per column tile, prep converts the activation's f16 scales to f32 scratch [block][column].
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from llvmlite import ir
+
+from bankml.backends.llvm.common import f32, for_range, i1, i8, i32, i64, intrinsic
+from bankml.backends.llvm.kernels_matmul import TILERS, Tiler, at, block_loop, fma, hsum8, load_h, maddubs, psign, \
+    scratch, splat, sums_us8, v16i8, v16i16, v32i8, zero8
+from bankml.ir import order as fo
+from bankml.quants import Q1_0, Q2_0, Q4_1, Q8_0
+
+ONES = ir.Constant(v32i8, [1] * 32)
+
+
+@dataclass
+class Cols:
+    """One column tile: activation rows, and per 32-block of each column its f32 scales."""
+    x: list              # C activation row pointers (i8*)
+    d: object            # f32* [K/32][C]: f32(a.d)
+    s: object = None     # f32* [K/32][C]: f32(a.s) (q8_1)
+    asum: object = None  # i32* [K/32][C]: sum of the block's 32 quants (Q2_0)
+    aq: object = None    # i8* [K/32][C][32]: the quants, permuted as Q2_0 codes unpack (Q2_0)
+
+
+def _shape(M: int) -> tuple[int, int]:
+    """Tiles of up to 8 columns, one row (several interleaved weight rows stream slower here)."""
+    return 1, min(M, 8)
+
+
+def _shape_q1_0(M: int) -> tuple[int, int]:
+    """Q1_0 rows are short: one column runs 4 rows at once."""
+    return (4, 1) if M == 1 else (1, min(M, 8))
+
+
+def _shape_q2_0(M: int) -> tuple[int, int]:
+    """Q2_0 fills the 8 lanes of its float vector with pairs: 8 // M rows for small M."""
+    return (max(1, 8 // M), M) if M < 8 else (1, 8)
+
+
+def _alloc(with_s=False, q2=False):
+    def alloc(b, K, C):
+        nb = K // 32 * C
+        return {"d": scratch(b, f32, nb, "act.d"), "s": scratch(b, f32, nb, "act.s") if with_s else None,
+                "asum": scratch(b, i32, nb, "act.sum") if q2 else None,
+                "aq": scratch(b, i8, 32 * nb, "act.q") if q2 else None}
+    return alloc
+
+
+def typed_gep(b, base, offset, t):
+    return b.bitcast(b.gep(base, [offset]), t.as_pointer())
+
+
+_PERM = [4 * (j % 8) + j // 8 for j in range(32)]      # Q2_0 code order: byte 8p+i is element 4i+p
+
+
+def _prep(bb: int):
+    """Fill the scratch of a column tile from activation blocks of bb bytes (34: q8_0, 36: q8_1)."""
+    def prep(b, K, xrows, scr):
+        C = len(xrows)
+        cols = Cols(xrows, scr["d"], scr["s"], scr["asum"], scr["aq"])
+        with for_range(b, 0, K // 32, name="prep") as kb:
+            for c, x in enumerate(xrows):
+                xo = b.mul(kb, i64(bb))
+                slot = b.add(b.mul(kb, i64(C)), i64(c))
+                b.store(load_h(b, x, xo), b.gep(cols.d, [slot]))
+                if cols.s is not None:
+                    b.store(load_h(b, x, b.add(xo, i64(2))), b.gep(cols.s, [slot]))
+                if cols.aq is not None:
+                    q = b.load(at(b, x, b.add(xo, i64(bb - 32)), v32i8), align=1)
+                    qp = b.shuffle_vector(q, ir.Constant(v32i8, ir.Undefined), ir.Constant(ir.VectorType(i32, 32), _PERM))
+                    b.store(qp, typed_gep(b, cols.aq, b.mul(slot, i64(32)), v32i8), align=32)
+                    vsum = intrinsic(b.module, "llvm.vector.reduce.add.v32i32", i32, [ir.VectorType(i32, 32)])
+                    b.store(b.call(vsum, [b.sext(q, ir.VectorType(i32, 32))]), b.gep(cols.asum, [slot]))
+        return cols
+    return prep
+
+
+def _col_d(b, cols, kb, c):
+    """splat(f32(a.d)) of column c's 32-block kb."""
+    C = len(cols.x)
+    return splat(b, b.load(b.gep(cols.d, [b.add(b.mul(kb, i64(C)), i64(c))])))
+
+
+def _col_dw(b, cols, kb, wd):
+    """Per column c of the tile: splat(r(wd * f32(a.d))) of block kb: one vmulps for the C columns,
+    then a lane broadcast each (the same bits as the scalar product ggml makes per pair)."""
+    C = len(cols.x)
+    ad = b.load(typed_gep(b, cols.d, b.mul(kb, i64(C)), ir.VectorType(f32, C)), align=4)
+    dw = b.fmul(splat(b, wd, C), ad)
+    return [b.shuffle_vector(dw, ir.Constant(dw.type, ir.Undefined), ir.Constant(ir.VectorType(i32, 8), [c] * 8))
+            for c in range(C)]
+
+
+def _finish(b, R, C, accs):
+    return [[hsum8(b, accs[r * C + c]) for c in range(C)] for r in range(R)]
+
+
+def _q8_0(b, K, wrows, cols):
+    R, C = len(wrows), len(cols.x)
+
+    def step(ib, accs):
+        wb = b.mul(ib, i64(34))
+        ad = [_col_d(b, cols, ib, c) for c in range(C)]
+        aq = [b.load(at(b, x, b.add(wb, i64(2)), v32i8), align=1) for x in cols.x]
+        out = []
+        for r, w in enumerate(wrows):
+            wd = splat(b, load_h(b, w, wb))
+            wq = b.load(at(b, w, b.add(wb, i64(2)), v32i8), align=1)
+            wabs = psign(b, wq, wq)
+            for c in range(C):
+                s = b.sitofp(sums_us8(b, wabs, psign(b, aq[c], wq)), ir.VectorType(f32, 8))
+                out.append(fma(b, b.fmul(wd, ad[c]), s, accs[r * C + c]))
+        return out
+
+    return _finish(b, R, C, block_loop(b, K // 32, [zero8()] * (R * C), step))
+
+
+def _q4_1(b, K, wrows, cols):
+    R, C = len(wrows), len(cols.x)
+    lo4, sh4 = ir.Constant(v16i8, [15] * 16), ir.Constant(v16i8, [4] * 16)
+    cat = ir.Constant(ir.VectorType(i32, 32), list(range(32)))
+    vc = ir.VectorType(f32, C)
+
+    def step(ib, st):
+        accs, summs = st[:R * C], st[R * C:]
+        wb, xb = b.mul(ib, i64(20)), b.mul(ib, i64(36))
+        as_ = b.load(typed_gep(b, cols.s, b.mul(ib, i64(C)), vc), align=4)
+        aq = [b.load(at(b, x, b.add(xb, i64(4)), v32i8), align=1) for x in cols.x]
+        na, ns = [], []
+        for r, w in enumerate(wrows):
+            dw, wm = _col_dw(b, cols, ib, load_h(b, w, wb)), load_h(b, w, b.add(wb, i64(2)))
+            qs = b.load(at(b, w, b.add(wb, i64(4)), v16i8), align=1)
+            wq = b.shuffle_vector(b.and_(qs, lo4), b.lshr(qs, sh4), cat)
+            for c in range(C):
+                s = b.sitofp(sums_us8(b, wq, aq[c]), ir.VectorType(f32, 8))
+                na.append(fma(b, dw[c], s, accs[r * C + c]))
+            ns.append(fma(b, splat(b, wm, C), as_, summs[r]))
+        return na + ns
+
+    st = block_loop(b, K // 32, [zero8()] * (R * C) + [ir.Constant(vc, [0.0] * C)] * R, step)
+    accs, summs = st[:R * C], st[R * C:]
+    return [[b.fadd(hsum8(b, accs[r * C + c]), b.extract_element(summs[r], i32(c))) for c in range(C)]
+            for r in range(R)]
+
+
+def _q1_0(b, K, wrows, cols):
+    R, C = len(wrows), len(cols.x)
+    plus, minus = ir.Constant(v32i8, [1] * 32), ir.Constant(v32i8, [-1] * 32)
+
+    def step(ib, accs):
+        wb, xb = b.mul(ib, i64(18)), b.mul(ib, i64(4 * 34))
+        wd, sgn = [], []
+        for w in wrows:
+            wd.append(splat(b, load_h(b, w, wb)))
+            bits = [b.bitcast(b.load(at(b, w, b.add(wb, i64(2 + 4 * k)), i32), align=1), ir.VectorType(i1, 32))
+                    for k in range(4)]
+            sgn.append([b.select(bt, plus, minus) for bt in bits])      # +1 where the bit is set, else -1
+        out = []
+        for c, x in enumerate(cols.x):
+            ad = [_col_d(b, cols, b.add(b.mul(ib, i64(4)), i64(k)), c) for k in range(4)]
+            aq = [b.load(at(b, x, b.add(xb, i64(34 * k + 2)), v32i8), align=1) for k in range(4)]
+            for r in range(R):
+                blk = None
+                for k in range(4):
+                    s = b.sitofp(sums_us8(b, ONES, psign(b, aq[k], sgn[r][k])), ir.VectorType(f32, 8))
+                    blk = b.fmul(ad[k], s) if k == 0 else fma(b, ad[k], s, blk)
+                out.append((r * C + c, fma(b, wd[r], blk, accs[r * C + c])))
+        return [v for _, v in sorted(out, key=lambda t: t[0])]
+
+    return _finish(b, R, C, block_loop(b, K // 128, [zero8()] * (R * C), step))
+
+
+def _hsum_pairs(b, vs):
+    """Exact i16 totals of up to 8 <16 x i16> vectors (|total| < 2^15), as lanes of a <len x i16>."""
+    phadd = intrinsic(b.module, "llvm.x86.avx2.phadd.w", v16i16, [v16i16, v16i16])
+    level = vs + [ir.Constant(v16i16, [0] * 16)] * (8 - len(vs))
+    while len(level) > 1:           # after 3 levels lane h*8+i holds half h of vector i
+        level = [b.call(phadd, [level[i], level[i + 1]]) for i in range(0, len(level), 2)]
+    z = level[0]
+    v8 = ir.VectorType(i32, 8)
+    lo = b.shuffle_vector(z, z, ir.Constant(v8, list(range(8))))
+    hi = b.shuffle_vector(z, z, ir.Constant(v8, list(range(8, 16))))
+    t = b.add(lo, hi)
+    return b.shuffle_vector(t, t, ir.Constant(ir.VectorType(i32, len(vs)), list(range(len(vs)))))
+
+
+def _q2_0(b, K, wrows, cols):
+    R, C = len(wrows), len(cols.x)
+    P = R * C
+    vp, vpi = ir.VectorType(f32, P), ir.VectorType(i32, P)
+    v4i64 = ir.VectorType(i64, 4)
+    shifts = ir.Constant(v4i64, [0, 2, 4, 6])
+    three = ir.Constant(v32i8, [3] * 32)
+    col_of = ir.Constant(ir.VectorType(i32, P), [p % C for p in range(P)])
+    row_of = ir.Constant(ir.VectorType(i32, P), [p // C for p in range(P)])
+
+    def per_pair(vec_c):            # a <C x t> vector, one value per column -> <P x t>, one per pair
+        return b.shuffle_vector(vec_c, ir.Constant(vec_c.type, ir.Undefined), col_of)
+
+    def step(ib, st):
+        wb = b.mul(ib, i64(18))
+        wdv = ir.Constant(ir.VectorType(f32, R), ir.Undefined)
+        for r, w in enumerate(wrows):
+            wdv = b.insert_element(wdv, load_h(b, w, wb), i32(r))
+        wd = b.shuffle_vector(wdv, ir.Constant(wdv.type, ir.Undefined), row_of)
+        sumi = ir.Constant(vp, [0.0] * P)
+        for k in range(2):
+            kb = b.add(b.mul(ib, i64(2)), i64(k))
+            codes = []
+            for w in wrows:         # byte 8p+i = element 4i+p of the half (see _PERM)
+                q = b.load(at(b, w, b.add(wb, i64(2 + 8 * k)), i64), align=1)
+                q4 = splat(b, q, 4)
+                codes.append(b.and_(b.bitcast(b.lshr(q4, shifts), v32i8), three))
+            base = b.mul(kb, i64(C))
+            aq = [b.load(typed_gep(b, cols.aq, b.mul(b.add(base, i64(c)), i64(32)), v32i8), align=32)
+                  for c in range(C)]
+            tot = _hsum_pairs(b, [maddubs(b, codes[p // C], aq[p % C]) for p in range(P)])
+            asum = per_pair(b.load(typed_gep(b, cols.asum, base, ir.VectorType(i32, C)), align=4))
+            ad = per_pair(b.load(typed_gep(b, cols.d, base, ir.VectorType(f32, C)), align=4))
+            is_ = b.sub(b.sext(tot, vpi), asum)                  # sum (q-1)*a = sum q*a - sum a
+            sumi = fma(b, b.sitofp(is_, vp), ad, sumi)
+        return [fma(b, wd, sumi, st[0])]
+
+    sumf = block_loop(b, K // 64, [ir.Constant(vp, [0.0] * P)], step)[0]
+    return [[b.extract_element(sumf, i32(r * C + c)) for c in range(C)] for r in range(R)]
+
+
+TILERS[(Q8_0, fo.Q8_0_DOT)] = Tiler(_shape, _alloc(), _prep(34), _q8_0)
+TILERS[(Q4_1, fo.Q4_1_DOT)] = Tiler(_shape, _alloc(with_s=True), _prep(36), _q4_1)
+TILERS[(Q1_0, fo.Q1_0_DOT)] = Tiler(_shape_q1_0, _alloc(), _prep(34), _q1_0)
+TILERS[(Q2_0, fo.Q2_0_DOT)] = Tiler(_shape_q2_0, _alloc(q2=True), _prep(34), _q2_0)
