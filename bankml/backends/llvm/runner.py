@@ -26,6 +26,7 @@ from bankml.backends.llvm.registry import NO_KERNEL
 from bankml.errors import BankmlError
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
+from bankml.ir.order import Q1_0_DOT
 from bankml.ir.ops import Op
 
 _NP = {"f32": np.float32, "F32": np.float32, "f16": np.float16, "i32": np.int32}
@@ -147,7 +148,10 @@ def _run(g: Graph, cg: CompiledGraph, env, trace, nth: int) -> dict[str, np.ndar
         cg.buffers = _Buffers(g, cg)
     bufs = cg.buffers
     bufs.bind(g, cg, env)
-    if trace is None:
+    gpu = getattr(env, "gpu", None)
+    if trace is None and gpu is not None:
+        _run_with_gpu(g, cg, bufs, env, gpu, nth)
+    elif trace is None:
         if cg.kernels:
             _call(nth, cg.fn, bufs.table)
     else:
@@ -159,6 +163,30 @@ def _run(g: Graph, cg: CompiledGraph, env, trace, nth: int) -> dict[str, np.ndar
             if n.name and n.op not in (Op.WEIGHT, Op.CACHE, Op.INPUT):
                 trace(n, value(g, bufs, n, env).copy())
     return {k: value(g, bufs, g[i], env).copy() for k, i in g.outputs.items()}
+
+
+def _run_with_gpu(g: Graph, cg: CompiledGraph, bufs: _Buffers, env, gpu, nth: int) -> None:
+    """Decode's Q1_0 matvecs on the Vulkan device (bankml.runtime.gpu), the kernels between
+    them natively in ranges: graph_part(lo, hi) runs kernels [lo, hi) with their barriers."""
+    lo = 0
+    for k, n in enumerate(cg.kernels):
+        w = g[n.inputs[0]]
+        if not (n.op is Op.MUL_MAT and n.order is Q1_0_DOT and int(np.prod(n.shape[:-1])) == 1):
+            continue
+        q = g[n.inputs[1]]
+        K = q.shape[-1]
+        if lo < k:
+            _call(nth, cg.part, bufs.table, lo, k)
+        off = bufs.base_off + bufs.offsets[q.id]
+        act = bufs.arena[off:off + K // 32 * 34].tobytes()
+        y = gpu.matvec_bytes(w.params["tensor"], env.weights(w.params["tensor"]), act, K)
+        if y is None:                                   # shapes the device kernel does not take
+            _call(nth, cg.part, bufs.table, k, k + 1)
+        else:
+            bufs.view(n)[...] = y.reshape(n.shape)
+        lo = k + 1
+    if lo < len(cg.kernels):
+        _call(nth, cg.part, bufs.table, lo, len(cg.kernels))
 
 
 def _call(nth: int, fn, table, *rng) -> None:
