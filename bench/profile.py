@@ -1,0 +1,73 @@
+"""Where the time goes: each kernel of one micro-batch graph timed on its own (llvm backend).
+
+    python bench/profile.py MODEL_NAME_OR_PATH [--tokens N] [--past P] [--threads T] [--reps R]
+
+Runs the compiled graph kernel by kernel (graph_part), summing wall time per op and weight
+type; a decode is --tokens 1. Not a timed test: a report for docs/PERFORMANCE.md.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+import bankml
+from bankml.backends.llvm.graph import compile_graph
+from bankml.backends.llvm.runner import _Buffers, _call
+from bankml.backends.reference.run import Env
+from bankml.ir.ops import Op
+from bankml.runtime.session import pad256
+from bankml.testing import models
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("model")
+    ap.add_argument("--tokens", type=int, default=1)
+    ap.add_argument("--past", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=5)
+    a = ap.parse_args()
+    path = Path(a.model) if Path(a.model).exists() else models.path(a.model)
+    m = bankml.load(path, threads=a.threads)
+    T, used = a.tokens, a.past + a.tokens
+    n_kv = min(m.kv_size, max(256, pad256(used)))
+    g = m.graph(T, n_kv, 1)
+    cg = compile_graph(g)
+    s = m.session()
+    pos = np.arange(a.past, used, dtype=np.int32)
+    mask = np.where(np.arange(n_kv)[None, :] <= pos[:, None], np.float16(0), np.float16(-np.inf)).astype(np.float16)
+    env = Env(m.weight, s.caches, {"tokens": np.zeros(T, np.int32), "pos": pos, "kq_mask": mask,
+                                   "out_ids": np.asarray([T - 1], np.int32)})
+    bufs = _Buffers(g, cg)
+    bufs.bind(g, cg, env)
+    per = defaultdict(float)
+    total = 0.0
+    for _ in range(a.reps):
+        for k, n in enumerate(cg.kernels):
+            t0 = time.perf_counter()
+            _call(a.threads, cg.part, bufs.table, k, k + 1)
+            dt = time.perf_counter() - t0
+            label = n.op.value
+            if n.op is Op.MUL_MAT:
+                w = g[n.inputs[0]]
+                label += f" {w.dtype} {w.shape[0]}x{w.shape[1]}"
+            elif n.op is Op.FLASH_ATTN:
+                label += f" {n.order.kernel}"
+            per[label] += dt / a.reps
+            total += dt / a.reps
+    t0 = time.perf_counter()
+    for _ in range(a.reps):
+        _call(a.threads, cg.fn, bufs.table)
+    whole = (time.perf_counter() - t0) / a.reps
+    print(f"{path.name}: {T} tokens after {a.past}, {a.threads} threads: whole graph {whole * 1e3:.2f} ms, "
+          f"kernel by kernel {total * 1e3:.2f} ms")
+    for label, t in sorted(per.items(), key=lambda kv: -kv[1]):
+        print(f"  {t * 1e3:8.3f} ms  {100 * t / total:5.1f}%  {label}")
+
+
+if __name__ == "__main__":
+    main()
