@@ -3,8 +3,9 @@
     for tok in generate(model, ids, 64, SamplerParams(temp=0.8), seed=42): ...
     ids = list(generate(model, ids, 16, GREEDY))
 
-Stops after n tokens, at an end-of-generation token (not yielded, as llama-server leaves it
-out of its tokens) or once the text holds a stop string (the token that completes it is yielded).
+Stops after n tokens, after an end-of-generation token (yielded: llama-server's process_token
+pushes every sampled token into its returned tokens, the EOG one included, then stops), or
+once the text holds a stop string (the token that completes it is yielded).
 """
 from __future__ import annotations
 
@@ -29,9 +30,9 @@ def generate(model, prompt_ids: Sequence[int], n: int, sampler_params: SamplerPa
     text = b""
     for i in range(n):
         t = sampler.sample(row)
+        yield t
         if t in tok.eog and not ignore_eos:
             return
-        yield t
         if stop:
             text += tok.piece(t)
             decoded = text.decode("utf-8", "ignore")
