@@ -41,6 +41,7 @@ from bankml.backends.llvm.common import f16, f32, f64, fma, for_range, i1, i16, 
 from bankml.backends.llvm.common import thread_range, typed, v8f32
 from bankml.backends.llvm.kernels_glu import broadcast, splat, v_expf
 from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
+from bankml.backends.reference.attention import q_tiles
 from bankml.errors import LoweringError
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
@@ -243,26 +244,6 @@ def _define_split(e: _Emit, n_threads: int) -> None:
 
 
 # ---- tiled ------------------------------------------------------------------------------
-
-def q_tiles(M: int, H: int, n_threads: int) -> list[tuple[int, int]]:
-    """(first row ir = h*M + m, rows) of every Q tile, cut as ggml_compute_forward_flash_attn_ext_f16
-    cuts rows for n_threads threads (4 chunks per thread), then into <= 64 rows of one head
-    (reference attention._tile_plan)."""
-    nr = M * H
-    chunk = -(-nr // (4 * n_threads))
-    nchunk = -(-nr // chunk)
-    if n_threads == 1 or nchunk < n_threads:
-        nchunk = n_threads
-    dr = -(-nr // nchunk)
-    tiles = []
-    for c in range(nchunk):
-        ir, ir1 = dr * c, min(dr * c + dr, nr)
-        while ir < ir1:
-            rows = min(TILE_Q, ir1 - ir, M - ir % M)
-            tiles.append((ir, rows))
-            ir += rows
-    return tiles
-
 
 def _hsum8(b, v):
     """hsum_float_8: ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7))."""

@@ -207,21 +207,30 @@ def _tile_plan(m32: np.ndarray, H: int, n_threads: int) -> np.ndarray:
     pad = np.full((M, n_tiles * TILE_KV), NEG_INF, f32)
     pad[:, :n_kv] = m32
     row_masked = (pad.reshape(M, n_tiles, TILE_KV) == NEG_INF).all(axis=2)     # [M, T]
+    active = np.zeros((M * H, n_tiles), bool)
+    for ir, rows in q_tiles(M, H, n_threads):
+        m0 = ir % M
+        active[ir:ir + rows] = ~row_masked[m0:m0 + rows].all(axis=0)
+    return active.reshape(H, M, n_tiles)
+
+
+def q_tiles(M: int, H: int, n_threads: int) -> list[tuple[int, int]]:
+    """(first row ir = h*M + m, rows) of every Q tile: ggml_compute_forward_flash_attn_ext_f16 cuts
+    the rows into chunks of dr (4 chunks per thread), each chunk into <= 64 rows of one head."""
     nr = M * H
     chunk = -(-nr // (4 * n_threads))
     nchunk = -(-nr // chunk)
     if n_threads == 1 or nchunk < n_threads:
         nchunk = n_threads
     dr = -(-nr // nchunk)
-    active = np.zeros((nr, n_tiles), bool)
+    tiles = []
     for c in range(nchunk):
         ir, ir1 = dr * c, min(dr * c + dr, nr)
         while ir < ir1:
-            m0 = ir % M
-            rows = min(TILE_Q, ir1 - ir, M - m0)
-            active[ir:ir + rows] = ~row_masked[m0:m0 + rows].all(axis=0)
+            rows = min(TILE_Q, ir1 - ir, M - ir % M)
+            tiles.append((ir, rows))
             ir += rows
-    return active.reshape(H, M, n_tiles)
+    return tiles
 
 
 def _tiled(q4, k32, v32, m32, scale, n_threads):
