@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
-import resource
 import subprocess
 import sys
 import time
@@ -29,14 +29,23 @@ DEFAULT_MODELS = ["smollm2-q4_1", "smollm2-f16", "smollm2-q8_0", "smollm2-q2_0",
                   "bonsai-1.7b-q2_0"]
 
 
+def _child(cmd: list[str]) -> tuple[str, float]:
+    """Run cmd; its stdout and its own peak RSS in MB (os.wait4: this child only)."""
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    out = p.stdout.read()
+    _, status, usage = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode != 0:
+        raise SystemExit(f"{cmd[0]} failed with exit code {p.returncode}")
+    return out, usage.ru_maxrss / 1024
+
+
 def llama_bench(path: Path, threads: int, reps: int) -> dict:
     cmd = [str(bin_dir() / "llama-bench"), "-m", str(path), "-p", "512", "-n", "128", "-t", str(threads),
            "-r", str(reps), "-o", "json"]
-    before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    r = subprocess.run(cmd, capture_output=True, text=True, check=True)
-    rss = max(before, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
-    out = {"rss_mb": rss / 1024}
-    for row in json.loads(r.stdout):
+    stdout, rss = _child(cmd)
+    out = {"rss_mb": rss}
+    for row in json.loads(stdout):
         key = "pp512" if row["n_prompt"] == 512 else "tg128"
         out[key] = row["avg_ts"]
     return out
@@ -59,7 +68,14 @@ def bankml_bench(path: Path, backend: str, threads: int, reps: int) -> dict:
         for _ in range(128):
             tok = int(np.argmax(s.decode(tok)))
         tg = max(tg, 128 / (time.perf_counter() - t0))
-    return {"pp512": pp, "tg128": tg, "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+    return {"pp512": pp, "tg128": tg}
+
+
+def bankml_child(path: Path, backend: str, threads: int, reps: int) -> dict:
+    """bankml_bench in its own process, so its peak RSS is its own."""
+    stdout, rss = _child([sys.executable, __file__, "--one", str(path), "--backend", backend,
+                          "--threads", str(threads), "--reps", str(reps)])
+    return {**json.loads(stdout), "rss_mb": rss}
 
 
 def main() -> None:
@@ -69,12 +85,16 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=2)
     ap.add_argument("--models", default=",".join(DEFAULT_MODELS))
     ap.add_argument("--write-docs", action="store_true")
+    ap.add_argument("--one", help=argparse.SUPPRESS)        # internal: bench one model, print JSON
     a = ap.parse_args()
+    if a.one:
+        print(json.dumps(bankml_bench(Path(a.one), a.backend, a.threads, a.reps)))
+        return
     build()
     rows = []
     for name in a.models.split(","):
         path = models.path(name)
-        ours = bankml_bench(path, a.backend, a.threads, a.reps)
+        ours = bankml_child(path, a.backend, a.threads, a.reps)
         theirs = llama_bench(path, a.threads, a.reps)
         for test in ("pp512", "tg128"):
             rows.append((name, test, ours[test], theirs[test], ours[test] / theirs[test], ours["rss_mb"],
