@@ -1,8 +1,8 @@
-"""Write docs/ORACLE.md: model x weight type x prompt length x kernel, rows identical / rows compared.
+"""Print a measured oracle table: model x weight type x prompt length x kernel, rows identical / rows compared.
 
-    python scripts/oracle_table.py [--quick]
+    python scripts/oracle_table.py [--quick] [--reference]
 
-Runs bankml's reference backend and llama.cpp (the oracle build) on the same token lists
+Runs bankml (its default llvm backend; --reference for numpy) and llama.cpp on the same token lists
 and compares every logits row by sha256 of its f32 bytes.
 """
 from __future__ import annotations
@@ -34,13 +34,14 @@ def kernels(n: int, n_ubatch: int = 512) -> str:
 
 def main() -> None:
     quick = "--quick" in sys.argv
+    backend = "reference" if "--reference" in sys.argv else "llvm"
     prompts = [p for p in PROMPTS if not (quick and p == 600)]
     lines = ["# Oracle results", "",
-             f"bankml reference backend vs llama.cpp b11434 (AVX2 build), {time.strftime('%Y-%m-%d')}, "
+             f"bankml {backend} backend vs llama.cpp b11434 (AVX2 build), {time.strftime('%Y-%m-%d')}, "
              f"{platform.machine()}; every logits row compared by sha256 of its f32 bytes.", "",
              "| model | prompt | outputs | attention kernel | rows identical / compared |", "|---|---|---|---|---|"]
     for name in MODELS:
-        m = bankml.load(models.path(name), threads=2)
+        m = bankml.load(models.path(name), backend=backend, threads=2)
         for n in prompts:
             if n == 600 and name.startswith("smollm2") and name != "smollm2-q4_1":
                 continue
@@ -52,7 +53,7 @@ def main() -> None:
                 lines.append(f"| {name} | {n} | {outputs} | {kernels(n)} | {same} / {len(ref)} |")
                 print(lines[-1], flush=True)
     for name, threads in (("qwen3-small-q1_0", 2), ("qwen3-small-q1_0", 3), ("smollm2-q4_1", 2)):
-        m = bankml.load(models.path(name), threads=2, llama_threads=threads)
+        m = bankml.load(models.path(name), backend=backend, threads=2, llama_threads=threads)
         s = m.session()
         prompt = np.random.default_rng(7).integers(0, 49152, 250).tolist()
         row = s.prefill(prompt, outputs="last")[-1]
@@ -66,7 +67,7 @@ def main() -> None:
         lines.append(f"| {name} (llama_threads {threads}) | 250 + 50 greedy decodes | 1 per decode | "
                      f"reference (≤256 cells), split (257+) | {same} / {len(ref)} |")
         print(lines[-1], flush=True)
-    open("docs/ORACLE.md", "w").write("\n".join(lines) + "\n")
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":
