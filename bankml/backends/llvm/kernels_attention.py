@@ -405,8 +405,6 @@ def define_flash_attn(m: ir.Module, g: Graph, n: Node) -> ir.Function:
         raise LoweringError(f"llvm backend: no flash_attn kernel for "
                             f"{n.order.describe() if n.order else None!r} ({n.name or n.id})")
     name = kernel_name(n)
-    if name in m.globals:
-        return m.globals[name]
     fn, b = new_function(m, name, kernel_type(n))
     e = _Emit(g, n, fn, b)
     if n.order == FA_REFERENCE:

@@ -82,8 +82,6 @@ def define_swiglu(m: ir.Module, g: Graph, n: Node) -> ir.Function:
         raise LoweringError(f"llvm backend: swiglu lowers only {SWIGLU.describe()!r}, not "
                             f"{n.order.describe() if n.order else None!r} ({n.name or n.id})")
     name = kernel_name(n)
-    if name in m.globals:
-        return m.globals[name]
     fn, b = new_function(m, name, kernel_type(n))
     out, gate, up, ith, nth = fn.args
     po, pg, pu = typed(b, out, f32), typed(b, gate, f32), typed(b, up, f32)

@@ -73,8 +73,6 @@ def define_rope(m: ir.Module, g: Graph, n: Node) -> ir.Function:
                             f"freq_factors, not {n.order.describe() if n.order else None!r} mode "
                             f"{p['mode']!r} ({n.name or n.id})")
     name = kernel_name(n)
-    if name in m.globals:
-        return m.globals[name]
     T, H, hd = n.shape
     n_dims, half = p["n_dims"], p["n_dims"] // 2
     neox = p["mode"] == "neox"

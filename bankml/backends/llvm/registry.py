@@ -58,7 +58,10 @@ def kernel_type(n: Node) -> ir.FunctionType:
 
 
 def define(m: ir.Module, g: Graph, n: Node) -> ir.Function:
-    """The kernel function of node n, emitted into module m."""
+    """The kernel function of node n, emitted into module m (once: a second call returns it)."""
+    name = kernel_name(n)
+    if name in m.globals:
+        return m.globals[name]
     fn = KERNELS.get(n.op)
     if fn is None:
         raise LoweringError(f"no llvm kernel for {n.op.value} ({n.name or n.id})")
