@@ -45,6 +45,7 @@ class Model:
         self.shapes = {name: t.shape for name, t in self.gguf.tensors.items()}
         self.arch = arch or self.plan.arch          # a registered builder may stand in for the file's
         self._build = builder_for(self.arch)
+        self.compile_seconds = 0.0      # time this model spent compiling native code so far (llvm backend)
 
     # ---- graphs ----
     @functools.lru_cache(maxsize=64)

@@ -43,6 +43,14 @@ class Session:
                 rows.append(r)
         return np.concatenate(rows, axis=0)
 
+    def truncate(self, n: int) -> None:
+        """Keep the first n cells and forget the rest (llama.cpp's llama_memory_seq_rm(seq, n, -1)):
+        the next prefill or decode continues at position n. Cells past n are masked out and
+        overwritten, never read."""
+        if not 0 <= n <= self.n_past:
+            raise BankmlError(f"truncate({n}): the session holds {self.n_past} cells")
+        self.n_past = n
+
     def decode(self, token: int) -> np.ndarray:
         """One more single-token llama_decode: the logits row of the next position."""
         return self._ubatch([int(token)], [0])[0]
