@@ -6,6 +6,7 @@ from typing import Callable, Iterator
 
 import networkx as nx
 
+from bankml.ir.dims import Bindings, Dim, concrete, is_symbolic
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
 
@@ -56,6 +57,14 @@ class Graph:
                 new = fn(n)
                 if new is not None:
                     g.nodes[n.id] = new
+        return g
+
+    def instantiate(self, values: Bindings) -> "Graph":
+        """The concrete graph of a generic one: every Dim (in shapes and meta) by its value."""
+        def fix(n: Node) -> Node | None:
+            return n.replace(shape=concrete(n.shape, values)) if is_symbolic(n.shape) else None
+        g = self.map(fix)
+        g.meta = {k: values[v.name] if isinstance(v, Dim) else v for k, v in g.meta.items()}
         return g
 
     def named(self, name: str) -> list[Node]:

@@ -8,6 +8,7 @@ one_chunk reference kernel.
 from __future__ import annotations
 
 from bankml.ir import order as fo
+from bankml.ir.dims import as_range, decide
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
@@ -28,7 +29,7 @@ def choose_attention_kernel(g: Graph) -> Graph:
     n_tokens, n_kv, threads = g.meta["n_tokens"], g.meta["n_kv"], g.meta.get("llama_threads", 1)
 
     def pick(n: Node) -> Node:
-        o = attention_order(n_tokens, n_kv)
+        o = decide(attention_order, as_range(n_tokens), as_range(n_kv))
         params = {**n.params, "n_threads": threads} if o is fo.FA_SPLIT else n.params
         return n.replace(order=o, params=params)
     return g.map(pick, Op.FLASH_ATTN)

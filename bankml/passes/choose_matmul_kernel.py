@@ -19,6 +19,7 @@ Thread count never changes the bits (it only splits outputs and src1 block range
 from __future__ import annotations
 
 from bankml.ir import order as fo
+from bankml.ir.dims import decide, prod_range
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
@@ -38,13 +39,12 @@ def matmul_order(wtype: int, n_rows: int, n_cols: int) -> fo.FloatOrder:
 
 
 def choose_matmul_kernel(g: Graph) -> Graph:
-    """Attach matmul_order to every mul_mat whose src0 is a weight."""
+    """Attach matmul_order to every mul_mat whose src0 is a weight (for every column count a
+    generic graph's sizes allow: the variants are cut so that one order holds)."""
     def pick(n: Node) -> Node | None:
         w = g[n.inputs[0]]
         if w.op is not Op.WEIGHT:
             return None
-        n_cols = 1
-        for s in n.shape[:-1]:
-            n_cols *= s
-        return n.replace(order=matmul_order(int(w.params["ggml_type"]), w.shape[0], n_cols))
+        wtype, n_rows = int(w.params["ggml_type"]), w.shape[0]
+        return n.replace(order=decide(lambda n_cols: matmul_order(wtype, n_rows, n_cols), prod_range(n.shape[:-1])))
     return g.map(pick, Op.MUL_MAT)

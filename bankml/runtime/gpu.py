@@ -1,7 +1,8 @@
 """Decode's Q1_0 matvecs on a Vulkan device; every other op stays on the CPU (docs/spirv.md).
 
-    env.gpu = for_model(model)                  # a ModelGpu, or None: CPU only
-    y = env.gpu.gpu_matvec(name, w_raw, act)    # [1, rows] f32, or None when it does not apply
+    mg = for_setting(model.gpu)                 # a ModelGpu, or None: CPU only (Model.device)
+    mg.takes(g, node)                           # the rule: which mat-muls run on the device
+    y = mg.gpu_matvec(name, w_raw, act)         # [1, rows] f32, or None when it does not fit
 
 The device is chosen once per process and setting (load(gpu=...), else BANKML_GPU, default off)
 by device_check.select_device, which admits a device only after the on-device oracle; a refusal
@@ -11,8 +12,8 @@ The kernel is ggml_vec_dot_q1_0_q8_0 bit for bit, the order choose_matmul_kernel
 """
 from __future__ import annotations
 
+import math
 import os
-import weakref
 
 import click
 import numpy as np
@@ -20,10 +21,14 @@ import numpy as np
 from bankml.backends.spirv import device_check
 from bankml.backends.spirv.q1_matvec import Q1_BYTES
 from bankml.backends.spirv.runtime import Device, Q1Matvec
+from bankml.ir.dims import is_symbolic
+from bankml.ir.graph import Graph
+from bankml.ir.node import Node
+from bankml.ir.ops import Op
+from bankml.ir.order import Q1_0_DOT
 from bankml.quants.activation import Q8Act, to_bytes
 
 _CHOICES: dict[str, device_check.GpuChoice] = {}            # setting -> choice, per process
-_MODELS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # Model -> ModelGpu
 
 
 def setting(gpu: str | int | None) -> str:
@@ -51,10 +56,17 @@ class ModelGpu:
         self.mats: dict[str, Q1Matvec] = {}
         self.calls = 0                                   # matvecs run on the device
 
+    @staticmethod
+    def takes(g: Graph, n: Node) -> bool:
+        """The one rule of what runs on the device: a mul_mat of a Q1_0 weight (in ggml's
+        vec_dot order) by one activation row, as a decode step has."""
+        return (n.op is Op.MUL_MAT and n.order is Q1_0_DOT and g[n.inputs[0]].op is Op.WEIGHT
+                and not is_symbolic(n.shape) and math.prod(n.shape[:-1]) == 1)
+
     def gpu_matvec(self, tensor_name: str, w_raw: np.ndarray, act) -> np.ndarray | None:
-        """w · act for Q1_0 rows w_raw [rows, row_bytes] and one q8_0 row: [1, rows] f32.
-        None when act is not a single q8_0 row or the rows do not fit K (the CPU runs it)."""
-        if not isinstance(act, Q8Act) or act.s is not None or act.q.shape[0] != 1:
+        """w · act for Q1_0 rows w_raw [rows, row_bytes] and one q8_0 row (a node `takes` took):
+        [1, rows] f32, or None when the rows do not fit the device kernel (the CPU runs it)."""
+        if not isinstance(act, Q8Act) or act.s is not None:
             return None
         return self.matvec_bytes(tensor_name, w_raw, to_bytes(act).tobytes(), act.q.shape[1])
 
@@ -77,12 +89,8 @@ class ModelGpu:
         self.mats = {}
 
 
-def for_model(model) -> ModelGpu | None:
-    """The model's ModelGpu on its device (model.gpu: None | "auto" | "off" | index), or None."""
-    dev = device(getattr(model, "gpu", None))
-    if dev is None:
-        return None
-    mg = _MODELS.get(model)
-    if mg is None or mg.device is not dev:
-        mg = _MODELS[model] = ModelGpu(dev)
-    return mg
+def for_setting(gpu: str | int | None) -> ModelGpu | None:
+    """A ModelGpu for one model on the device of this setting (load()'s gpu: None | "auto" |
+    "off" | index), or None: CPU only. The model closes it."""
+    dev = device(gpu)
+    return None if dev is None else ModelGpu(dev)

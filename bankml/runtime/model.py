@@ -1,21 +1,29 @@
-"""bankml.load(): a model file read and planned, graphs built per micro-batch shape, sessions."""
+"""bankml.load(): a model file read and planned, its generic graphs, a backend, sessions.
+
+A model builds one generic graph per variant (bankml.passes.variants: decode, decode-split,
+small/large micro-batches with all or the last rows' logits); the backend compiles each the
+first time it is needed (saying so on stderr) and runs it for any size in its range, so no
+prompt length and no context length compiles again. `Model.close()` (or `with`) releases the
+compiled code, the thread pool, the device and the file.
+"""
 from __future__ import annotations
 
-import functools
 import os
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
 
 from bankml.arch.blocks import Batch, Builder
 from bankml.arch.registry import builder_for
+from bankml.backends import BACKENDS, open_backend
 from bankml.errors import BankmlError
 from bankml.gguf import read_gguf
 from bankml.gguf.plan import plan as make_plan
 from bankml.ir.graph import Graph
 from bankml.passes.pipeline import run_passes
-
-BACKENDS = ("reference", "llvm")
+from bankml.passes.variants import Variant, choose_variant, variants
 
 
 class Model:
@@ -33,11 +41,6 @@ class Model:
         self.plan = make_plan(self.gguf)
         self.hparams = self.plan.hparams
         self.backend, self.threads = backend, threads
-        if backend == "llvm":
-            from bankml.backends.llvm import run as runner
-        else:
-            from bankml.backends.reference.run import run as runner
-        self.runner = runner
         self.llama_threads = llama_threads or threads
         self.cache_type, self.n_ubatch, self.n_ctx = cache_type, n_ubatch, n_ctx
         self.gpu = gpu              # Q1_0 decode matvecs: None (BANKML_GPU) | "auto" | "off" | index
@@ -45,34 +48,74 @@ class Model:
         self.shapes = {name: t.shape for name, t in self.gguf.tensors.items()}
         self.arch = arch or self.plan.arch          # a registered builder may stand in for the file's
         self._build = builder_for(self.arch)
+        self.variants = variants(n_ubatch, self.kv_size)
         self.compile_seconds = 0.0      # time this model spent compiling native code so far (llvm backend)
+        self._graphs: dict[str, Graph] = {}         # variant name -> generic graph after the passes
+        self._ready: set[str] = set()               # variants the backend has prepared
+        self._weights: dict[str, np.ndarray] = {}
+        from bankml.runtime.gpu import for_setting
+        self.device = for_setting(gpu)              # a ModelGpu (decode's Q1_0 matvecs), or None
+        self.runner = open_backend(backend, self.weight, threads, self.device)
 
     # ---- graphs ----
-    @functools.lru_cache(maxsize=64)
-    def graph(self, n_tokens: int, n_kv: int, n_outputs: int, outputs_in_order: bool = True) -> Graph:
-        """The IR of one micro-batch after every pass (cached by shape)."""
-        return run_passes(self.build_graph(n_tokens, n_kv, n_outputs, outputs_in_order))
+    def graph(self, n_tokens: int, n_kv: int, n_outputs: int) -> Graph:
+        """The concrete IR of one micro-batch after every pass."""
+        return run_passes(self.build_graph(n_tokens, n_kv, n_outputs))
 
-    def build_graph(self, n_tokens: int, n_kv: int, n_outputs: int, outputs_in_order: bool = True) -> Graph:
-        """The IR of one micro-batch as the architecture file builds it, before passes."""
+    def build_graph(self, n_tokens, n_kv, n_outputs) -> Graph:
+        """The IR of one micro-batch as the architecture file builds it, before passes; sizes
+        may be numbers or Dims (a generic graph)."""
         b = Builder(self.plan, Batch(n_tokens, n_kv, n_outputs), self.shapes)
         self._build(b)
         g = b.g
-        g.meta.update(llama_threads=self.llama_threads, outputs_in_order=outputs_in_order)
+        g.meta["llama_threads"] = self.llama_threads
         if n_outputs == 0:          # no logits wanted: only the cache writes stay alive
             g.outputs = {}
         return g
 
+    def generic_graph(self, v: Variant) -> Graph:
+        """The generic graph of a variant after every pass (built once per model)."""
+        if v.name not in self._graphs:
+            self._graphs[v.name] = run_passes(self.build_graph(v.n_tokens, v.n_kv, v.n_outputs))
+        return self._graphs[v.name]
+
+    def prepare(self, v: Variant) -> float:
+        """Make a variant ready to run (the llvm backend compiles it); the seconds that took."""
+        if v.name in self._ready:
+            return 0.0
+        t0 = time.perf_counter()
+        g = self.generic_graph(v)
+        if self.backend == "llvm":
+            print(f"bankml: compiling the {v.name} graph of {self.path.name} (first use; cached afterwards)",
+                  file=sys.stderr, flush=True)
+        self.runner.prepare(g)
+        seconds = time.perf_counter() - t0
+        if self.backend == "llvm":
+            self.compile_seconds += seconds
+        self._ready.add(v.name)
+        return seconds
+
+    def run_ubatch(self, n_tokens: int, n_kv: int, n_outputs: int, inputs: dict, caches: dict, trace=None) -> dict:
+        """One micro-batch through the variant that takes these sizes."""
+        if self.runner is None:
+            raise BankmlError(f"{self.path.name}: the model is closed")
+        v, values = choose_variant(self.variants, n_tokens, n_kv, n_outputs)
+        self.prepare(v)
+        return self.runner.run(self.generic_graph(v), values, inputs, caches, trace)
+
     # ---- weights ----
-    @functools.lru_cache(maxsize=None)
     def weight(self, name: str) -> np.ndarray:
         """A tensor's bytes as [rows, row_bytes] uint8 (F32 vectors as float32)."""
-        t = self.gguf.tensors[name]
-        raw = self.gguf.tensor_data(name)
-        if t.ggml_type == 0:
-            return raw.view(np.float32).reshape(t.shape[::-1])
-        rows = int(np.prod(t.shape[1:]))
-        return raw.reshape(rows, -1)
+        w = self._weights.get(name)
+        if w is None:
+            t = self.gguf.tensors[name]
+            raw = self.gguf.tensor_data(name)
+            if t.ggml_type == 0:
+                w = raw.view(np.float32).reshape(t.shape[::-1])
+            else:
+                w = raw.reshape(int(np.prod(t.shape[1:])), -1)
+            self._weights[name] = w
+        return w
 
     def session(self) -> "Session":
         from bankml.runtime.session import Session
@@ -81,6 +124,26 @@ class Model:
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
         from bankml.runtime.tokenizer import tokenizer_for
         return tokenizer_for(self).encode(text, add_special=add_special, parse_special=parse_special)
+
+    # ---- lifetime ----
+    def close(self) -> None:
+        """Release the compiled code, threads, the device's buffers and the file; idempotent."""
+        if self.runner is not None:
+            self.runner.close()
+            self.runner = None
+        if self.device is not None:
+            self.device.close()
+            self.device = None
+        self._graphs.clear()
+        self._ready.clear()
+        self._weights.clear()
+        self.gguf = None            # the file's map goes with the last array that views it
+
+    def __enter__(self) -> "Model":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def load(path, backend: str = "llvm", threads: int | None = None, llama_threads: int | None = None,

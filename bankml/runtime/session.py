@@ -5,10 +5,8 @@ from typing import Callable
 
 import numpy as np
 
-from bankml.backends.reference.run import Env
 from bankml.errors import BankmlError
 from bankml.ir.node import Node
-from bankml.runtime.gpu import for_model as gpu_for_model
 
 
 def pad256(n: int) -> int:
@@ -26,12 +24,11 @@ class Session:
         self._ubatch_index = 0
 
     def prefill(self, tokens, outputs: str = "all") -> np.ndarray:
-        """llama_decode of one batch: rows for every token ("all") or the last ("last")."""
+        """llama_decode of one batch: rows for every token ("all") or the last ("last").
+        The whole call is checked (token ids, room in the context) before anything runs."""
         if outputs not in ("all", "last"):
             raise BankmlError("outputs must be 'all' or 'last'")
-        tokens = list(tokens)
-        if not tokens:
-            raise BankmlError("prefill needs at least one token")
+        tokens = self._checked(tokens)
         rows = []
         step = self.model.n_ubatch
         for start in range(0, len(tokens), step):
@@ -43,6 +40,10 @@ class Session:
                 rows.append(r)
         return np.concatenate(rows, axis=0)
 
+    def decode(self, token: int) -> np.ndarray:
+        """One more single-token llama_decode: the logits row of the next position."""
+        return self._ubatch(self._checked([token]), [0])[0]
+
     def truncate(self, n: int) -> None:
         """Keep the first n cells and forget the rest (llama.cpp's llama_memory_seq_rm(seq, n, -1)):
         the next prefill or decode continues at position n. Cells past n are masked out and
@@ -51,31 +52,40 @@ class Session:
             raise BankmlError(f"truncate({n}): the session holds {self.n_past} cells")
         self.n_past = n
 
-    def decode(self, token: int) -> np.ndarray:
-        """One more single-token llama_decode: the logits row of the next position."""
-        return self._ubatch([int(token)], [0])[0]
+    def _checked(self, tokens) -> list[int]:
+        """The tokens as ints, or an error naming what is wrong; nothing has run yet."""
+        m = self.model
+        try:
+            tokens = [int(t) for t in tokens]
+        except (TypeError, ValueError):
+            raise BankmlError("tokens must be integers") from None
+        if not tokens:
+            raise BankmlError("prefill needs at least one token")
+        n_vocab = m.hparams.n_vocab
+        bad = next((t for t in tokens if not 0 <= t < n_vocab), None)
+        if bad is not None:
+            raise BankmlError(f"token id {bad} is out of range 0..{n_vocab - 1}")
+        if self.n_past + len(tokens) > m.kv_size:
+            padded = "" if m.kv_size == m.n_ctx else f" (padded to {m.kv_size} cells)"
+            raise BankmlError(f"context full: {self.n_past} tokens held + {len(tokens)} new exceed n_ctx "
+                              f"{m.n_ctx}{padded}")
+        return tokens
 
     def _ubatch(self, tokens: list[int], out_ids: list[int]) -> np.ndarray | None:
-        m, hp = self.model, self.model.hparams
+        m = self.model
         T = len(tokens)
         used = self.n_past + T
-        if used > m.kv_size:
-            raise BankmlError(f"context full: {used} tokens exceed n_ctx {m.n_ctx}")
-        if any(t < 0 or t >= hp.n_vocab for t in tokens):
-            raise BankmlError(f"token id out of range 0..{hp.n_vocab - 1}")
         n_kv = min(m.kv_size, max(256, pad256(used)))          # llama_kv_cache::get_n_kv
         pos = np.arange(self.n_past, used, dtype=np.int32)
         cells = np.arange(n_kv)
         visible = (cells[None, :] <= pos[:, None]) & (cells[None, :] < used)
         mask = np.where(visible, np.float16(0), np.float16(-np.inf)).astype(np.float16)
-        g = m.graph(T, n_kv, len(out_ids))
-        env = Env(m.weight, self.caches, {"tokens": np.asarray(tokens, np.int64), "pos": pos, "kq_mask": mask,
-                                          "out_ids": np.asarray(out_ids, np.int64)})
-        env.gpu = gpu_for_model(m)                     # None: CPU only (runtime/gpu.py)
+        inputs = {"tokens": np.asarray(tokens, np.int64), "pos": pos, "kq_mask": mask,
+                  "out_ids": np.asarray(out_ids, np.int64)}
         ub = self._ubatch_index
         trace = (lambda n, v: self.trace(ub, n, v)) if self.trace else None
-        env.threads = m.threads
-        out = m.runner(g, env, trace)
+        out = m.run_ubatch(T, n_kv, len(out_ids), inputs, self.caches, trace)
         self.n_past = used
         self._ubatch_index += 1
-        return out.get("logits")
+        logits = out.get("logits")
+        return None if logits is None or not out_ids else logits[:len(out_ids)]

@@ -9,6 +9,8 @@ from contextlib import contextmanager
 
 from llvmlite import ir
 
+from bankml.ir.dims import DIM_SLOTS, Dim
+
 i1, i8, i16, i32, i64 = (ir.IntType(b) for b in (1, 8, 16, 32, 64))
 f16, f32, f64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
 void = ir.VoidType()
@@ -71,3 +73,28 @@ def thread_range(b: ir.IRBuilder, n_items, ith, nth):
     lo = b.select(b.icmp_signed("<", lo, n_items), lo, n_items)
     hi = b.select(b.icmp_signed("<", hi, n_items), hi, n_items)
     return lo, hi
+
+
+def dim(b: ir.IRBuilder, dims, d) -> ir.Value:
+    """A size as i64: a number as a constant, a Dim read from this call's dims vector."""
+    if isinstance(d, Dim):
+        return b.load(b.gep(dims, [i64(d.slot)]), name=d.name)
+    return d if isinstance(d, ir.Value) else i64(d)
+
+
+def size(b: ir.IRBuilder, dims, shape) -> ir.Value:
+    """The product of a shape's sizes as i64 (a constant when none is symbolic)."""
+    const, out = 1, None
+    for d in shape:
+        if isinstance(d, Dim):
+            v = dim(b, dims, d)
+            out = v if out is None else b.mul(out, v)
+        else:
+            const *= d
+    if out is None:
+        return i64(const)
+    return out if const == 1 else b.mul(out, i64(const))
+
+
+def llama_threads(b: ir.IRBuilder, dims) -> ir.Value:
+    return b.load(b.gep(dims, [i64(DIM_SLOTS.index("llama_threads"))]), name="llama_threads")

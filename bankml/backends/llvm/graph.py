@@ -1,6 +1,6 @@
 """Compile a whole micro-batch Graph into one LLVM module with one entry point:
 
-    void graph(i8** bufs, i64 ith, i64 nth, i8* barrier)
+    void graph(i8** bufs, i64 ith, i64 nth, i8* barrier, i64* dims)
 
 It calls every node's kernel in execution order (`for n in g`), with a spin barrier between
 kernels where the next one reads what a kernel since the last barrier wrote (read after
@@ -12,8 +12,9 @@ bufs[slot[node id]] is the node's buffer; the runner fills the table (runner.py)
 reuse must respect the barriers: a buffer whose last reader runs before barrier b may be
 written only by kernels after b (plan_arena does this).
 
-Compiled graphs are cached by a structural key (every node's op, inputs, shape, dtype, order
-and parameters), so a session compiles each micro-batch shape once.
+A generic graph (bankml.ir.dims: sizes T, KV, O) compiles once for every value of its sizes:
+dims holds this call's values, every kernel reads them, and buffers are sized for the largest.
+The backend keeps one CompiledGraph per variant of a model (backends/llvm/backend.py).
 """
 from __future__ import annotations
 
@@ -24,28 +25,22 @@ import math
 import os
 import sys
 import time
-import weakref
-from collections import OrderedDict
 from dataclasses import dataclass, field
 
 from llvmlite import binding as llvm
 from llvmlite import ir
 
 from bankml.backends.llvm import jit, registry
-from bankml.backends.llvm import kernels_matmul, kernels_matmul_f16, kernels_matmul_q, kernels_quantize, kernels_rows  # noqa: F401,E501 (register)
+from bankml.backends.llvm import (kernels_attention, kernels_glu, kernels_matmul, kernels_matmul_f16,  # noqa: F401
+                                  kernels_matmul_q, kernels_norm, kernels_quantize, kernels_rope, kernels_rows)
 from bankml.backends.llvm.common import i8p, i64, intrinsic, new_function, void
+from bankml.ir.dims import upper
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
 from bankml.quants import F16, Q8_0, Q8_1
 
-for _mod in ("kernels_norm", "kernels_rope", "kernels_attention", "kernels_glu"):      # helper L2's kernels
-    try:
-        __import__(f"bankml.backends.llvm.{_mod}")
-    except ImportError:
-        pass
-
-_IGNORED_PARAMS = ("tensor", "layer")
+_IGNORED_PARAMS = ("tensor", "layer", "n_threads")       # n_threads: llama_threads comes in dims[3]
 ALIGN = 64
 
 
@@ -64,12 +59,6 @@ def kernel_key(g: Graph, n: Node) -> tuple:
     return n.op, n.shape, n.dtype, n.order, _frozen(n.params), srcs
 
 
-def graph_key(g: Graph) -> tuple:
-    nodes = tuple((n.id, n.op, n.inputs, n.shape, n.dtype, n.name, n.order, _frozen(n.params), n.params.get("tensor"),
-                   n.params.get("layer")) for n in sorted(g.nodes.values(), key=lambda n: n.id))
-    return nodes, tuple(sorted(g.outputs.items()))
-
-
 def root(g: Graph, i: int) -> int:
     """The node whose buffer node i uses: views and cache writes alias their first input."""
     while g[i].op in (Op.RESHAPE, Op.SET_ROWS):
@@ -80,12 +69,12 @@ def root(g: Graph, i: int) -> int:
 def nbytes(n: Node) -> int:
     """Bytes of a node's buffer (registry.py's layouts)."""
     if n.op is Op.QUANTIZE:
-        t, K, M = int(n.params["type"]), n.shape[-1], math.prod(n.shape[:-1])
+        t, K, M = int(n.params["type"]), n.shape[-1], math.prod(upper(n.shape[:-1]))
         return M * (2 * K if t == F16 else K // 32 * (34 if t == Q8_0 else 36 if t == Q8_1 else 0))
     size = {"f32": 4, "f16": 2, "i32": 4, "F32": 4}.get(n.dtype)
     if size is None:
         raise ValueError(f"node {n.name or n.id}: no buffer size for dtype {n.dtype}")
-    return math.prod(n.shape) * size
+    return math.prod(upper(n.shape)) * size
 
 
 @dataclass
@@ -95,11 +84,10 @@ class CompiledGraph:
     kernels: list[Node]                # nodes with a kernel, in order
     barrier_before: list[bool]         # per kernel node
     engine: object
-    fn: object                         # ctypes function (bufs, ith, nth, barrier)
-    part: object                       # ctypes function (bufs, ith, nth, barrier, lo, hi): kernels [lo, hi)
+    fn: object                         # ctypes function (bufs, ith, nth, barrier, dims)
+    part: object                       # ctypes function (bufs, ith, nth, barrier, dims, lo, hi): kernels [lo, hi)
     n_functions: int
     compile_s: dict = field(default_factory=dict)
-    buffers: object = None                          # runner state (runner._Buffers)
 
 
 SERIAL_ELEMS = 8192        # kernels touching at most this many f32 values run on thread 0 alone
@@ -112,7 +100,7 @@ def is_serial(g: Graph, n: Node) -> bool:
     if n.op in (Op.MUL_MAT, Op.FLASH_ATTN):
         return False
     views = [i for i in n.inputs if g[i].op not in (Op.WEIGHT, Op.CACHE, Op.SET_ROWS)]
-    sizes = [math.prod(g[i].shape) for i in views] + ([] if n.op is Op.SET_ROWS else [math.prod(n.shape)])
+    sizes = [math.prod(upper(g[i].shape)) for i in views] + ([] if n.op is Op.SET_ROWS else [math.prod(upper(n.shape))])
     return max(sizes, default=0) <= SERIAL_ELEMS
 
 
@@ -230,10 +218,11 @@ def emit(g: Graph) -> tuple[ir.Module, list[Node], list[Node], dict[int, int], l
     m = ir.Module(name="bankml_graph")
     barrier = _define_barrier(m)
     fns: dict[tuple, ir.Function] = {}
-    rf, b = new_function(m, "graph_range", ir.FunctionType(void, [i8p.as_pointer(), i64, i64, i8p, i64, i64]))
+    i64p = i64.as_pointer()
+    rf, b = new_function(m, "graph_range", ir.FunctionType(void, [i8p.as_pointer(), i64, i64, i8p, i64p, i64, i64]))
     rf.linkage = "internal"
     rf.attributes.add("noinline")
-    bufs, ith, nth, bar, lo, hi = rf.args
+    bufs, ith, nth, bar, dims, lo, hi = rf.args
     first = b.icmp_signed("==", ith, i64(0))
     for k, (n, need, ser) in enumerate(zip(kernels, barriers, serial)):
         key = kernel_key(g, n)
@@ -248,11 +237,11 @@ def emit(g: Graph) -> tuple[ir.Module, list[Node], list[Node], dict[int, int], l
             args = [b.load(b.gep(bufs, [i64(slot[i])])) for i in (n.id, *n.inputs)]
             if ser:
                 with b.if_then(first):
-                    b.call(fns[key], [*args, i64(0), i64(1)])
+                    b.call(fns[key], [*args, i64(0), i64(1), dims])
             else:
-                b.call(fns[key], [*args, ith, nth])
+                b.call(fns[key], [*args, ith, nth, dims])
     b.ret_void()
-    gf, b = new_function(m, "graph", ir.FunctionType(void, [i8p.as_pointer(), i64, i64, i8p]))
+    gf, b = new_function(m, "graph", ir.FunctionType(void, [i8p.as_pointer(), i64, i64, i8p, i64p]))
     b.call(rf, [*gf.args, i64(0), i64(len(kernels))])
     b.ret_void()
     pf, b = new_function(m, "graph_part", rf.type.pointee)      # kernels [lo, hi) only (trace runs)
@@ -261,41 +250,19 @@ def emit(g: Graph) -> tuple[ir.Module, list[Node], list[Node], dict[int, int], l
     return m, order, kernels, slot, barriers, len(fns)
 
 
-_CACHE: OrderedDict[tuple, CompiledGraph] = OrderedDict()     # least recently used first
-_BY_ID: dict[int, tuple[weakref.ref, CompiledGraph]] = {}
-CACHE_SIZE = 32
-
-
 def compile_graph(g: Graph) -> CompiledGraph:
-    """The compiled graph of g, from the cache when the same structure was compiled before."""
-    hit = _BY_ID.get(id(g))
-    if hit is not None and hit[0]() is g:
-        return hit[1]
-    key = graph_key(g)
-    cg = _CACHE.get(key)
-    if cg is not None:
-        _CACHE.move_to_end(key)
-    else:
-        _libc_symbols()
-        t0 = time.perf_counter()
-        m, order, kernels, slot, barriers, n_fns = emit(g)
-        t1 = time.perf_counter()
-        eng = jit.compile_module(m)
-        t2 = time.perf_counter()
-        proto = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
-        fn = proto(eng.get_function_address("graph"))
-        part = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
-                                ctypes.c_int64, ctypes.c_int64)(eng.get_function_address("graph_part"))
-        cg = CompiledGraph(order, slot, kernels, barriers, eng, fn, part, n_fns, {"emit": t1 - t0, "jit": t2 - t1})
-        _CACHE[key] = cg
-        while len(_CACHE) > CACHE_SIZE:
-            old = _CACHE.popitem(last=False)[1]
-            for k in [k for k, (_, c) in _BY_ID.items() if c is old]:
-                del _BY_ID[k]
-        _log(f"llvm: compiled {g.meta.get('n_tokens')}x{g.meta.get('n_kv')} graph: {len(kernels)} kernels, "
-                     f"{n_fns} functions, {sum(barriers)} barriers, emit {t1 - t0:.2f}s, jit {t2 - t1:.2f}s")
-    try:
-        _BY_ID[id(g)] = (weakref.ref(g, lambda _, k=id(g): _BY_ID.pop(k, None)), cg)
-    except TypeError:
-        pass
-    return cg
+    """Emit and JIT one graph (the object from the disk cache when this IR was compiled before)."""
+    _libc_symbols()
+    t0 = time.perf_counter()
+    m, order, kernels, slot, barriers, n_fns = emit(g)
+    t1 = time.perf_counter()
+    eng = jit.compile_module(m)
+    t2 = time.perf_counter()
+    c = ctypes
+    fn = c.CFUNCTYPE(None, c.c_void_p, c.c_int64, c.c_int64, c.c_void_p, c.c_void_p)(eng.get_function_address("graph"))
+    part = c.CFUNCTYPE(None, c.c_void_p, c.c_int64, c.c_int64, c.c_void_p, c.c_void_p, c.c_int64,
+                       c.c_int64)(eng.get_function_address("graph_part"))
+    _log(f"llvm: compiled {g.meta.get('n_tokens')}x{g.meta.get('n_kv')} graph: {len(kernels)} kernels, "
+         f"{n_fns} functions, {sum(barriers)} barriers, emit {t1 - t0:.2f}s, jit {t2 - t1:.2f}s "
+         f"({getattr(eng, '_bankml_cache', 'off')})")
+    return CompiledGraph(order, slot, kernels, barriers, eng, fn, part, n_fns, {"emit": t1 - t0, "jit": t2 - t1})

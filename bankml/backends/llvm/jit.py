@@ -101,9 +101,13 @@ def pointer(a: np.ndarray) -> ctypes.c_void_p:
 
 
 def call_kernel(eng: llvm.ExecutionEngine, name: str, out: np.ndarray, ins: list[np.ndarray],
-                ith: int = 0, nth: int = 1) -> None:
-    """Call one kernel of the contract in registry.py on numpy buffers (tests and debugging)."""
+                ith: int = 0, nth: int = 1, sizes: dict | None = None, llama_threads: int = 1) -> None:
+    """Call one kernel of the contract in registry.py on numpy buffers (tests and debugging);
+    sizes: the values of a generic node's Dims ({"T": 7, "KV": 256})."""
+    from bankml.ir.dims import DIM_SLOTS
+    sizes = {**(sizes or {}), "llama_threads": llama_threads}
+    dims = np.array([sizes.get(k, 0) for k in DIM_SLOTS], np.int64)
     n_ptr = 1 + len(ins)
-    proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * n_ptr), ctypes.c_int64, ctypes.c_int64)
+    proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * n_ptr), ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
     fn = proto(eng.get_function_address(name))
-    fn(pointer(out), *[pointer(x) for x in ins], ith, nth)
+    fn(pointer(out), *[pointer(x) for x in ins], ith, nth, pointer(dims))

@@ -12,13 +12,13 @@ Out f32 [M, n_head, DV]. Head h reads kv head h // (n_head // n_head_kv).
       VKQ = f16(fma(V, vs, VKQ));  S = fma(S, ms, vs)                # glibc expf
   out = r(VKQ * (S == 0 ? 0 : r(1/S))).
 - FA_SPLIT (one row, n_kv >= 512): per head (split over threads), the one_chunk loop over key
-  chunks of ceil(n_kv / n_params["n_threads"]), then ggml_flash_attn_ext_reduce_partials in
+  chunks of ceil(n_kv / llama_threads) (dims[3]), then ggml_flash_attn_ext_reduce_partials in
   chunk order (chunks with S_c == 0 skipped):
       Mn = fmaxf(M, M_c); a = expf(M - Mn); b = expf(M_c - Mn)
       VKQ = fma(VKQ, a, r(VKQ_c*b)); S = fma(S, a, r(S_c*b)); M = Mn
       out = S != 0 ? r(VKQ * r(1/S)) : VKQ
 - FA_TILED (ggml_compute_forward_flash_attn_ext_tiled): Q tiles of <= 64 rows of one head, cut
-  as ggml cuts them for n_params.get("n_threads", 1) (a static table here), handed to threads
+  as ggml cuts them for llama_threads (computed at run time, _q_tiles), handed to threads
   round-robin; K/V tiles of 64 keys converted to f32 on the stack (K transposed, so 8 keys share
   a vector and each lane is simd_gemm's serial fma chain over d). A KV tile is skipped for a Q tile
   when every row's mask there is -inf. Per row of a computed tile:
@@ -37,12 +37,12 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 
-from bankml.backends.llvm.common import f16, f32, f64, fma, for_range, i1, i16, i32, i64, intrinsic, new_function
-from bankml.backends.llvm.common import thread_range, typed, v8f32
+from bankml.backends.llvm.common import dim, f16, f32, f64, fma, for_range, i1, i16, i32, i64, intrinsic, llama_threads, \
+    new_function, thread_range, typed, v8f32
 from bankml.backends.llvm.kernels_glu import broadcast, splat, v_expf
 from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
-from bankml.backends.reference.attention import q_tiles
 from bankml.errors import LoweringError
+from bankml.ir.dims import Dim, upper
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
@@ -60,16 +60,19 @@ class _Emit:
 
     def __init__(self, g: Graph, n: Node, fn: ir.Function, b: ir.IRBuilder):
         self.b, self.m = b, b.module
-        out, q, k, v, mask, self.ith, self.nth = fn.args
-        self.M, self.H, self.DV = n.shape
+        out, q, k, v, mask, self.ith, self.nth, self.dims = fn.args
+        M, self.H, self.DV = n.shape
         qn, kn, vn, mn = (g[i] for i in n.inputs)
-        self.D, self.Hkv, self.n_kv = qn.shape[2], kn.shape[1], mn.shape[1]
-        if (qn.shape[:2] != (self.M, self.H) or self.H % self.Hkv or kn.shape[2] != self.D
-                or vn.shape[1:] != (self.Hkv, self.DV) or mn.shape[0] != self.M
-                or min(kn.shape[0], vn.shape[0]) < self.n_kv or self.D % 8 or self.DV % 8):
+        self.D, self.Hkv, n_kv = qn.shape[2], kn.shape[1], mn.shape[1]
+        if (qn.shape[:2] != (M, self.H) or self.H % self.Hkv or kn.shape[2] != self.D
+                or vn.shape[1:] != (self.Hkv, self.DV) or mn.shape[0] != M
+                or min(upper(kn.shape[:1] + vn.shape[:1])) < upper((n_kv,))[0] or self.D % 8 or self.DV % 8):
             raise LoweringError(f"llvm backend: flash_attn shapes q{qn.shape} k{kn.shape} v{vn.shape} "
                                 f"mask{mn.shape} out{n.shape} do not fit ({n.name or n.id})")
         self.grp = self.H // self.Hkv
+        self.M_static = None if isinstance(M, Dim) else M             # rows, when known at compile time
+        self.kv_static = None if isinstance(n_kv, Dim) else n_kv      # cells, likewise
+        self.M, self.n_kv = dim(b, self.dims, M), dim(b, self.dims, n_kv)   # i64 values of this call
         self.out, self.q = typed(b, out, f32), typed(b, q, f32)
         self.k, self.v = typed(b, k, f16), typed(b, v, f16)
         self.mask, self.mask16 = typed(b, mask, f16), typed(b, mask, i16)
@@ -110,12 +113,12 @@ class _Emit:
     def not_neg_inf(self, mrow, j):
         """mask[mrow, j] != -inf, on the f16 bits (the same answer, NaN included)."""
         b = self.b
-        bits = b.load(b.gep(self.mask16, [b.add(b.mul(mrow, i64(self.n_kv)), j)]))
+        bits = b.load(b.gep(self.mask16, [b.add(b.mul(mrow, self.n_kv), j)]))
         return b.icmp_unsigned("!=", bits, i16(NEG_INF_F16_BITS))
 
     def mask32(self, mrow, j):
         b = self.b
-        return b.fpext(b.load(b.gep(self.mask, [b.add(b.mul(mrow, i64(self.n_kv)), j)])), f32)
+        return b.fpext(b.load(b.gep(self.mask, [b.add(b.mul(mrow, self.n_kv), j)])), f32)
 
     def store_normalised(self, vkq, S, out_off):
         """out = r(VKQ * (S == 0 ? 0 : r(1/S)))."""
@@ -191,23 +194,25 @@ def _define_one_chunk(e: _Emit) -> None:
     b = e.b
     qbuf, vkq = e.alloca(f32, e.D, "q16"), e.alloca(f32, e.DV, "vkq")
     Mp, Sp = e.alloca(f32, 1, "M"), e.alloca(f32, 1, "S")
-    lo, hi = thread_range(b, e.M * e.H, e.ith, e.nth)
+    lo, hi = thread_range(b, b.mul(e.M, i64(e.H)), e.ith, e.nth)
     with for_range(b, lo, hi, name="row") as r:                        # r = mrow*H + h
         mrow, h = b.sdiv(r, i64(e.H)), b.srem(r, i64(e.H))
         hk = b.sdiv(h, i64(e.grp))
         e.q16(qbuf, b.mul(r, i64(e.D)))
         e.reset(vkq, Mp, Sp)
-        e.one_chunk(mrow, hk, qbuf, vkq, Mp, Sp, i64(0), i64(e.n_kv))
+        e.one_chunk(mrow, hk, qbuf, vkq, Mp, Sp, i64(0), e.n_kv)
         e.store_normalised(vkq, b.load(Sp), b.mul(r, i64(e.DV)))
 
 
-def _define_split(e: _Emit, n_threads: int) -> None:
-    """One query row: per head, one_chunk over each key chunk, reduced as the partials are."""
+def _define_split(e: _Emit) -> None:
+    """One query row: per head, one_chunk over each key chunk, reduced as the partials are.
+    The chunks are ceil(n_kv / llama_threads) keys, from this call's sizes."""
     b = e.b
-    if e.M != 1:
-        raise LoweringError(f"llvm backend: split-KV attention takes 1 query row, not {e.M}")
-    cs = -(-e.n_kv // n_threads)
-    n_chunks = -(-e.n_kv // cs)
+    if e.M_static != 1:
+        raise LoweringError(f"llvm backend: split-KV attention takes 1 query row, not {e.M_static or 'T'}")
+    nt = llama_threads(b, e.dims)
+    cs = b.sdiv(b.add(e.n_kv, b.sub(nt, i64(1))), nt, name="chunk")
+    n_chunks = b.sdiv(b.add(e.n_kv, b.sub(cs, i64(1))), cs, name="n_chunks")
     qbuf, vkq, acc = e.alloca(f32, e.D, "q16"), e.alloca(f32, e.DV, "vkq_c"), e.alloca(f32, e.DV, "vkq")
     Mp, Sp, Mt, St = (e.alloca(f32, 1, nm) for nm in ("M_c", "S_c", "M", "S"))
     maxnum = intrinsic(e.m, "llvm.maxnum.f32", f32, [f32, f32])
@@ -217,9 +222,9 @@ def _define_split(e: _Emit, n_threads: int) -> None:
         e.q16(qbuf, b.mul(h, i64(e.D)))
         e.reset(acc, Mt, St)
         with for_range(b, 0, n_chunks, name="c") as c:
-            k0 = b.mul(c, i64(cs))
-            k1 = b.add(k0, i64(cs))
-            k1 = b.select(b.icmp_signed("<", k1, i64(e.n_kv)), k1, i64(e.n_kv))
+            k0 = b.mul(c, cs)
+            k1 = b.add(k0, cs)
+            k1 = b.select(b.icmp_signed("<", k1, e.n_kv), k1, e.n_kv)
             e.reset(vkq, Mp, Sp)
             e.one_chunk(i64(0), hk, qbuf, vkq, Mp, Sp, k0, k1)
             s_c = b.load(Sp)
@@ -262,14 +267,9 @@ def _partial_i16(b, p, off, lanes: int):
     return v
 
 
-def _define_tiled(e: _Emit, n_threads: int) -> None:
+def _define_tiled(e: _Emit) -> None:
     b, m = e.b, e.m
     D, DV, T = e.D, e.DV, TILE_KV
-    tiles = q_tiles(e.M, e.H, n_threads)
-    tab_t = ir.ArrayType(i32, 2 * len(tiles))
-    tab = ir.GlobalVariable(m, tab_t, name=f"{b.function.name}.qtiles")
-    tab.global_constant, tab.linkage = True, "internal"
-    tab.initializer = ir.Constant(tab_t, [x for t in tiles for x in t])
     kt, vt = e.alloca(f32, D * T, "k_tile"), e.alloca(f32, T * DV, "v_tile")
     vkq, P = e.alloca(f32, TILE_Q * DV, "vkq"), e.alloca(f32, T, "p")
     Sx, Mx = e.alloca(f32, TILE_Q, "S"), e.alloca(f32, TILE_Q, "M")
@@ -277,13 +277,17 @@ def _define_tiled(e: _Emit, n_threads: int) -> None:
     anyp = e.alloca(v8i16, 1, "active")
     maxnum = intrinsic(m, "llvm.maxnum.f32", f32, [f32, f32])
     vmaxnum = intrinsic(m, "llvm.maxnum.v8f32", v8f32, [v8f32, v8f32])
-    n_full, last = divmod(e.n_kv, T)
+    if e.kv_static is None:            # KV cells come in 256s (llama_kv_cache::get_n_kv): whole tiles
+        n_full, last = b.sdiv(e.n_kv, i64(T)), 0
+    else:
+        n_full, last = divmod(e.kv_static, T)
+        n_full = i64(n_full)            # the last partial tile starts at n_full * T = kv - last
 
     def kv_tile(row0, R, h, hk, ic, kc: int):
         """One KV tile [ic, ic+kc) for the Q tile rows row0..row0+R of head h."""
         b.store(ir.Constant(v8i16, [0] * 8), anyp)                # any row sees any key here?
         with for_range(b, 0, R, name="ar") as r:                   # (explicit vectors: LLVM would
-            moff = b.add(b.mul(b.add(row0, r), i64(e.n_kv)), ic)   # otherwise vectorise over rows)
+            moff = b.add(b.mul(b.add(row0, r), e.n_kv), ic)         # otherwise vectorise over rows)
             seen = b.load(anyp)
             for a in range(0, kc, 8):
                 lanes = min(8, kc - a)
@@ -327,7 +331,7 @@ def _define_tiled(e: _Emit, n_threads: int) -> None:
             sc = b.fmul(b.load(accp[a]), broadcast(b, e.scale))
             lanes = [8 * a + l < kc for l in range(8)]
             if all(lanes):
-                mk = e.hload(e.mask, b.add(b.mul(mrow, i64(e.n_kv)), b.add(ic, i64(8 * a))))
+                mk = e.hload(e.mask, b.add(b.mul(mrow, e.n_kv), b.add(ic, i64(8 * a))))
             else:
                 valid = ir.Constant(ir.VectorType(i1, 8), [int(x) for x in lanes])
                 sc = b.select(valid, sc, splat(NEG_INF))
@@ -378,13 +382,8 @@ def _define_tiled(e: _Emit, n_threads: int) -> None:
             for i in range(nv):
                 e.vstore(b.load(accp[i]), vkq, b.add(vrow, i64(g0 + 8 * i)), 32)
 
-    n_tiles = len(tiles)
-    count = b.sdiv(b.add(b.sub(i64(n_tiles), e.ith), b.sub(e.nth, i64(1))), e.nth)
-    with for_range(b, 0, count, name="qt") as it:                  # Q tiles round-robin over threads
-        t = b.add(e.ith, b.mul(it, e.nth))
-        ir0 = b.sext(b.load(b.gep(tab, [i32(0), b.mul(t, i64(2))])), i64)
-        R = b.sext(b.load(b.gep(tab, [i32(0), b.add(b.mul(t, i64(2)), i64(1))])), i64)
-        h, row0 = b.sdiv(ir0, i64(e.M)), b.srem(ir0, i64(e.M))
+    def q_tile(ir0, R):
+        h, row0 = b.sdiv(ir0, e.M), b.srem(ir0, e.M)
         hk = b.sdiv(h, i64(e.grp))
         with for_range(b, 0, R, name="ir") as r:
             e.reset(b.gep(vkq, [b.mul(r, i64(DV))]), None, None)
@@ -393,10 +392,49 @@ def _define_tiled(e: _Emit, n_threads: int) -> None:
         with for_range(b, 0, n_full, name="kvt") as kvt:
             kv_tile(row0, R, h, hk, b.mul(kvt, i64(T)), T)
         if last:
-            kv_tile(row0, R, h, hk, i64(n_full * T), last)
+            kv_tile(row0, R, h, hk, i64(e.kv_static - last), last)
         with for_range(b, 0, R, name="or") as r:
             out_off = b.mul(b.add(b.mul(b.add(row0, r), i64(e.H)), h), i64(DV))
             e.store_normalised(b.gep(vkq, [b.mul(r, i64(DV))]), b.load(b.gep(Sx, [r])), out_off)
+
+    _q_tiles(e, q_tile)
+
+
+def _q_tiles(e: _Emit, q_tile) -> None:
+    """q_tile(first row ir = h*M + m, rows) for this thread's Q tiles: the cut of
+    backends/reference/attention.py:q_tiles at run time (M rows, llama_threads), tiles handed
+    to threads round-robin in the order it lists them."""
+    b = e.b
+    nr = b.mul(e.M, i64(e.H), name="nr")
+    nt = llama_threads(b, e.dims)
+    chunk = _ceil_div(b, nr, b.mul(nt, i64(4)))
+    nchunk = _ceil_div(b, nr, chunk)
+    nchunk = b.select(b.or_(b.icmp_signed("==", nt, i64(1)), b.icmp_signed("<", nchunk, nt)), nt, nchunk)
+    dr = _ceil_div(b, nr, nchunk)
+    tile_no, irp = e.alloca(i64, 1, "tile_no"), e.alloca(i64, 1, "ir")
+    b.store(i64(0), tile_no)
+    with for_range(b, 0, nchunk, name="qc") as c:
+        ir0 = b.mul(dr, c)
+        ir1 = b.add(ir0, dr)
+        ir1 = b.select(b.icmp_signed("<", ir1, nr), ir1, nr)
+        b.store(ir0, irp)
+        with for_range(b, 0, dr, name="qstep"):                  # at most dr tiles in a chunk
+            at = b.load(irp)
+            with b.if_then(b.icmp_signed("<", at, ir1)):
+                rows = _min(b, _min(b, i64(TILE_Q), b.sub(ir1, at)), b.sub(e.M, b.srem(at, e.M)))
+                t = b.load(tile_no)
+                with b.if_then(b.icmp_signed("==", b.srem(t, e.nth), e.ith)):
+                    q_tile(at, rows)
+                b.store(b.add(t, i64(1)), tile_no)
+                b.store(b.add(at, rows), irp)
+
+
+def _ceil_div(b, x, y):
+    return b.sdiv(b.add(x, b.sub(y, i64(1))), y)
+
+
+def _min(b, x, y):
+    return b.select(b.icmp_signed("<", x, y), x, y)
 
 
 @kernel(Op.FLASH_ATTN)
@@ -410,8 +448,8 @@ def define_flash_attn(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     if n.order == FA_REFERENCE:
         _define_one_chunk(e)
     elif n.order == FA_SPLIT:
-        _define_split(e, int(n.params["n_threads"]))
+        _define_split(e)
     else:
-        _define_tiled(e, int(n.params.get("n_threads", 1)))
+        _define_tiled(e)
     b.ret_void()
     return fn

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from bankml.backends.llvm.common import f32, fma, for_range, i32, i64, intrinsic, new_function, thread_range, typed, v8f32
+from bankml.backends.llvm.common import f32, fma, for_range, i32, i64, intrinsic, new_function, size, thread_range, typed, v8f32
 from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
 from bankml.errors import LoweringError
 from bankml.ir.graph import Graph
@@ -83,12 +83,10 @@ def define_swiglu(m: ir.Module, g: Graph, n: Node) -> ir.Function:
                             f"{n.order.describe() if n.order else None!r} ({n.name or n.id})")
     name = kernel_name(n)
     fn, b = new_function(m, name, kernel_type(n))
-    out, gate, up, ith, nth = fn.args
+    out, gate, up, ith, nth, dims = fn.args
     po, pg, pu = typed(b, out, f32), typed(b, gate, f32), typed(b, up, f32)
     width = n.shape[-1]
-    rows = 1
-    for s in n.shape[:-1]:
-        rows *= s
+    rows = size(b, dims, n.shape[:-1])
     body, tail = width - width % 8, width % 8
 
     def chunk(off):                                    # 8 lanes at flat offset off
@@ -97,7 +95,7 @@ def define_swiglu(m: ir.Module, g: Graph, n: Node) -> ir.Function:
         b.store(y, vp(po), align=4)
 
     if tail == 0:                                      # rows are back to back: split 8-lane chunks
-        lo, hi = thread_range(b, rows * width // 8, ith, nth)
+        lo, hi = thread_range(b, b.mul(rows, i64(width // 8)), ith, nth)
         with for_range(b, lo, hi, name="c") as c:
             chunk(b.mul(c, i64(8)))
     else:

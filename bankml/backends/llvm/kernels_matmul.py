@@ -24,16 +24,16 @@ makes it: vpmaddubsw (u8 x s8 -> i16 pairs, never saturating for q8 activations 
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Callable
 
 from llvmlite import ir
 
-from bankml.backends.llvm.common import f16, f32, for_range, i8, i16, i32, i64, intrinsic, new_function, \
-    thread_range, typed, v8f32
+from bankml.backends.llvm.common import dim, f16, f32, for_range, i8, i16, i32, i64, intrinsic, new_function, \
+    size, thread_range, typed, v8f32
 from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
 from bankml.errors import LoweringError
+from bankml.ir.dims import prod_range
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
@@ -178,7 +178,7 @@ def define_mul_mat(m: ir.Module, g: Graph, n: Node) -> ir.Function:
         raise LoweringError(f"mul_mat {n.name}: weight type {wtype} has no llvm kernel")
     wt = WEIGHT_TYPES[wtype]
     N, K = w.shape
-    M = math.prod(n.shape[:-1])
+    M_lo, M_hi = prod_range(n.shape[:-1])
     if n.shape[-1] != N or xq.shape[-1] != K or int(xq.params["type"]) != wt.act_type:
         raise LoweringError(f"mul_mat {n.name}: shapes or activation type do not fit the weight")
     tiler = TILERS.get((wtype, n.order))
@@ -191,15 +191,24 @@ def define_mul_mat(m: ir.Module, g: Graph, n: Node) -> ir.Function:
 
     fn, b = new_function(m, kernel_name(n), kernel_type(n))
     fn.linkage = "internal"
-    out, wp, xp, ith, nth = fn.args
+    out, wp, xp, ith, nth, dims = fn.args
     yp = typed(b, out, f32)
-    R, C = tiler.shape(M)
-    C = min(C, M)
-    col_tiles = [(C, M // C, 0)] + ([(M % C, 1, M // C * C)] if M % C else [])
-    scr = tiler.alloc(b, K, C)
+    M = size(b, dims, n.shape[:-1])
+    if M_lo == M_hi:                 # a known column count: its best tile, then one tile of the rest
+        R, C = tiler.shape(M_lo)
+        C = min(C, M_lo)
+        col_tiles = [(R, C, i64(M_lo // C), 0)] + ([(R, M_lo % C, i64(1), M_lo // C * C)] if M_lo % C else [])
+    else:                            # columns known at run time: full tiles, then one column at a time
+        R, C = tiler.shape(max(1, min(M_hi, 8)))
+        if C == 1:
+            col_tiles = [(R, 1, M, 0)]
+        else:
+            full = b.sdiv(M, i64(C))
+            col_tiles = [(R, C, full, 0), (tiler.shape(1)[0], 1, b.srem(M, i64(C)), b.mul(full, i64(C)))]
+    scr = tiler.alloc(b, K, max(c for _, c, _, _ in col_tiles))
     lo, hi = thread_range(b, N, ith, nth)
 
-    def rows(rlo, rhi, xrows, cols, m0):
+    def rows(R, rlo, rhi, xrows, cols, m0):
         def emit(r0, nr):
             wrows = [b.gep(wp, [b.mul(b.add(r0, i64(i)), i64(wrb))]) for i in range(nr)]
             res = tiler.tile(b, K, wrows, cols)
@@ -215,15 +224,16 @@ def define_mul_mat(m: ir.Module, g: Graph, n: Node) -> ir.Function:
                 emit(r, 1)
 
     def columns(rlo, rhi):
-        for c, count, first in col_tiles:
+        for R, c, count, first in col_tiles:
             with for_range(b, 0, count, name=f"ct{c}") as t:
-                m0 = b.add(i64(first), b.mul(t, i64(c)))
+                m0 = b.add(dim(b, dims, first), b.mul(t, i64(c)))
                 xrows = [b.gep(xp, [b.mul(b.add(m0, i64(j)), i64(xrb))]) for j in range(c)]
-                rows(rlo, rhi, xrows, tiler.prep(b, K, xrows, scr), m0)
+                rows(R, rlo, rhi, xrows, tiler.prep(b, K, xrows, scr), m0)
 
-    if len(col_tiles) == 1 and col_tiles[0][1] == 1:
+    if M_lo == M_hi and len(col_tiles) == 1 and M_lo == C:
         columns(lo, hi)
     else:
+        R = col_tiles[0][0]
         chunk = max(R, CHUNK_BYTES // wrb // R * R)
         with for_range(b, lo, hi, step=chunk, name="chunk") as r0:
             r1 = b.add(r0, i64(chunk))

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 
-from bankml.backends.llvm.common import f32, f64, for_range, i64, intrinsic, new_function, thread_range, typed
+from bankml.backends.llvm.common import f32, f64, for_range, i64, intrinsic, new_function, size, thread_range, typed
 from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
 from bankml.errors import LoweringError
 from bankml.ir.graph import Graph
@@ -29,12 +29,10 @@ def define_rms_norm(m: ir.Module, g: Graph, n: Node) -> ir.Function:
                             f"{n.order.describe() if n.order else None!r} ({n.name or n.id})")
     name = kernel_name(n)
     fn, b = new_function(m, name, kernel_type(n))
-    out, src, ith, nth = fn.args
+    out, src, ith, nth, dims = fn.args
     px, py = typed(b, src, f32), typed(b, out, f32)
     k = n.shape[-1]
-    rows = 1
-    for s in n.shape[:-1]:
-        rows *= s
+    rows = size(b, dims, n.shape[:-1])
     eps = f32(float(np.float32(n.params["eps"])))    # ggml's `const float eps`
     sqrt = intrinsic(m, "llvm.sqrt.f32", f32, [f32])
 

@@ -10,11 +10,9 @@ Threads split blocks (or elements for F16); the bits do not depend on nth.
 """
 from __future__ import annotations
 
-import math
-
 from llvmlite import ir
 
-from bankml.backends.llvm.common import f16, f32, for_range, i8, i32, i64, intrinsic, new_function, thread_range, \
+from bankml.backends.llvm.common import f16, f32, for_range, i8, i32, i64, intrinsic, new_function, size, thread_range, \
     typed
 from bankml.backends.llvm.kernels_matmul import at, splat
 from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
@@ -31,15 +29,16 @@ v32f32, v32i32, v32i8 = ir.VectorType(f32, 32), ir.VectorType(i32, 32), ir.Vecto
 def define_quantize(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     t = int(n.params["type"])
     x = g[n.inputs[0]]
-    K, M = x.shape[-1], math.prod(x.shape[:-1])
+    K = x.shape[-1]
     if x.dtype != "f32" or t not in (F16, Q8_0, Q8_1) or (t != F16 and K % 32):
         raise LoweringError(f"quantize {n.id}: no llvm kernel for type {t} of a {x.dtype} row of {K}")
     fn, b = new_function(m, kernel_name(n), kernel_type(n))
     fn.linkage = "internal"
-    out, src, ith, nth = fn.args
+    out, src, ith, nth, dims = fn.args
+    M = size(b, dims, x.shape[:-1])
     if t == F16:
         xs, ys = typed(b, src, f32), typed(b, out, f16)
-        lo, hi = thread_range(b, M * K, ith, nth)
+        lo, hi = thread_range(b, b.mul(M, i64(K)), ith, nth)
         with for_range(b, lo, hi) as i:
             b.store(b.fptrunc(b.load(b.gep(xs, [i])), f16), b.gep(ys, [i]))
         b.ret_void()
@@ -52,7 +51,7 @@ def define_quantize(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     smax = intrinsic(mod, "llvm.smax.v32i32", v32i32, [v32i32, v32i32])
     smin = intrinsic(mod, "llvm.smin.v32i32", v32i32, [v32i32, v32i32])
     vsum = intrinsic(mod, "llvm.vector.reduce.add.v32i32", i32, [v32i32])
-    lo, hi = thread_range(b, M * (K // 32), ith, nth)
+    lo, hi = thread_range(b, b.mul(M, i64(K // 32)), ith, nth)
     with for_range(b, lo, hi, name="blk") as ib:
         xv = b.load(at(b, src, b.mul(ib, i64(128)), v32f32), align=4)
         ob = b.mul(ib, i64(bb))

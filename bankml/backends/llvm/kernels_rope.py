@@ -20,7 +20,7 @@ import math
 import numpy as np
 from llvmlite import ir
 
-from bankml.backends.llvm.common import (f32, fma, for_range, i32, i64, intrinsic, new_function, thread_range,
+from bankml.backends.llvm.common import (dim, f32, fma, for_range, i32, i64, intrinsic, new_function, thread_range,
                                          typed, void)
 from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
 from bankml.errors import LoweringError
@@ -78,7 +78,8 @@ def define_rope(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     neox = p["mode"] == "neox"
     ext = np.float32(p["ext_factor"]) != 0
     fn, b = new_function(m, name, kernel_type(n))
-    out, src, pos, ith, nth = fn.args
+    out, src, pos, ith, nth, dims = fn.args
+    T = dim(b, dims, T)
     px, py, pp = typed(b, src, f32), typed(b, out, f32), typed(b, pos, i32)
     sincosf = intrinsic(m, "sincosf", void, [f32, f32p, f32p])
     powf = intrinsic(m, "powf", f32, [f32, f32])

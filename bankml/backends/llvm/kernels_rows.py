@@ -14,10 +14,11 @@ import math
 
 from llvmlite import ir
 
-from bankml.backends.llvm.common import f16, f32, for_range, i8, i32, i64, new_function, thread_range, typed
+from bankml.backends.llvm.common import dim, f16, f32, for_range, i8, i32, i64, new_function, size, thread_range, typed
 from bankml.backends.llvm.kernels_matmul import at, load_h
 from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
 from bankml.errors import LoweringError
+from bankml.ir.dims import upper
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
@@ -34,9 +35,10 @@ def _start(m, n):
 @kernel(Op.GET_ROWS)
 def define_get_rows(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     src = g[n.inputs[0]]
-    R, K = math.prod(n.shape[:-1]), n.shape[-1]
+    K = n.shape[-1]
     fn, b = _start(m, n)
-    out, sp, ids, ith, nth = fn.args
+    out, sp, ids, ith, nth, dims = fn.args
+    R = size(b, dims, n.shape[:-1])
     idp = typed(b, ids, i32)
     ys = typed(b, out, f32)
     gtype = int(src.params.get("ggml_type", -1)) if src.op is Op.WEIGHT else 0
@@ -90,17 +92,17 @@ def _binary(m: ir.Module, g: Graph, n: Node, op: str) -> ir.Function:
     if n.order not in (None, ELEMENTWISE) or a.shape != n.shape or a.dtype != "f32" or c.dtype not in ("f32", "F32"):
         raise LoweringError(f"{n.op.value} {n.name or n.id}: no llvm kernel for {a.dtype}{list(a.shape)} "
                             f"and {c.dtype}{list(c.shape)}")
-    total, nb = math.prod(n.shape), math.prod(c.shape)
-    if nb == 0 or total % nb or tuple(n.shape[len(n.shape) - len(c.shape):]) != tuple(c.shape):
+    lead = n.shape[:len(n.shape) - len(c.shape)]
+    if tuple(n.shape[len(lead):]) != tuple(c.shape) or 0 in upper(c.shape):
         raise LoweringError(f"{n.op.value} {n.name or n.id}: {list(c.shape)} does not broadcast over {list(n.shape)}")
     fn, b = _start(m, n)
-    out, ap, cp, ith, nth = fn.args
+    out, ap, cp, ith, nth, dims = fn.args
     ys, xs, ws = typed(b, out, f32), typed(b, ap, f32), typed(b, cp, f32)
-    rows = total // nb
-    if rows >= 2:                              # split rows; the broadcast operand is one row
+    rows, nb = size(b, dims, lead), size(b, dims, c.shape)
+    if upper(lead) != () and math.prod(upper(lead)) >= 2:     # split rows; the broadcast operand is one row
         lo, hi = thread_range(b, rows, ith, nth)
         with for_range(b, lo, hi, name="r") as r:
-            base = b.mul(r, i64(nb))
+            base = b.mul(r, nb)
             with for_range(b, 0, nb, name="j") as j:
                 i = b.add(base, j)
                 x, w = b.load(b.gep(xs, [i])), b.load(b.gep(ws, [j]))
@@ -130,11 +132,11 @@ def define_set_rows(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     if cache.dtype != "f16" or vals.dtype != "f32":
         raise LoweringError(f"set_rows {n.name or n.id}: only f32 rows into an f16 cache have an llvm kernel")
     row = math.prod(cache.shape[1:])
-    T = math.prod(vals.shape) // row
-    if T * row != math.prod(vals.shape) or math.prod(pos.shape) != T:
+    if math.prod(vals.shape[1:]) != row or vals.shape[:1] != pos.shape:
         raise LoweringError(f"set_rows {n.name or n.id}: {list(vals.shape)} rows do not fit cache rows of {row}")
     fn, b = _start(m, n)
-    out, _cache_in, vp, pp, ith, nth = fn.args        # out is the cache (aliased by the runner)
+    out, _cache_in, vp, pp, ith, nth, dims = fn.args        # out is the cache (aliased by the runner)
+    T = dim(b, dims, vals.shape[0])
     ys, xs, ps = typed(b, out, f16), typed(b, vp, f32), typed(b, pp, i32)
     lo, hi = thread_range(b, T, ith, nth)
     with for_range(b, lo, hi, name="t") as t:

@@ -7,9 +7,12 @@ A kernel is one LLVM function per IR node, emitted into the graph's module by
 
 Signature of every kernel function (name: f"k{n.id}_{n.op.value}", linkage internal is fine):
 
-    void (i8* out, i8* in_0, ..., i8* in_{k-1}, i64 ith, i64 nth)
+    void (i8* out, i8* in_0, ..., i8* in_{k-1}, i64 ith, i64 nth, i64* dims)
 
 - `out` is the node's buffer; `in_j` the buffer of n.inputs[j]; all pointers are i8*.
+- Sizes may be symbolic (bankml.ir.dims.Dim: T, KV, O): their values of this call are
+  dims[Dim.slot] (common.dim / common.size read them), and dims[3] is llama.cpp's thread count.
+  A buffer holds the node's shape at these values; the runner allocates it for the largest.
 - Buffers are contiguous, row-major in node.shape (numpy order):
     f32 nodes: float;   f16 nodes (the K/V cache, the KQ mask): half;   i32 inputs (tokens, pos,
     out_ids): i32;   WEIGHT: the GGUF tensor bytes, rows of row_bytes;   QUANTIZE output: the ggml
@@ -22,7 +25,7 @@ Signature of every kernel function (name: f"k{n.id}_{n.op.value}", linkage inter
 - The kernel computes the share `ith` of `nth` threads (any deterministic split of rows, heads
   or blocks); the graph function puts a barrier between dependent kernels. The bits must not
   depend on nth, and must equal the reference backend's lowering of the same node (the split-KV
-  attention's chunk count comes from n.params["n_threads"], llama.cpp's thread count, never nth).
+  attention's chunk count comes from llama.cpp's thread count, dims[3], never nth).
 - Float order comes from n.order (FloatOrder) exactly as the reference backend reads it:
   `llvm.fma.*` where it says fma, plain fmul/fadd otherwise, never a fast-math flag.
 """
@@ -54,7 +57,8 @@ def kernel_name(n: Node) -> str:
 
 def kernel_type(n: Node) -> ir.FunctionType:
     i8p = ir.IntType(8).as_pointer()
-    return ir.FunctionType(ir.VoidType(), [i8p] * (1 + len(n.inputs)) + [ir.IntType(64)] * 2)
+    i64 = ir.IntType(64)
+    return ir.FunctionType(ir.VoidType(), [i8p] * (1 + len(n.inputs)) + [i64, i64, i64.as_pointer()])
 
 
 def define(m: ir.Module, g: Graph, n: Node) -> ir.Function:

@@ -1,11 +1,15 @@
-"""Run a compiled graph: buffers planned once per compiled graph, a persistent thread pool.
+"""The llvm backend of one model: its compiled graphs, their buffers and a thread pool.
 
-    run(g, env, trace=None) -> {"logits": ...}     # the reference backend's meaning
+    be = LlvmBackend(weights, threads=2, gpu=None)
+    be.prepare(g)                                   # compile g (a generic graph) now; seconds spent
+    out = be.run(g, {"T": 7, "KV": 256, "O": 1}, inputs, caches, trace=None)   # {"logits": ...}
+    be.close()                                      # engines, buffers and threads released
 
-env is backends.reference.run.Env (weights(name), caches[(layer, kind)], inputs); the thread
-count is getattr(env, "threads", 1). Every pool thread calls the native graph function
-through ctypes (which releases the GIL), so Python is not on the per-op path; the calling
-thread is thread 0. Threads never change the bits: every kernel's result is independent of nth.
+Every pool thread calls the native graph function through ctypes (which releases the GIL), so
+Python is not on the per-op path; the calling thread is thread 0. Threads never change the
+bits: every kernel's result is independent of nth. Buffers are planned once per compiled
+graph, for the largest value of each size; `values` gives this call's sizes (the dims vector
+every kernel reads), inputs are copied into the first rows of their buffers.
 
 With trace, the graph runs one kernel at a time (graph_part) on the same buffers, and
 trace(node, value) sees every named node right after the kernel that made it, before any
@@ -24,9 +28,9 @@ import numpy as np
 from bankml.backends.llvm.graph import ALIGN, CompiledGraph, compile_graph, plan_arena, root
 from bankml.backends.llvm.registry import NO_KERNEL
 from bankml.errors import BankmlError
+from bankml.ir.dims import DIM_SLOTS, Bindings, concrete, upper
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
-from bankml.ir.order import Q1_0_DOT
 from bankml.ir.ops import Op
 
 _NP = {"f32": np.float32, "F32": np.float32, "f16": np.float16, "i32": np.int32}
@@ -41,37 +45,37 @@ class _Pool:
         self.barrier = np.zeros(2 * ALIGN, np.uint8)       # counter at 0, generation at 64
         self.jobs = [queue.SimpleQueue() for _ in range(nth - 1)]
         self.done: queue.SimpleQueue = queue.SimpleQueue()
-        for k in range(1, nth):
-            threading.Thread(target=self._work, args=(k,), daemon=True, name=f"bankml-llvm-{k}").start()
+        self.threads = [threading.Thread(target=self._work, args=(k,), daemon=True, name=f"bankml-llvm-{k}")
+                        for k in range(1, nth)]
+        for t in self.threads:
+            t.start()
 
     def _work(self, ith: int) -> None:
         q = self.jobs[ith - 1]
         bar = self.barrier.ctypes.data
         while True:
-            fn, bufs, rng = q.get()
+            job = q.get()
+            if job is None:
+                return
+            fn, args = job
             try:
-                fn(bufs, ith, self.nth, bar, *rng)
+                fn(args[0], ith, self.nth, bar, *args[1:])
             finally:
                 self.done.put(ith)
 
-    def run(self, fn, bufs, *rng) -> None:
+    def run(self, fn, bufs, *rest) -> None:
         with self.lock:
             for q in self.jobs:
-                q.put((fn, bufs, rng))
-            fn(bufs, 0, self.nth, self.barrier.ctypes.data, *rng)
+                q.put((fn, (bufs, *rest)))
+            fn(bufs, 0, self.nth, self.barrier.ctypes.data, *rest)
             for _ in self.jobs:
                 self.done.get()
 
-
-_POOLS: dict[int, _Pool] = {}
-_POOLS_LOCK = threading.Lock()
-
-
-def pool(nth: int) -> _Pool:
-    with _POOLS_LOCK:
-        if nth not in _POOLS:
-            _POOLS[nth] = _Pool(nth)
-        return _POOLS[nth]
+    def close(self) -> None:
+        for q in self.jobs:
+            q.put(None)
+        for t in self.threads:
+            t.join()
 
 
 class _Buffers:
@@ -89,10 +93,12 @@ class _Buffers:
         self.leaves: dict[int, object] = {}            # node id -> the array last bound (weights, caches)
         self.aliases: list[tuple[int, int]] = []
         self.bound = [n for n in cg.order if n.op in (Op.WEIGHT, Op.CACHE)]
+        self.dims = np.zeros(len(DIM_SLOTS), np.int64)
+        self.values: Bindings = {}
         for n in cg.order:
             s = cg.slot[n.id]
             if n.op is Op.INPUT:
-                buf = np.zeros(n.shape, _NP[n.dtype])
+                buf = np.zeros(int(np.prod(upper(n.shape))), _NP[n.dtype])
                 self.inputs[n.id] = (n.params["input"], buf)
                 self.table[s] = buf.ctypes.data if buf.size else None
             elif n.id in offsets:
@@ -101,25 +107,27 @@ class _Buffers:
                 self.aliases.append((s, cg.slot[root(g, n.id)]))
 
     def view(self, n: Node) -> np.ndarray:
+        """Node n's buffer at this call's sizes."""
+        shape = concrete(n.shape, self.values)
         off = self.base_off + self.offsets[n.id]
-        count = int(np.prod(n.shape))
-        return self.arena[off:off + count * np.dtype(_NP[n.dtype]).itemsize].view(_NP[n.dtype]).reshape(n.shape)
+        count = int(np.prod(shape))
+        return self.arena[off:off + count * np.dtype(_NP[n.dtype]).itemsize].view(_NP[n.dtype]).reshape(shape)
 
-    def bind(self, g: Graph, cg: CompiledGraph, env) -> None:
-        """Point the table at this call's weights, caches and inputs."""
+    def bind(self, g: Graph, cg: CompiledGraph, weights, caches, inputs, values: Bindings) -> None:
+        """Point the table at this call's weights, caches and inputs; set the sizes."""
+        self.values = dict(values)
+        self.dims[:] = [values.get(k, 0) for k in DIM_SLOTS[:-1]] + [int(g.meta.get("llama_threads", 1))]
         for n in self.bound:
-            if n.op is Op.WEIGHT:
-                a = env.weights(n.params["tensor"])
-            else:
-                a = env.caches[(n.params["layer"], n.params["kind"])]
+            a = weights(n.params["tensor"]) if n.op is Op.WEIGHT else caches[(n.params["layer"], n.params["kind"])]
             if self.leaves.get(n.id) is not a:
-                self.leaves[n.id] = a
                 self.table[cg.slot[n.id]] = _checked(n, a).ctypes.data
+                self.leaves[n.id] = a
         for i, (name, buf) in self.inputs.items():
-            src = np.asarray(env.inputs[name])
-            if src.shape != buf.shape:
-                raise BankmlError(f"input {name}: shape {src.shape}, the graph wants {buf.shape}")
-            np.copyto(buf, src, casting="unsafe")
+            src = np.asarray(inputs[name])
+            want = concrete(g[i].shape, values)
+            if src.shape != want:
+                raise BankmlError(f"input {name}: shape {src.shape}, the graph wants {want}")
+            np.copyto(buf[:src.size], src.reshape(-1), casting="unsafe")
         for s, r in self.aliases:
             self.table[s] = self.table[r]
 
@@ -127,83 +135,105 @@ class _Buffers:
 def _checked(n: Node, a: np.ndarray) -> np.ndarray:
     if not (isinstance(a, np.ndarray) and a.flags.c_contiguous):
         raise BankmlError(f"{n.params.get('tensor') or n.op.value}: the llvm backend needs a C-contiguous array")
-    if n.op is Op.CACHE and (a.dtype != np.float16 or a.shape[1:] != n.shape[1:] or a.shape[0] < n.shape[0]):
-        raise BankmlError(f"cache {n.params}: {a.dtype}{list(a.shape)} does not fit {list(n.shape)} f16")
+    if n.op is Op.CACHE and (a.dtype != np.float16 or a.shape[1:] != n.shape[1:] or a.shape[0] < upper(n.shape)[0]):
+        raise BankmlError(f"cache {n.params}: {a.dtype}{list(a.shape)} does not fit {list(upper(n.shape))} f16")
     return a
 
 
-def run(g: Graph, env, trace: Callable[[Node, np.ndarray], None] | None = None,
-        threads: int | None = None) -> dict[str, np.ndarray]:
-    """Execute g natively; returns its outputs by key (fresh arrays)."""
-    cg = compile_graph(g)
-    with _RUN_LOCK:                 # one run at a time: a compiled graph has one set of buffers
-        return _run(g, cg, env, trace, max(1, int(threads or getattr(env, "threads", 1) or 1)))
+class LlvmBackend:
+    """Compiled graphs of one model (by graph object), their buffers, one thread pool."""
 
+    def __init__(self, weights: Callable[[str], np.ndarray], threads: int = 1, gpu=None):
+        self.weights, self.threads, self.gpu = weights, max(1, int(threads)), gpu
+        self.compiled: dict[int, tuple[Graph, CompiledGraph, _Buffers]] = {}
+        self.pool = _Pool(self.threads) if self.threads > 1 else None
+        self.lock = threading.Lock()           # one run at a time: a compiled graph has one set of buffers
 
-_RUN_LOCK = threading.RLock()
+    def prepare(self, g: Graph) -> float:
+        """Compile g unless it was; the seconds it took (0 when it was compiled already)."""
+        if id(g) in self.compiled:
+            return 0.0
+        cg = compile_graph(g)
+        self.compiled[id(g)] = (g, cg, _Buffers(g, cg))
+        return cg.compile_s["emit"] + cg.compile_s["jit"]
 
+    def run(self, g: Graph, values: Bindings, inputs: dict, caches: dict,
+            trace: Callable[[Node, np.ndarray], None] | None = None) -> dict[str, np.ndarray]:
+        """One micro-batch of g at these sizes; its outputs by key (fresh arrays)."""
+        self.prepare(g)
+        _, cg, bufs = self.compiled[id(g)]
+        with self.lock:
+            bufs.bind(g, cg, self.weights, caches, inputs, values)
+            if trace is None and self.gpu is not None:
+                self._run_with_gpu(g, cg, bufs)
+            elif trace is None:
+                if cg.kernels:
+                    self._call(cg.fn, bufs)
+            else:
+                k = -1
+                for n in cg.order:
+                    if n.op not in NO_KERNEL:
+                        k += 1
+                        self._call(cg.part, bufs, k, k + 1)
+                    if n.name and n.op not in (Op.WEIGHT, Op.CACHE, Op.INPUT):
+                        trace(n, value(g, bufs, n).copy())
+            return {k: value(g, bufs, g[i]).copy() for k, i in g.outputs.items()}
 
-def _run(g: Graph, cg: CompiledGraph, env, trace, nth: int) -> dict[str, np.ndarray]:
-    if cg.buffers is None:
-        cg.buffers = _Buffers(g, cg)
-    bufs = cg.buffers
-    bufs.bind(g, cg, env)
-    gpu = getattr(env, "gpu", None)
-    if trace is None and gpu is not None:
-        _run_with_gpu(g, cg, bufs, env, gpu, nth)
-    elif trace is None:
-        if cg.kernels:
-            _call(nth, cg.fn, bufs.table)
-    else:
-        k = -1
-        for n in cg.order:
-            if n.op not in NO_KERNEL:
-                k += 1
-                _call(nth, cg.part, bufs.table, k, k + 1)
-            if n.name and n.op not in (Op.WEIGHT, Op.CACHE, Op.INPUT):
-                trace(n, value(g, bufs, n, env).copy())
-    return {k: value(g, bufs, g[i], env).copy() for k, i in g.outputs.items()}
+    def close(self) -> None:
+        """Release the compiled code, the buffers and the pool threads."""
+        self.compiled.clear()
+        if self.pool is not None:
+            self.pool.close()
+            self.pool = None
 
-
-def _run_with_gpu(g: Graph, cg: CompiledGraph, bufs: _Buffers, env, gpu, nth: int) -> None:
-    """Decode's Q1_0 matvecs on the Vulkan device (bankml.runtime.gpu), the kernels between
-    them natively in ranges: graph_part(lo, hi) runs kernels [lo, hi) with their barriers."""
-    lo = 0
-    for k, n in enumerate(cg.kernels):
-        w = g[n.inputs[0]]
-        if not (n.op is Op.MUL_MAT and n.order is Q1_0_DOT and int(np.prod(n.shape[:-1])) == 1):
-            continue
-        q = g[n.inputs[1]]
-        K = q.shape[-1]
-        if lo < k:
-            _call(nth, cg.part, bufs.table, lo, k)
-        off = bufs.base_off + bufs.offsets[q.id]
-        act = bufs.arena[off:off + K // 32 * 34].tobytes()
-        y = gpu.matvec_bytes(w.params["tensor"], env.weights(w.params["tensor"]), act, K)
-        if y is None:                                   # shapes the device kernel does not take
-            _call(nth, cg.part, bufs.table, k, k + 1)
+    def _call(self, fn, bufs: _Buffers, *rng) -> None:
+        dims = bufs.dims.ctypes.data
+        if self.pool is None:
+            fn(bufs.table, 0, 1, None, dims, *rng)
         else:
-            bufs.view(n)[...] = y.reshape(n.shape)
-        lo = k + 1
-    if lo < len(cg.kernels):
-        _call(nth, cg.part, bufs.table, lo, len(cg.kernels))
+            self.pool.run(fn, bufs.table, dims, *rng)
+
+    def _run_with_gpu(self, g: Graph, cg: CompiledGraph, bufs: _Buffers) -> None:
+        """The matvecs the device takes (gpu.takes: decode's Q1_0) on the Vulkan device, the
+        kernels between them natively in ranges: graph_part(lo, hi) runs kernels [lo, hi)."""
+        lo = 0
+        for k, n in enumerate(cg.kernels):
+            if not self.gpu.takes(g, n):
+                continue
+            w, q = g[n.inputs[0]], g[n.inputs[1]]
+            K = q.shape[-1]
+            if lo < k:
+                self._call(cg.part, bufs, lo, k)
+            off = bufs.base_off + bufs.offsets[q.id]
+            act = bufs.arena[off:off + K // 32 * 34].tobytes()
+            y = self.gpu.matvec_bytes(w.params["tensor"], self.weights(w.params["tensor"]), act, K)
+            if y is None:                                   # shapes the device kernel does not take
+                self._call(cg.part, bufs, k, k + 1)
+            else:
+                bufs.view(n)[...] = y.reshape(bufs.view(n).shape)
+            lo = k + 1
+        if lo < len(cg.kernels):
+            self._call(cg.part, bufs, lo, len(cg.kernels))
 
 
-def _call(nth: int, fn, table, *rng) -> None:
-    if nth == 1:
-        fn(table, 0, 1, None, *rng)
-    else:
-        pool(nth).run(fn, table, *rng)
-
-
-def value(g: Graph, bufs: _Buffers, n: Node, env) -> np.ndarray:
-    """The current contents of node n's buffer, shaped as the node."""
+def value(g: Graph, bufs: _Buffers, n: Node) -> np.ndarray:
+    """The current contents of node n's buffer, shaped as the node at this call's sizes."""
     if n.op is Op.RESHAPE:
-        return value(g, bufs, g[n.inputs[0]], env).reshape(n.shape)
+        return value(g, bufs, g[n.inputs[0]]).reshape(concrete(n.shape, bufs.values))
     if n.op is Op.SET_ROWS:
-        return value(g, bufs, g[n.inputs[0]], env)[: n.shape[0]]
+        return value(g, bufs, g[n.inputs[0]])[: concrete(n.shape, bufs.values)[0]]
     if n.op is Op.CACHE:
         return bufs.leaves[n.id]
     if n.op is Op.INPUT:
-        return bufs.inputs[n.id][1]
+        return bufs.inputs[n.id][1][:int(np.prod(concrete(n.shape, bufs.values)))].reshape(
+            concrete(n.shape, bufs.values))
     return bufs.view(n)
+
+
+def run(g: Graph, weights, caches: dict, inputs: dict, threads: int = 1, trace=None) -> dict[str, np.ndarray]:
+    """Compile and run one concrete graph once (tests, tools); a model keeps an LlvmBackend."""
+    be = LlvmBackend(weights, threads)
+    try:
+        return be.run(g, {}, inputs, caches, trace)
+    finally:
+        be.close()

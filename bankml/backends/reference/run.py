@@ -14,8 +14,7 @@ from bankml.errors import LoweringError
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
-from bankml.ir.order import Q1_0_DOT
-from bankml.quants import Q1_0, WEIGHT_TYPES
+from bankml.quants import WEIGHT_TYPES
 
 LOWERINGS: dict[Op, Callable] = {}
 
@@ -32,6 +31,25 @@ class Env:
 
     def __init__(self, weights: Callable[[str], np.ndarray], caches: dict, inputs: dict):
         self.weights, self.caches, self.inputs = weights, caches, inputs
+
+
+class ReferenceBackend:
+    """The reference backend behind the runtime's interface (bankml.backends): a generic graph
+    is made concrete for each call's sizes, then run in numpy."""
+
+    def __init__(self, weights: Callable[[str], np.ndarray], gpu=None):
+        self.weights, self.gpu = weights, gpu
+
+    def prepare(self, g: Graph) -> float:
+        return 0.0
+
+    def run(self, g: Graph, values, inputs: dict, caches: dict, trace=None) -> dict[str, np.ndarray]:
+        env = Env(self.weights, caches, inputs)
+        env.gpu = self.gpu
+        return run(g.instantiate(values) if values else g, env, trace)
+
+    def close(self) -> None:
+        pass
 
 
 def run(g: Graph, env: Env, trace: Callable[[Node, np.ndarray], None] | None = None) -> dict[str, np.ndarray]:
@@ -95,8 +113,8 @@ def _mul_mat(env, g, n, w, x):
     wn = g[n.inputs[0]]
     lead = n.shape[:-1]
     y, gpu = None, getattr(env, "gpu", None)      # runtime/gpu.py: decode's Q1_0 matvecs on Vulkan
-    if gpu is not None and wn.params["ggml_type"] == Q1_0 and n.order == Q1_0_DOT:
-        y = gpu.gpu_matvec(wn.params["tensor"], w, x)   # None unless one q8_0 row
+    if gpu is not None and gpu.takes(g, n):
+        y = gpu.gpu_matvec(wn.params["tensor"], w, x)   # None when the device kernel does not fit
     if y is None:
         y = matmul.mul_mat(w, wn.params["ggml_type"], x, n.order)
     return y.reshape(*lead, y.shape[-1])

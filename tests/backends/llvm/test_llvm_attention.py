@@ -47,14 +47,15 @@ def _graph(q, k, v, mask, scale, order, n_threads=None):
     return g, g.add(Node(4, Op.FLASH_ATTN, (0, 1, 2, 3), q.shape, "f32", None, order, params))
 
 
-def _check(g, n, q, k, v, mask, want):
+def _check(g, n, q, k, v, mask, want, sizes=None):
     m = ir.Module()
     define(m, g, n)
     eng = compile_module(m)
     for nth in (1, 2, 3):
         out = np.full(want.shape, np.nan, np.float32)
         for ith in range(nth):
-            call_kernel(eng, kernel_name(n), out, [q, k, v, mask], ith, nth)
+            call_kernel(eng, kernel_name(n), out, [q, k, v, mask], ith, nth, sizes,
+                        llama_threads=n.params.get("n_threads", 1))
         bad = np.nonzero(out.view(np.uint32) != want.view(np.uint32))
         assert bad[0].size == 0, f"nth={nth}: {bad[0].size} values differ, first at {[x[:3] for x in bad]}"
 
