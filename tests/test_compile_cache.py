@@ -146,3 +146,13 @@ def test_disabled_cache_neither_writes_nor_evicts(cache, monkeypatch):
     monkeypatch.setenv("BANKML_JIT_CACHE", "0")
     compile_cache.put("b", fake_obj(KB))
     assert names() == ["a"]
+
+
+def test_counts_tally_this_process_hits_misses_and_puts(cache, monkeypatch):
+    monkeypatch.setattr(compile_cache, "counts", {"hit": 0, "miss": 0, "put": 0})
+    compile_cache.get("a")                          # missing
+    compile_cache.put("a", fake_obj(KB))
+    compile_cache.get("a")
+    compile_cache.entry_path("a").write_bytes(b"garbage")
+    compile_cache.get("a")                          # corrupt
+    assert compile_cache.counts == {"hit": 1, "miss": 2, "put": 1}

@@ -15,6 +15,10 @@ The cache never makes a compile fail: an unwritable folder only costs the saving
 The folder is capped at BANKML_JIT_CACHE_MB (default 512): get() marks an entry used (its
 mtime), and put() then removes the least recently used entries until the rest fit, never the
 one it just wrote.
+
+`counts` is this process's tally: gets that found a good entry ("hit"), gets that did not
+("miss": that code is compiled) and objects saved ("put"); bench/run.py reads it to tell a
+warm cache from a cold one, which the folder cannot when other processes share it.
 """
 from __future__ import annotations
 
@@ -30,6 +34,7 @@ MAGIC = b"bankml-jit-object 1\n"
 ELF = b"\x7fELF"
 DEFAULT_CAP_MB = 512
 STALE_TMP_S = 60            # a tmp file older than this is a dead writer's, not a live one's
+counts = {"hit": 0, "miss": 0, "put": 0}
 
 
 @dataclass(frozen=True)
@@ -73,12 +78,15 @@ def get(k: str) -> bytes | None:
     try:
         data = entry_path(k).read_bytes()
     except OSError:
+        counts["miss"] += 1
         return None
     head = len(MAGIC) + 32
     obj = data[head:]
     if data[:len(MAGIC)] != MAGIC or hashlib.sha256(obj).digest() != data[len(MAGIC):head] or not obj.startswith(ELF):
         _log(f"jit cache: {entry_path(k)} is corrupt; compiling again")
+        counts["miss"] += 1
         return None
+    counts["hit"] += 1
     try:
         os.utime(entry_path(k))         # used now: the last to be evicted
     except OSError:
@@ -100,6 +108,7 @@ def put(k: str, obj: bytes) -> None:
             f.write(MAGIC + hashlib.sha256(obj).digest() + obj)
         os.replace(tmp, entry_path(k))
         tmp = None
+        counts["put"] += 1
         _evict(keep=entry_path(k))
     except OSError as e:
         _log(f"jit cache: cannot save to {d}: {e}")
