@@ -27,6 +27,9 @@ prompt, in a new process; the prompt's prefill is not timed, every decode step i
 (perf_counter), so a compile or a stall met mid-generation is the slowest step. Tokens/s over
 all steps, the median and the slowest step and their ratio. llama.cpp: `llama-bench -p 0 -n N
 -r 1` tokens/s (after its one-token warm-up). Ratio bankml/llama.cpp tokens/s.
+
+--write-docs rewrites docs/PERFORMANCE.md above its KEEP line (the command, the date and one
+table per kind of row); the hand-written notes below that line stay.
 """
 from __future__ import annotations
 
@@ -52,6 +55,8 @@ from bankml.testing import models
 DEFAULT_MODELS = ["smollm2-q4_1", "smollm2-f16", "smollm2-q8_0", "smollm2-q2_0", "bonsai-1.7b-q1_0",
                   "bonsai-1.7b-q2_0"]
 ROWS = ("pp", "tg", "fresh", "long")
+DOC = Path(__file__).resolve().parent.parent / "docs" / "PERFORMANCE.md"
+KEEP = "<!-- bench/run.py --write-docs rewrites everything above this line and keeps what follows -->"
 FRESH_MIN, FRESH_MAX = 20, 400
 
 
@@ -274,6 +279,13 @@ def long_md(rows: list[dict], a: argparse.Namespace) -> list[str]:
             f"{r['slowest_s'] / r['median_s']:.1f} |" for r in rows]
 
 
+def write_docs(doc: Path, generated: str) -> None:
+    """Replace the generated part of the doc (above KEEP); the hand-written part below stays."""
+    old = doc.read_text() if doc.exists() else ""
+    kept = old.split(KEEP, 1)[1] if KEEP in old else "\n"
+    doc.write_text(generated + "\n" + KEEP + kept)
+
+
 def command_line(seed: int) -> str:
     """This run's command as it could be typed again: --write-docs dropped, the seed pinned."""
     args = [x for x in sys.argv[1:] if x != "--write-docs"]
@@ -322,8 +334,7 @@ def main() -> None:
         if "long" in rows:
             results += report(long_rows(name, path, a))
     if a.write_docs:
-        doc = Path(__file__).resolve().parent.parent / "docs" / "PERFORMANCE.md"
-        doc.write_text(markdown(results, a, command_line(a.seed)))
+        write_docs(DOC, markdown(results, a, command_line(a.seed)))
 
 
 if __name__ == "__main__":
