@@ -1,11 +1,35 @@
-"""bankml vs llama-bench, side by side in one run: pp512 and tg128 tokens/s and their ratio.
+"""bankml vs llama-bench, side by side in one run: throughput (pp512, tg128) and what a user
+feels (the first logits of a prompt length never run before, the steadiness of a long decode).
 
-    python bench/run.py [--backend llvm] [--threads 2] [--reps 2] [--models smollm2-q4_1,...] [--write-docs]
+    python bench/run.py [--backend llvm] [--threads 2] [--reps 2] [--models smollm2-q4_1,...]
+                        [--rows pp,tg,fresh,long] [--fresh-lengths 5] [--long-tokens 1100]
+                        [--seed S] [--write-docs]
 
 For each model, bankml and the oracle build's `llama-bench` run interleaved on the same
-machine with the same thread count: pp512 is one 512-token prompt (one llama_decode, last
-row's logits, as llama-bench's), tg128 is 128 single-token decodes from an empty cache.
-Each is the best of --reps. Peak memory is each process's max RSS.
+machine with the same thread count; every bankml measurement runs in its own child process.
+For every ratio, >1 means bankml is faster.
+
+pp, tg (warm): pp512 is one 512-token prompt (one llama_decode, last row's logits, as
+llama-bench's), tg128 is 128 single-token decodes from an empty cache, both after a warm-up
+in the same process (graphs compiled or loaded before the clock starts). Best of --reps;
+ratio bankml/llama.cpp tokens/s. Peak memory is each process's max RSS.
+
+fresh (nothing warm in memory, the disk cache as it is): for --fresh-lengths random prompt
+lengths in 20..400 (random ids), the seconds from the call to prefill(ids, outputs="last") to
+its return, each in a new process that loads the model and runs nothing before it. The row
+says "warm cache" when that process compiled nothing (the JIT cache held the model's code),
+else how many objects it compiled; one more run of the first length with BANKML_CACHE an
+empty folder is the cold figure. llama.cpp: `llama-bench -p N -n 0 -r 1` (after its own
+warm-up run), prompt time N / avg_ts. Ratio llama.cpp time / bankml time.
+
+long (no warm-up): --long-tokens single-token decodes of fixed random ids after a 1-token
+prompt, in a new process; the prompt's prefill is not timed, every decode step is
+(perf_counter), so a compile or a stall met mid-generation is the slowest step. Tokens/s over
+all steps, the median and the slowest step and their ratio. llama.cpp: `llama-bench -p 0 -n N
+-r 1` tokens/s (after its one-token warm-up). Ratio bankml/llama.cpp tokens/s.
+
+--write-docs rewrites docs/PERFORMANCE.md above its KEEP line (the command, the date and one
+table per kind of row); the hand-written notes below that line stay.
 """
 from __future__ import annotations
 
@@ -13,8 +37,10 @@ import argparse
 import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -23,15 +49,22 @@ import numpy as np
 import bankml
 from bankml.oracle.build import build
 from bankml.oracle.paths import bin_dir
+from bankml.runtime import compile_cache
 from bankml.testing import models
 
 DEFAULT_MODELS = ["smollm2-q4_1", "smollm2-f16", "smollm2-q8_0", "smollm2-q2_0", "bonsai-1.7b-q1_0",
                   "bonsai-1.7b-q2_0"]
+ROWS = ("pp", "tg", "fresh", "long")
+DOC = Path(__file__).resolve().parent.parent / "docs" / "PERFORMANCE.md"
+KEEP = "<!-- bench/run.py --write-docs rewrites everything above this line and keeps what follows -->"
+FRESH_MIN, FRESH_MAX = 20, 400
 
 
-def _child(cmd: list[str]) -> tuple[str, float]:
+# ---- the llama.cpp side ----
+
+def _child(cmd: list[str], env: dict | None = None) -> tuple[str, float]:
     """Run cmd; its stdout and its own peak RSS in MB (os.wait4: this child only)."""
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     out = p.stdout.read()
     _, status, usage = os.wait4(p.pid, 0)
     p.returncode = os.waitstatus_to_exitcode(status)
@@ -40,77 +73,268 @@ def _child(cmd: list[str]) -> tuple[str, float]:
     return out, usage.ru_maxrss / 1024
 
 
-def llama_bench(path: Path, threads: int, reps: int) -> dict:
-    cmd = [str(bin_dir() / "llama-bench"), "-m", str(path), "-p", "512", "-n", "128", "-t", str(threads),
-           "-r", str(reps), "-o", "json"]
+def llama_bench(path: Path, threads: int, reps: int, prompt: int, gen: int) -> dict:
+    """llama-bench's avg tokens/s per test, keyed as it names them ("pp512", "tg128"), and its peak RSS."""
+    cmd = [str(bin_dir() / "llama-bench"), "-m", str(path), "-p", str(prompt), "-n", str(gen),
+           "-t", str(threads), "-r", str(reps), "-o", "json"]
     stdout, rss = _child(cmd)
     out = {"rss_mb": rss}
     for row in json.loads(stdout):
-        key = "pp512" if row["n_prompt"] == 512 else "tg128"
+        key = f"tg{row['n_gen']}" if row["n_gen"] else f"pp{row['n_prompt']}"
         out[key] = row["avg_ts"]
     return out
 
 
-def bankml_bench(path: Path, backend: str, threads: int, reps: int) -> dict:
+# ---- the bankml side, each run in a child process (--one) ----
+
+def bankml_bench(path: Path, backend: str, threads: int, reps: int, pp: bool = True, tg: bool = True) -> dict:
+    """Warm throughput: pp512 and tg128 tokens/s, best of reps, after a warm-up that compiles."""
     m = bankml.load(path, backend=backend, threads=threads)
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, m.hparams.n_vocab, 512).tolist()
     m.session().prefill(prompt[:8], outputs="last")             # warm-up (and compile, for llvm)
-    pp = tg = 0.0
+    out = {}
     for _ in range(reps):
-        s = m.session()
-        t0 = time.perf_counter()
-        s.prefill(prompt, outputs="last")
-        pp = max(pp, 512 / (time.perf_counter() - t0))
-        s = m.session()
-        tok = int(prompt[0])
-        t0 = time.perf_counter()
-        for _ in range(128):
-            tok = int(np.argmax(s.decode(tok)))
-        tg = max(tg, 128 / (time.perf_counter() - t0))
-    return {"pp512": pp, "tg128": tg}
+        if pp:
+            s = m.session()
+            t0 = time.perf_counter()
+            s.prefill(prompt, outputs="last")
+            out["pp512"] = max(out.get("pp512", 0.0), 512 / (time.perf_counter() - t0))
+        if tg:
+            s = m.session()
+            tok = int(prompt[0])
+            t0 = time.perf_counter()
+            for _ in range(128):
+                tok = int(np.argmax(s.decode(tok)))
+            out["tg128"] = max(out.get("tg128", 0.0), 128 / (time.perf_counter() - t0))
+    return out
 
 
-def bankml_child(path: Path, backend: str, threads: int, reps: int) -> dict:
-    """bankml_bench in its own process, so its peak RSS is its own."""
-    stdout, rss = _child([sys.executable, __file__, "--one", str(path), "--backend", backend,
-                          "--threads", str(threads), "--reps", str(reps)])
+def fresh_prompt(path: Path, backend: str, threads: int, n: int, seed: int) -> dict:
+    """Seconds from the call to prefill(ids, outputs="last") to its return, n random ids, in a
+    process that has run nothing before (call it in a fresh one); `compiled`: how many objects
+    this process compiled (0: the disk JIT cache held everything it ran)."""
+    m = bankml.load(path, backend=backend, threads=threads)
+    ids = np.random.default_rng([seed, n]).integers(0, m.hparams.n_vocab, n).tolist()
+    s = m.session()
+    t0 = time.perf_counter()
+    s.prefill(ids, outputs="last")
+    seconds = time.perf_counter() - t0
+    return {"seconds": seconds, "compiled": compile_cache.counts["miss"], "cache_on": compile_cache.enabled()}
+
+
+def long_decode(path: Path, backend: str, threads: int, n: int, seed: int) -> dict:
+    """n decode steps of fixed random ids after an untimed 1-token prompt, no warm-up: tokens/s
+    over all steps, the median and the slowest step (seconds) and where the slowest was."""
+    m = bankml.load(path, backend=backend, threads=threads, n_ctx=max(4096, n + 1))
+    ids = np.random.default_rng(seed).integers(0, m.hparams.n_vocab, n + 1).tolist()
+    s = m.session()
+    s.prefill(ids[:1], outputs="last")
+    steps = []
+    for tok in ids[1:]:
+        t0 = time.perf_counter()
+        s.decode(tok)
+        steps.append(time.perf_counter() - t0)
+    slowest = int(np.argmax(steps))
+    return {"tok_s": n / sum(steps), "median_s": float(np.median(steps)), "slowest_s": steps[slowest],
+            "slowest_step": slowest + 1, "compiled": compile_cache.counts["miss"],
+            "cache_on": compile_cache.enabled()}
+
+
+def bankml_child(path: Path, a: argparse.Namespace, test: str, n: int = 0, env: dict | None = None) -> dict:
+    """One bankml measurement in its own process, so its memory and peak RSS are its own."""
+    cmd = [sys.executable, __file__, "--one", str(path), "--one-test", test, "--n", str(n),
+           "--backend", a.backend, "--threads", str(a.threads), "--reps", str(a.reps), "--seed", str(a.seed),
+           "--rows", a.rows]
+    stdout, rss = _child(cmd, env)
     return {**json.loads(stdout), "rss_mb": rss}
 
 
+def run_one(a: argparse.Namespace) -> dict:
+    path, rows = Path(a.one), a.rows.split(",")
+    if a.one_test == "fresh":
+        return fresh_prompt(path, a.backend, a.threads, a.n, a.seed)
+    if a.one_test == "long":
+        return long_decode(path, a.backend, a.threads, a.n, a.seed)
+    return bankml_bench(path, a.backend, a.threads, a.reps, pp="pp" in rows, tg="tg" in rows)
+
+
+# ---- rows: one dict per table line ----
+
+def throughput_rows(name: str, path: Path, a: argparse.Namespace, rows: list[str]) -> list[dict]:
+    ours = bankml_child(path, a, "pptg")
+    theirs = llama_bench(path, a.threads, a.reps, 512 if "pp" in rows else 0, 128 if "tg" in rows else 0)
+    out = []
+    for test in [t for t in ("pp512", "tg128") if t[:2] in rows]:
+        out.append({"model": name, "kind": "pptg", "test": test, "unit": "tok/s", "bankml": ours[test],
+                    "llama": theirs[test], "ratio": ours[test] / theirs[test], "note": "warm",
+                    "rss": (ours["rss_mb"], theirs["rss_mb"])})
+    return out
+
+
+def fresh_rows(name: str, path: Path, a: argparse.Namespace, lengths: list[int]) -> list[dict]:
+    """Each length in a fresh process with the disk cache as it is, then the first length cold."""
+    out, llama_s = [], {}
+    for n in lengths:
+        ours = bankml_child(path, a, "fresh", n)
+        llama_s[n] = n / llama_bench(path, a.threads, 1, n, 0)[f"pp{n}"]
+        out.append(_fresh_row(name, n, ours, llama_s[n], cache_label(ours, a.backend)))
+    with tempfile.TemporaryDirectory(prefix="bankml-bench-cold-") as d:
+        ours = bankml_child(path, a, "fresh", lengths[0], env={**os.environ, "BANKML_CACHE": d})
+    out.append(_fresh_row(name, lengths[0], ours, llama_s[lengths[0]], cache_label(ours, a.backend, cold=True)))
+    return out
+
+
+def _fresh_row(name: str, n: int, ours: dict, llama_s: float, label: str) -> dict:
+    return {"model": name, "kind": "fresh", "test": f"fresh {n}", "n": n, "unit": "s", "bankml": ours["seconds"],
+            "llama": llama_s, "ratio": llama_s / ours["seconds"], "note": label}
+
+
+def long_rows(name: str, path: Path, a: argparse.Namespace) -> list[dict]:
+    n = a.long_tokens
+    ours = bankml_child(path, a, "long", n)
+    theirs = llama_bench(path, a.threads, 1, 0, n)[f"tg{n}"]
+    cache = cache_label(ours, a.backend)
+    note = (f"{cache}; median {ours['median_s'] * 1e3:.2f} ms, slowest "
+            f"{ours['slowest_s'] * 1e3:.2f} ms (step {ours['slowest_step']}), "
+            f"{ours['slowest_s'] / ours['median_s']:.1f}x median")
+    return [{"model": name, "kind": "long", "test": f"long {n}", "n": n, "unit": "tok/s", "bankml": ours["tok_s"],
+             "llama": theirs, "ratio": ours["tok_s"] / theirs, "note": note, "cache": cache, **ours}]
+
+
+def cache_label(r: dict, backend: str, cold: bool = False) -> str:
+    """What the disk JIT cache did for a run: "warm cache" when the run compiled nothing."""
+    if backend != "llvm":
+        return "no JIT"
+    if not r["cache_on"]:
+        return "JIT cache off"
+    if cold:
+        return f"cold cache: {r['compiled']} compiled"
+    return "warm cache" if r["compiled"] == 0 else f"cache missed: {r['compiled']} compiled"
+
+
+def fresh_lengths(seed: int, k: int) -> list[int]:
+    """k distinct prompt lengths in FRESH_MIN..FRESH_MAX, drawn from seed."""
+    rng = np.random.default_rng(seed)
+    return sorted(int(n) for n in rng.choice(np.arange(FRESH_MIN, FRESH_MAX + 1), size=k, replace=False))
+
+
+# ---- output ----
+
+def report(rows: list[dict]) -> list[dict]:
+    for r in rows:
+        print_row(r)
+    return rows
+
+
+def print_row(r: dict) -> None:
+    fmt = "{:10.2f} {:5}" if r["unit"] == "tok/s" else "{:10.3f} {:5}"
+    print(f"{r['model']:20} {r['test']:10} {fmt.format(r['bankml'], r['unit'])} {fmt.format(r['llama'], r['unit'])} "
+          f"{r['ratio']:7.3f}  {r['note']}", flush=True)
+
+
+def print_header() -> None:
+    print(f"{'model':20} {'test':10} {'bankml':>16} {'llama.cpp':>16} {'ratio':>7}  note")
+
+
+def markdown(rows: list[dict], a: argparse.Namespace, command: str) -> str:
+    """docs/PERFORMANCE.md: the command and date, then one table per kind of row run."""
+    cpu = platform.processor() or platform.machine()
+    lines = ["# Performance", "",
+             f"`{command}` on {cpu}, {time.strftime('%Y-%m-%d')}: bankml and llama-bench (b11434, AVX2 build) "
+             f"interleaved in one run, {a.threads} threads; every ratio >1 means bankml is faster.", ""]
+    for kind, table in (("pptg", throughput_md), ("fresh", fresh_md), ("long", long_md)):
+        if mine := [r for r in rows if r["kind"] == kind]:
+            lines += table(mine, a) + [""]
+    return "\n".join(lines)
+
+
+def throughput_md(rows: list[dict], a: argparse.Namespace) -> list[str]:
+    return [f"Throughput, warm (compiled before the clock starts), best of {a.reps}.", "",
+            "| model | test | bankml tok/s | llama.cpp tok/s | ratio | bankml max RSS (MB) | llama-bench max RSS (MB) |",
+            "|---|---|---|---|---|---|---|"] + [
+            f"| {r['model']} | {r['test']} | {r['bankml']:.2f} | {r['llama']:.2f} | {r['ratio']:.3f} | "
+            f"{r['rss'][0]:.0f} | {r['rss'][1]:.0f} |" for r in rows]
+
+
+def fresh_md(rows: list[dict], a: argparse.Namespace) -> list[str]:
+    return ["## Fresh prompt", "",
+            "Time to the first logits row of a prompt length never run before: `prefill(ids, outputs=\"last\")` in "
+            "a new process (nothing warm in memory); \"warm cache\": the disk JIT cache held the model's code; "
+            "the cold row ran with an empty BANKML_CACHE. llama.cpp: `llama-bench -p N -n 0 -r 1`, N / avg_ts. "
+            "Ratio llama.cpp s / bankml s.", "",
+            "| model | prompt tokens | JIT cache | bankml s | llama.cpp s | ratio |", "|---|---|---|---|---|---|"] + [
+            f"| {r['model']} | {r['n']} | {r['note']} | {r['bankml']:.3f} | {r['llama']:.3f} | {r['ratio']:.3f} |"
+            for r in rows]
+
+
+def long_md(rows: list[dict], a: argparse.Namespace) -> list[str]:
+    return ["## Long decode", "",
+            "Single-token decodes after a 1-token prompt in a new process, no warm-up, each step timed. "
+            "llama.cpp: `llama-bench -p 0 -n N -r 1`. Ratio bankml tok/s / llama.cpp tok/s.", "",
+            "| model | tokens | JIT cache | bankml tok/s | llama.cpp tok/s | ratio | median step ms | "
+            "slowest step ms (step) | slowest / median |", "|---|---|---|---|---|---|---|---|---|"] + [
+            f"| {r['model']} | {r['n']} | {r['cache']} | {r['bankml']:.2f} | {r['llama']:.2f} | {r['ratio']:.3f} | "
+            f"{r['median_s'] * 1e3:.2f} | {r['slowest_s'] * 1e3:.2f} ({r['slowest_step']}) | "
+            f"{r['slowest_s'] / r['median_s']:.1f} |" for r in rows]
+
+
+def write_docs(doc: Path, generated: str) -> None:
+    """Replace the generated part of the doc (above KEEP); the hand-written part below stays."""
+    old = doc.read_text() if doc.exists() else ""
+    kept = old.split(KEEP, 1)[1] if KEEP in old else "\n"
+    doc.write_text(generated + "\n" + KEEP + kept)
+
+
+def command_line(seed: int) -> str:
+    """This run's command as it could be typed again: --write-docs dropped, the seed pinned."""
+    args = [x for x in sys.argv[1:] if x != "--write-docs"]
+    if "--seed" not in args:
+        args += ["--seed", str(seed)]
+    return shlex.join(["python", "bench/run.py", *args])
+
+
 def main() -> None:
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--backend", default="llvm")
     ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=2, help="pp/tg: best of this many")
     ap.add_argument("--models", default=",".join(DEFAULT_MODELS))
+    ap.add_argument("--rows", default=",".join(ROWS), help="which rows to run, of " + ",".join(ROWS))
+    ap.add_argument("--fresh-lengths", type=int, default=5, help="fresh: how many prompt lengths")
+    ap.add_argument("--long-tokens", type=int, default=1100, help="long: how many decode steps")
+    ap.add_argument("--seed", type=int, help="draws the fresh lengths and all token ids (default: a new one)")
     ap.add_argument("--write-docs", action="store_true")
-    ap.add_argument("--one", help=argparse.SUPPRESS)        # internal: bench one model, print JSON
+    ap.add_argument("--one", help=argparse.SUPPRESS)         # internal: one bankml measurement, print JSON
+    ap.add_argument("--one-test", default="pptg", choices=["pptg", "fresh", "long"], help=argparse.SUPPRESS)
+    ap.add_argument("--n", type=int, default=0, help=argparse.SUPPRESS)
     a = ap.parse_args()
+    rows = a.rows.split(",")
+    if bad := [r for r in rows if r not in ROWS]:
+        ap.error(f"--rows: unknown {','.join(bad)}; choose from {','.join(ROWS)}")
+    if a.fresh_lengths < 1 or a.fresh_lengths > FRESH_MAX - FRESH_MIN + 1 or a.long_tokens < 1:
+        ap.error(f"--fresh-lengths must be 1..{FRESH_MAX - FRESH_MIN + 1} and --long-tokens at least 1")
+    if a.seed is None:
+        a.seed = int(np.random.default_rng().integers(2**31))
     if a.one:
-        print(json.dumps(bankml_bench(Path(a.one), a.backend, a.threads, a.reps)))
+        print(json.dumps(run_one(a)))
         return
     build()
-    rows = []
+    lengths = fresh_lengths(a.seed, a.fresh_lengths)
+    print(f"seed {a.seed}, threads {a.threads}, backend {a.backend}" +
+          (f", fresh prompt lengths {lengths}" if "fresh" in rows else ""))
+    print_header()
+    results = []
     for name in a.models.split(","):
         path = models.path(name)
-        ours = bankml_child(path, a.backend, a.threads, a.reps)
-        theirs = llama_bench(path, a.threads, a.reps)
-        for test in ("pp512", "tg128"):
-            rows.append((name, test, ours[test], theirs[test], ours[test] / theirs[test], ours["rss_mb"],
-                         theirs["rss_mb"]))
-            print(f"{name:20} {test}  bankml {ours[test]:8.2f} tok/s   llama.cpp {theirs[test]:8.2f} tok/s   "
-                  f"ratio {ours[test] / theirs[test]:6.3f}", flush=True)
+        if "pp" in rows or "tg" in rows:
+            results += report(throughput_rows(name, path, a, rows))
+        if "fresh" in rows:
+            results += report(fresh_rows(name, path, a, lengths))
+        if "long" in rows:
+            results += report(long_rows(name, path, a))
     if a.write_docs:
-        lines = ["# Performance", "",
-                 f"`python bench/run.py --backend {a.backend} --threads {a.threads}` on {platform.processor() or platform.machine()}, "
-                 f"{time.strftime('%Y-%m-%d')}: bankml and llama-bench (b11434, AVX2 build) interleaved in one run, "
-                 f"{a.threads} threads, best of {a.reps}.", "",
-                 "| model | test | bankml tok/s | llama.cpp tok/s | ratio | bankml max RSS (MB) | llama-bench max RSS (MB) |",
-                 "|---|---|---|---|---|---|---|"]
-        for r in rows:
-            lines.append(f"| {r[0]} | {r[1]} | {r[2]:.2f} | {r[3]:.2f} | {r[4]:.3f} | {r[5]:.0f} | {r[6]:.0f} |")
-        Path(__file__).resolve().parent.parent.joinpath("docs", "PERFORMANCE.md").write_text("\n".join(lines) + "\n")
+        write_docs(DOC, markdown(results, a, command_line(a.seed)))
 
 
 if __name__ == "__main__":

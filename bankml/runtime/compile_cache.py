@@ -3,12 +3,22 @@
     key = compile_cache.key(ir_text, "haswell", features, ...)   # sha256 hex of every part
     obj = compile_cache.get(key)                                  # bytes, or None: missing, disabled, corrupt
     compile_cache.put(key, obj)                                   # atomic: a tmp file, then rename
+    compile_cache.entries()                                       # [Entry(path, size, last_used)], oldest first
+    compile_cache.clear()                                         # removes entries and stale tmp files: how many
 
 Entries live in <cache>/jit/<key>.o, <cache> being $BANKML_CACHE or ~/.cache/bankml;
 BANKML_JIT_CACHE=0 turns the cache off. An entry is a magic line, the sha256 of the object and
 the object: one that fails the check (a torn write, a flipped bit) is ignored and rewritten by
 the next compile, never handed to the JIT (LLVM aborts the process on a bad object file).
 The cache never makes a compile fail: an unwritable folder only costs the saving.
+
+The folder is capped at BANKML_JIT_CACHE_MB (default 512): get() marks an entry used (its
+mtime), and put() then removes the least recently used entries until the rest fit, never the
+one it just wrote.
+
+`counts` is this process's tally: gets that found a good entry ("hit"), gets that did not
+("miss": that code is compiled) and objects saved ("put"); bench/run.py reads it to tell a
+warm cache from a cold one, which the folder cannot when other processes share it.
 """
 from __future__ import annotations
 
@@ -16,10 +26,22 @@ import hashlib
 import os
 import sys
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 MAGIC = b"bankml-jit-object 1\n"
 ELF = b"\x7fELF"
+DEFAULT_CAP_MB = 512
+STALE_TMP_S = 60            # a tmp file older than this is a dead writer's, not a live one's
+counts = {"hit": 0, "miss": 0, "put": 0}
+
+
+@dataclass(frozen=True)
+class Entry:
+    path: Path
+    size: int               # bytes on disk
+    last_used: float        # seconds since the epoch: when it was written or last read by get()
 
 
 def cache_root() -> Path:
@@ -56,17 +78,25 @@ def get(k: str) -> bytes | None:
     try:
         data = entry_path(k).read_bytes()
     except OSError:
+        counts["miss"] += 1
         return None
     head = len(MAGIC) + 32
     obj = data[head:]
     if data[:len(MAGIC)] != MAGIC or hashlib.sha256(obj).digest() != data[len(MAGIC):head] or not obj.startswith(ELF):
         _log(f"jit cache: {entry_path(k)} is corrupt; compiling again")
+        counts["miss"] += 1
         return None
+    counts["hit"] += 1
+    try:
+        os.utime(entry_path(k))         # used now: the last to be evicted
+    except OSError:
+        pass
     return obj
 
 
 def put(k: str, obj: bytes) -> None:
-    """Save an object file under k: written to a tmp file in the same folder, then renamed over."""
+    """Save an object file under k (a tmp file in the same folder, then renamed over it), then
+    evict the least recently used entries beyond the cap."""
     if not enabled() or not obj.startswith(ELF):
         return
     d = jit_dir()
@@ -78,6 +108,8 @@ def put(k: str, obj: bytes) -> None:
             f.write(MAGIC + hashlib.sha256(obj).digest() + obj)
         os.replace(tmp, entry_path(k))
         tmp = None
+        counts["put"] += 1
+        _evict(keep=entry_path(k))
     except OSError as e:
         _log(f"jit cache: cannot save to {d}: {e}")
     finally:
@@ -86,6 +118,65 @@ def put(k: str, obj: bytes) -> None:
                 os.unlink(tmp)
             except OSError:
                 pass
+
+
+def cap_bytes() -> int:
+    """BANKML_JIT_CACHE_MB (may be fractional), default 512 MB; a bad value means the default."""
+    raw = os.environ.get("BANKML_JIT_CACHE_MB", "")
+    try:
+        mb = float(raw) if raw.strip() else DEFAULT_CAP_MB
+    except ValueError:
+        _log(f"jit cache: BANKML_JIT_CACHE_MB={raw!r} is not a number; using {DEFAULT_CAP_MB}")
+        mb = DEFAULT_CAP_MB
+    return max(0, int(mb * 1024 * 1024))
+
+
+def entries() -> list[Entry]:
+    """Every <key>.o in the folder (checked or not), least recently used first."""
+    out = []
+    for p in jit_dir().glob("*.o"):
+        try:
+            st = p.stat()
+        except OSError:             # removed meanwhile by another process
+            continue
+        out.append(Entry(p, st.st_size, st.st_mtime))
+    return sorted(out, key=lambda e: (e.last_used, e.path.name))
+
+
+def _evict(keep: Path) -> None:
+    """Remove least recently used entries, never `keep`, until the folder fits the cap."""
+    cap = cap_bytes()
+    found = entries()
+    total = sum(e.size for e in found)
+    for e in found:
+        if total <= cap:
+            break
+        if e.path != keep:
+            if _unlink(e.path):
+                _log(f"jit cache: evicted {e.path.name} ({e.size} bytes; cap {cap} bytes)")
+            total -= e.size
+
+
+def clear() -> int:
+    """Remove every entry and every stale tmp file (a live writer's is left alone); how many went."""
+    stale = time.time() - STALE_TMP_S
+    tmps = [p for p in jit_dir().glob(".*.tmp") if _mtime(p) < stale]
+    return sum(_unlink(p) for p in [e.path for e in entries()] + tmps)
+
+
+def _mtime(p: Path) -> float:
+    try:
+        return p.stat().st_mtime
+    except OSError:                 # gone meanwhile
+        return float("inf")
+
+
+def _unlink(p: Path) -> bool:
+    try:
+        p.unlink()
+        return True
+    except OSError:
+        return False
 
 
 def compiled_dir(model_path: str | os.PathLike, version: str) -> Path:
