@@ -63,31 +63,49 @@ def info(model: str) -> None:
 
 @main.command()
 @click.argument("model", type=click.Path(dir_okay=False))
-@click.option("--tokens", "n_tokens", default=1, show_default=True, help="Prompt length of the micro-batch.")
-@click.option("--past", default=0, show_default=True, help="Cells already in the cache.")
+@click.option("--variant", default="small-all", show_default=True,
+              help="Which generic graph to print (the list is printed first).")
+@click.option("--tokens", "n_tokens", default=None, type=int, help="Print the concrete graph of a prompt of N tokens.")
+@click.option("--past", default=0, show_default=True, help="Cells already in the cache (with --tokens).")
 @click.option("--outputs", type=click.Choice(["all", "last"]), default="all", show_default=True)
 @click.option("--after", default=None, help="Stop after this pass (e.g. choose_attention_kernel).")
 @click.option("--dot", "dot_file", type=click.Path(dir_okay=False), default=None, help="Also write Graphviz.")
 @click.option("--spirv", is_flag=True, help="Print the SPIR-V (spirv-dis) of the model's Q1_0 matvec instead.")
-def ir(model: str, n_tokens: int, past: int, outputs: str, after: str | None, dot_file: str | None,
-       spirv: bool) -> None:
-    """The IR a prompt of N tokens runs through, one node a line."""
+def ir(model: str, variant: str, n_tokens: int | None, past: int, outputs: str, after: str | None,
+       dot_file: str | None, spirv: bool) -> None:
+    """The IR: the generic graphs a model compiles to (sizes T, KV, O), or with --tokens the
+    concrete graph of one micro-batch; one node a line."""
     import bankml
     if spirv:
         return _spirv(model)
     from bankml.ir.printer import dump, to_dot
     from bankml.passes.pipeline import run_passes
     from bankml.runtime.session import pad256
-    if n_tokens < 1 or past < 0:
+    if (n_tokens is not None and n_tokens < 1) or past < 0:
         raise click.BadParameter("--tokens must be >= 1 and --past >= 0")
-    m = bankml.load(model)
-    used = past + n_tokens
-    n_kv = min(m.kv_size, max(256, pad256(used)))
-    g = run_passes(m.build_graph(n_tokens, n_kv, n_tokens if outputs == "all" else 1), until=after)
+    with bankml.load(model, backend="reference") as m:
+        if n_tokens is None:
+            by_name = {v.name: v for v in m.variants}
+            if variant not in by_name:
+                raise click.BadParameter(f"{variant!r}: choose one of {', '.join(by_name)}", param_hint="--variant")
+            click.echo("# variants: " + "; ".join(f"{v.name} T={v.n_tokens} KV={v.n_kv} O={v.n_outputs}"
+                                                  f"{_range_note(v)}" for v in m.variants))
+            v = by_name[variant]
+            g = run_passes(m.build_graph(v.n_tokens, v.n_kv, v.n_outputs), until=after)
+        else:
+            used = past + n_tokens
+            n_kv = min(m.kv_size, max(256, pad256(used)))
+            g = run_passes(m.build_graph(n_tokens, n_kv, n_tokens if outputs == "all" else 1), until=after)
     click.echo(dump(g), nl=False)
     if dot_file:
         with open(dot_file, "w") as f:
             f.write(to_dot(g))
+
+
+def _range_note(v) -> str:
+    from bankml.ir.dims import Dim
+    dims = {d.name: d for d in (v.n_tokens, v.n_kv, v.n_outputs) if isinstance(d, Dim)}
+    return "".join(f" ({d.name} {d.lo}..{d.hi})" for d in dims.values())
 
 
 @main.command()
@@ -159,50 +177,60 @@ def run(model, prompt, chat, n_predict, temp, seed, top_k, top_p, min_p, threads
 
 
 @main.command("compile")
-@click.argument("model", type=click.Path(dir_okay=False))
+@click.argument("model", required=False, type=click.Path(dir_okay=False))
 @click.option("-o", "--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Where the plan and IR go (default: <cache>/compiled/<model sha256>-<version>/).")
-@click.option("--threads", default=2, show_default=True,
-              help="The --threads of the runs to come (llama.cpp's thread count shapes the graphs).")
-@click.option("--max-ctx", default=4096, show_default=True, help="Compile decode graphs up to this many cache cells.")
-@click.option("-p", "--prompt", "prompts", multiple=True, default=("The capital of France is",), show_default=True,
-              help="Also compile the prefill graphs of this prompt (repeatable); other lengths compile on demand.")
-def compile_cmd(model: str, out_dir: str | None, threads: int, max_ctx: int, prompts: tuple[str, ...]) -> None:
-    """Plan, IR and compiled kernels of MODEL, cached so the next run starts without compiling."""
+@click.option("--ctx", "n_ctx", default=4096, show_default=True, help="n_ctx of the runs to come.")
+@click.option("--ubatch", "n_ubatch", default=512, show_default=True, help="n_ubatch of the runs to come.")
+@click.option("--list", "list_cache", is_flag=True, help="List the compiled-code cache instead.")
+@click.option("--clear", "clear_cache", is_flag=True, help="Empty the compiled-code cache instead.")
+def compile_cmd(model: str | None, out_dir: str | None, n_ctx: int, n_ubatch: int, list_cache: bool,
+                clear_cache: bool) -> None:
+    """Compile every graph variant of MODEL, so that no run, prompt length or context length
+    compiles again (any thread count); the code lands in the compiled-code cache."""
     import bankml
-    from bankml.backends.llvm.graph import compile_graph
     from bankml.ir.printer import dump
     from bankml.runtime import compile_cache
-    from bankml.runtime.session import pad256
-    if threads < 1 or max_ctx < 1:
-        raise click.BadParameter("--threads and --max-ctx must be >= 1")
-    m = bankml.load(model, backend="llvm", threads=threads, n_ctx=max(max_ctx, 4096))
+    if list_cache or clear_cache:
+        return _cache_cmd(list_cache, clear_cache)
+    if model is None:
+        raise click.UsageError("give a MODEL to compile, or --list / --clear")
+    if n_ctx < 1 or n_ubatch < 1:
+        raise click.BadParameter("--ctx and --ubatch must be >= 1")
     out = Path(out_dir) if out_dir else compile_cache.compiled_dir(model, bankml.__version__)
-    out.mkdir(parents=True, exist_ok=True)
-    decode = [(1, n_kv, 1) for n_kv in range(256, pad256(min(max_ctx, m.kv_size)) + 1, 256)]
-    prefill = []
-    for text in prompts:                    # micro-batches as Session.prefill(ids, outputs="last") cuts them
-        n = len(m.tokenize(text, add_special=True, parse_special=True))
-        for start in range(0, n, m.n_ubatch):
-            t = min(m.n_ubatch, n - start)
-            prefill.append((t, min(m.kv_size, max(256, pad256(start + t))), 1 if start + t >= n else 0))
-    shapes = list(dict.fromkeys(prefill + decode))
-    (out / f"decode-1x{decode[0][1]}.ir").write_text(dump(m.graph(*decode[0])))
-    if prefill:
-        (out / f"prefill-{prefill[-1][0]}x{prefill[-1][1]}.ir").write_text(dump(m.graph(*prefill[-1])))
-    hits, t0 = 0, time.perf_counter()
-    with click.progressbar(shapes, label=f"compiling {len(shapes)} graphs", file=sys.stderr,
-                           item_show_func=lambda s: s and f"{s[0]}x{s[1]}") as bar:
-        for shape in bar:
-            eng = compile_graph(m.graph(*shape)).engine
-            hits += getattr(eng, "_bankml_cache", "") == "hit"
-    seconds = time.perf_counter() - t0
-    plan = _plan_json(m)
-    plan["compiled"] = {"threads": threads, "n_ctx": m.n_ctx, "n_ubatch": m.n_ubatch, "seconds": round(seconds, 3),
-                        "graphs": [{"n_tokens": t, "n_kv": kv, "n_outputs": o} for t, kv, o in shapes],
-                        "jit_cache": str(compile_cache.jit_dir()) if compile_cache.enabled() else None}
-    (out / "plan.json").write_text(json.dumps(plan, indent=1) + "\n")
-    click.echo(f"compiled {len(shapes)} graphs in {seconds:.1f}s ({hits} already in the cache); plan and IR in {out}")
+    with bankml.load(model, backend="llvm", threads=1, n_ctx=n_ctx, n_ubatch=n_ubatch) as m:
+        out.mkdir(parents=True, exist_ok=True)
+        hits0, t0 = compile_cache.counts["hit"], time.perf_counter()
+        with click.progressbar(m.variants, label=f"compiling {len(m.variants)} graphs", file=sys.stderr,
+                               item_show_func=lambda v: v and v.name) as bar:
+            for v in bar:
+                m.prepare(v)
+                (out / f"{v.name}.ir").write_text(dump(m.generic_graph(v)))
+        seconds = time.perf_counter() - t0
+        hits = compile_cache.counts["hit"] - hits0
+        plan = _plan_json(m)
+        plan["compiled"] = {"n_ctx": m.n_ctx, "n_ubatch": m.n_ubatch, "seconds": round(seconds, 3),
+                            "variants": [{"name": v.name, "n_tokens": str(v.n_tokens), "n_kv": str(v.n_kv),
+                                          "n_outputs": str(v.n_outputs)} for v in m.variants],
+                            "jit_cache": str(compile_cache.jit_dir()) if compile_cache.enabled() else None}
+        (out / "plan.json").write_text(json.dumps(plan, indent=1) + "\n")
+    click.echo(f"compiled {len(m.variants)} graphs in {seconds:.1f}s ({hits} already in the cache); "
+               f"plan and IR in {out}")
+
+
+def _cache_cmd(list_cache: bool, clear_cache: bool) -> None:
+    """compile --list / --clear: the compiled-code cache's entries (least recently used first)."""
+    from bankml.runtime import compile_cache
+    if list_cache:
+        entries = compile_cache.entries()
+        for e in entries:
+            used = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.last_used))
+            click.echo(f"{e.path.name}  {e.size / 2**20:7.1f} MiB  last used {used}")
+        total = sum(e.size for e in entries)
+        click.echo(f"{len(entries)} objects, {total / 2**20:.1f} MiB in {compile_cache.jit_dir()} "
+                   f"(cap {compile_cache.cap_bytes() / 2**20:.0f} MiB)")
+    if clear_cache:
+        click.echo(f"removed {compile_cache.clear()} objects from {compile_cache.jit_dir()}")
 
 
 def _plan_json(m) -> dict:

@@ -15,10 +15,8 @@ from pathlib import Path
 import numpy as np
 
 import bankml
-from bankml.backends.llvm.graph import compile_graph
-from bankml.backends.llvm.runner import _Buffers, _call
-from bankml.backends.reference.run import Env
 from bankml.ir.ops import Op
+from bankml.passes.variants import choose_variant
 from bankml.runtime.session import pad256
 from bankml.testing import models
 
@@ -35,21 +33,21 @@ def main() -> None:
     m = bankml.load(path, threads=a.threads)
     T, used = a.tokens, a.past + a.tokens
     n_kv = min(m.kv_size, max(256, pad256(used)))
-    g = m.graph(T, n_kv, 1)
-    cg = compile_graph(g)
+    v, values = choose_variant(m.variants, T, n_kv, 1)
+    m.prepare(v)
+    g, be = m.generic_graph(v), m.runner
+    _, cg, bufs = be.compiled[id(g)]
     s = m.session()
     pos = np.arange(a.past, used, dtype=np.int32)
     mask = np.where(np.arange(n_kv)[None, :] <= pos[:, None], np.float16(0), np.float16(-np.inf)).astype(np.float16)
-    env = Env(m.weight, s.caches, {"tokens": np.zeros(T, np.int32), "pos": pos, "kq_mask": mask,
-                                   "out_ids": np.asarray([T - 1], np.int32)})
-    bufs = _Buffers(g, cg)
-    bufs.bind(g, cg, env)
+    inputs = {"tokens": np.zeros(T, np.int32), "pos": pos, "kq_mask": mask, "out_ids": np.asarray([T - 1], np.int32)}
+    bufs.bind(g, cg, m.weight, s.caches, inputs, values)
     per = defaultdict(float)
     total = 0.0
     for _ in range(a.reps):
         for k, n in enumerate(cg.kernels):
             t0 = time.perf_counter()
-            _call(a.threads, cg.part, bufs.table, k, k + 1)
+            be.call(cg.part, bufs, k, k + 1)
             dt = time.perf_counter() - t0
             label = n.op.value
             if n.op is Op.MUL_MAT:
@@ -61,9 +59,9 @@ def main() -> None:
             total += dt / a.reps
     t0 = time.perf_counter()
     for _ in range(a.reps):
-        _call(a.threads, cg.fn, bufs.table)
+        be.call(cg.fn, bufs)
     whole = (time.perf_counter() - t0) / a.reps
-    print(f"{path.name}: {T} tokens after {a.past}, {a.threads} threads: whole graph {whole * 1e3:.2f} ms, "
+    print(f"{path.name}: {T} tokens after {a.past} ({v.name} graph), {a.threads} threads: whole graph {whole * 1e3:.2f} ms, "
           f"kernel by kernel {total * 1e3:.2f} ms")
     for label, t in sorted(per.items(), key=lambda kv: -kv[1]):
         print(f"  {t * 1e3:8.3f} ms  {100 * t / total:5.1f}%  {label}")

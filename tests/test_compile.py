@@ -26,37 +26,43 @@ def bankml(cache, *args: str, jit_cache: str = "1") -> subprocess.CompletedProce
 
 def test_compile_writes_plan_and_ir_and_the_next_run_compiles_nothing(tmp_path, smollm2):
     cache, out = tmp_path / "cache", tmp_path / "out"
-    run_args = ("run", smollm2, "-p", PROMPT, "-n", "4", "--temp", "0", "--json")
+    run_args = ("run", smollm2, "-p", PROMPT, "-n", "4", "--temp", "0", "--json", "--raw")
     uncached = bankml(cache, *run_args, jit_cache="0")
     assert uncached.returncode == 0, uncached.stderr
     assert not (cache / "jit").exists()
 
-    r = bankml(cache, "compile", smollm2, "-o", str(out), "--max-ctx", "512", "-p", PROMPT)
+    r = bankml(cache, "compile", smollm2, "-o", str(out))
     assert r.returncode == 0, r.stderr
-    assert "compiled 3 graphs in" in r.stdout
+    assert "compiled 6 graphs in" in r.stdout
     plan = json.loads((out / "plan.json").read_text())
     assert plan["arch"] == "llama" and plan["hparams"]["n_layer"] == 30
     assert plan["logits_matrix"] == "token_embd.weight" and plan["matrix_type"] == "Q4_1"
-    shapes = {(s["n_tokens"], s["n_kv"], s["n_outputs"]) for s in plan["compiled"]["graphs"]}
-    assert shapes == {(5, 256, 1), (1, 256, 1), (1, 512, 1)}
-    assert (out / "decode-1x256.ir").read_text().startswith("# graph ")
-    assert "result_output" in (out / "prefill-5x256.ir").read_text()
+    names = [v["name"] for v in plan["compiled"]["variants"]]
+    assert names == ["decode", "decode-split", "small-all", "small-last", "large-all", "large-last"]
+    assert (out / "decode.ir").read_text().startswith("# graph ")
+    assert "[T,576]" in (out / "large-all.ir").read_text()
     entries = sorted(p.name for p in (cache / "jit").glob("*.o"))
-    assert len(entries) == 3
+    assert len(entries) == 6
 
     cached = bankml(cache, *run_args)
     assert cached.returncode == 0, cached.stderr
     assert json.loads(cached.stdout)["tokens"] == json.loads(uncached.stdout)["tokens"]
     assert sorted(p.name for p in (cache / "jit").glob("*.o")) == entries      # every graph came from the cache
 
-    again = bankml(cache, "compile", smollm2, "-o", str(out), "--max-ctx", "512", "-p", PROMPT)
-    assert again.returncode == 0 and "(3 already in the cache)" in again.stdout, again.stderr
+    again = bankml(cache, "compile", smollm2, "-o", str(out), "--ctx", "8192")   # n_ctx needs no other code
+    assert again.returncode == 0 and "(6 already in the cache)" in again.stdout, again.stderr
+
+    listed = bankml(cache, "compile", "--list")
+    assert listed.returncode == 0 and "6 objects" in listed.stdout, listed.stderr
+    cleared = bankml(cache, "compile", "--clear")
+    assert cleared.returncode == 0 and "removed 6 objects" in cleared.stdout
+    assert not list((cache / "jit").glob("*.o"))
 
 
 def test_compile_default_folder_is_keyed_by_model_and_version(tmp_path, smollm2, monkeypatch):
     import bankml as bk
     from bankml.runtime import compile_cache
-    r = bankml(tmp_path, "compile", smollm2, "--max-ctx", "256", "-p", "Hi")
+    r = bankml(tmp_path, "compile", smollm2, "--ctx", "256")
     assert r.returncode == 0, r.stderr
     monkeypatch.setenv("BANKML_CACHE", str(tmp_path))
     want = compile_cache.compiled_dir(smollm2, bk.__version__)

@@ -12,6 +12,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,6 +25,9 @@ from bankml.gguf.plan import plan as make_plan
 from bankml.ir.graph import Graph
 from bankml.passes.pipeline import run_passes
 from bankml.passes.variants import Variant, choose_variant, variants
+
+if TYPE_CHECKING:
+    from bankml.runtime.session import Session
 
 
 class Model:
@@ -94,6 +98,10 @@ class Model:
             self.compile_seconds += seconds
         self._ready.add(v.name)
         return seconds
+
+    def compile(self) -> float:
+        """Prepare every variant a session can need; afterwards nothing compiles again."""
+        return sum(self.prepare(v) for v in self.variants)
 
     def run_ubatch(self, n_tokens: int, n_kv: int, n_outputs: int, inputs: dict, caches: dict, trace=None) -> dict:
         """One micro-batch through the variant that takes these sizes."""

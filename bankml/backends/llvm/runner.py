@@ -168,13 +168,13 @@ class LlvmBackend:
                 self._run_with_gpu(g, cg, bufs)
             elif trace is None:
                 if cg.kernels:
-                    self._call(cg.fn, bufs)
+                    self.call(cg.fn, bufs)
             else:
                 k = -1
                 for n in cg.order:
                     if n.op not in NO_KERNEL:
                         k += 1
-                        self._call(cg.part, bufs, k, k + 1)
+                        self.call(cg.part, bufs, k, k + 1)
                     if n.name and n.op not in (Op.WEIGHT, Op.CACHE, Op.INPUT):
                         trace(n, value(g, bufs, n).copy())
             return {k: value(g, bufs, g[i]).copy() for k, i in g.outputs.items()}
@@ -186,7 +186,8 @@ class LlvmBackend:
             self.pool.close()
             self.pool = None
 
-    def _call(self, fn, bufs: _Buffers, *rng) -> None:
+    def call(self, fn, bufs: _Buffers, *rng) -> None:
+        """fn (a compiled graph's fn or part) on the pool, with the sizes bound in bufs."""
         dims = bufs.dims.ctypes.data
         if self.pool is None:
             fn(bufs.table, 0, 1, None, dims, *rng)
@@ -203,17 +204,17 @@ class LlvmBackend:
             w, q = g[n.inputs[0]], g[n.inputs[1]]
             K = q.shape[-1]
             if lo < k:
-                self._call(cg.part, bufs, lo, k)
+                self.call(cg.part, bufs, lo, k)
             off = bufs.base_off + bufs.offsets[q.id]
             act = bufs.arena[off:off + K // 32 * 34].tobytes()
             y = self.gpu.matvec_bytes(w.params["tensor"], self.weights(w.params["tensor"]), act, K)
             if y is None:                                   # shapes the device kernel does not take
-                self._call(cg.part, bufs, k, k + 1)
+                self.call(cg.part, bufs, k, k + 1)
             else:
                 bufs.view(n)[...] = y.reshape(bufs.view(n).shape)
             lo = k + 1
         if lo < len(cg.kernels):
-            self._call(cg.part, bufs, lo, len(cg.kernels))
+            self.call(cg.part, bufs, lo, len(cg.kernels))
 
 
 def value(g: Graph, bufs: _Buffers, n: Node) -> np.ndarray:

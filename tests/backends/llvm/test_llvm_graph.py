@@ -10,6 +10,7 @@ import pytest
 import bankml
 from bankml.backends.llvm import graph as llvm_graph
 from bankml.backends.llvm import registry
+from bankml.backends.llvm import LlvmBackend
 from bankml.backends.llvm import run as llvm_run
 from bankml.backends.reference.run import Env
 from bankml.backends.reference.run import run as ref_run
@@ -46,12 +47,20 @@ def _env(m, n_tokens: int, n_past: int, n_outputs: int, seed: int):
     return m.graph(n_tokens, n_kv, n_outputs), caches, inputs
 
 
+def _ref(g, m, caches, inputs, trace=None):
+    return ref_run(g, Env(m.weight, caches, inputs), trace)
+
+
+def _llvm(g, m, caches, inputs, threads, trace=None):
+    return llvm_run(g, m.weight, caches, inputs, threads, trace)
+
+
 def _traced(run, g, caches, inputs, m, threads):
-    env = Env(m.weight, {k: v.copy() for k, v in caches.items()}, inputs)
-    env.threads = threads
+    caches = {k: v.copy() for k, v in caches.items()}
     seen: dict = {}
-    out = run(g, env, lambda n, v: seen.setdefault((n.id, n.name), np.array(v)))
-    return out, seen, env.caches
+    trace = lambda n, v: seen.setdefault((n.id, n.name), np.array(v))        # noqa: E731
+    out = _ref(g, m, caches, inputs, trace) if run == "reference" else _llvm(g, m, caches, inputs, threads, trace)
+    return out, seen, caches
 
 
 def _assert_same(a: np.ndarray, b: np.ndarray, what: str):
@@ -71,10 +80,6 @@ def _prefix_without(g: Graph, ops: set[Op]) -> Graph:
     return Graph(keep, outs, dict(g.meta))
 
 
-def _missing_kernels(g: Graph) -> set[str]:
-    return {n.op.value for n in g.nodes.values() if n.op not in registry.NO_KERNEL and n.op not in registry.KERNELS}
-
-
 @pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("name", MODELS)
 def test_graph_before_attention_equals_reference(name, threads):
@@ -82,17 +87,15 @@ def test_graph_before_attention_equals_reference(name, threads):
     the kernels that exist: runner, buffer reuse, barriers and aliases, named node by node."""
     m = _model(name)
     g, caches, inputs = _env(m, 7, 3, 1, seed=1)
-    sub = _prefix_without(g, {Op.FLASH_ATTN} | {op for op in Op if op not in registry.KERNELS
-                                                 and op not in registry.NO_KERNEL})
-    env_r = Env(m.weight, {k: v.copy() for k, v in caches.items()}, inputs)
-    env_l = Env(m.weight, {k: v.copy() for k, v in caches.items()}, inputs)
-    env_l.threads = threads
-    ref, mine = ref_run(sub, env_r), llvm_run(sub, env_l)
+    sub = _prefix_without(g, {Op.FLASH_ATTN})
+    caches_r = {k: v.copy() for k, v in caches.items()}
+    caches_l = {k: v.copy() for k, v in caches.items()}
+    ref, mine = _ref(sub, m, caches_r, inputs), _llvm(sub, m, caches_l, inputs, threads)
     assert ref.keys() == mine.keys() and len(ref) > 3
     for k in ref:
         _assert_same(mine[k], ref[k], k)
     for k in caches:
-        _assert_same(env_l.caches[k], env_r.caches[k], f"cache {k}")
+        _assert_same(caches_l[k], caches_r[k], f"cache {k}")
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3])
@@ -101,20 +104,16 @@ def test_graph_before_attention_equals_reference(name, threads):
 def test_graph_named_nodes_and_logits_equal_reference(name, shape, threads):
     m = _model(name)
     g, caches, inputs = _env(m, *shape, seed=sum(shape))
-    missing = _missing_kernels(g)
-    if missing:
-        pytest.skip(f"llvm kernels not written yet: {', '.join(sorted(missing))}")
-    ref, ref_seen, ref_caches = _traced(ref_run, g, caches, inputs, m, threads)
-    mine, seen, my_caches = _traced(llvm_run, g, caches, inputs, m, threads)
+    ref, ref_seen, ref_caches = _traced("reference", g, caches, inputs, m, threads)
+    mine, seen, my_caches = _traced("llvm", g, caches, inputs, m, threads)
     assert seen.keys() == ref_seen.keys()
     for k in ref_seen:                                  # execution order: the first difference fails
         _assert_same(seen[k], ref_seen[k], f"node {k}")
     _assert_same(mine["logits"], ref["logits"], "logits")
     for k in caches:
         _assert_same(my_caches[k], ref_caches[k], f"cache {k}")
-    env = Env(m.weight, {k: v.copy() for k, v in caches.items()}, inputs)   # the untraced (buffer reuse) run
-    env.threads = threads
-    _assert_same(llvm_run(g, env)["logits"], ref["logits"], "logits without trace")
+    untraced = _llvm(g, m, {k: v.copy() for k, v in caches.items()}, inputs, threads)     # buffer reuse
+    _assert_same(untraced["logits"], ref["logits"], "logits without trace")
 
 
 def test_layers_share_kernel_functions():
@@ -148,19 +147,20 @@ def test_decode_tiny_kernels_run_on_thread_0_between_fewer_barriers():
 def test_micro_batch_without_outputs_only_writes_the_caches(threads):
     m = _model("qwen3-small-q1_0")
     g, caches, inputs = _env(m, 5, 2, 0, seed=9)
-    if _missing_kernels(g):
-        pytest.skip("llvm kernels not written yet")
-    env_r = Env(m.weight, {k: v.copy() for k, v in caches.items()}, inputs)
-    env_l = Env(m.weight, {k: v.copy() for k, v in caches.items()}, inputs)
-    env_l.threads = threads
-    assert ref_run(g, env_r) == {} and llvm_run(g, env_l) == {}
+    caches_r = {k: v.copy() for k, v in caches.items()}
+    caches_l = {k: v.copy() for k, v in caches.items()}
+    assert _ref(g, m, caches_r, inputs) == {} and _llvm(g, m, caches_l, inputs, threads) == {}
     for k in caches:
-        _assert_same(env_l.caches[k], env_r.caches[k], f"cache {k}")
-        assert not np.array_equal(env_l.caches[k], caches[k])
+        _assert_same(caches_l[k], caches_r[k], f"cache {k}")
+        assert not np.array_equal(caches_l[k], caches[k])
 
 
-def test_compiled_graphs_are_cached_by_structure():
+def test_a_backend_compiles_a_graph_once():
     m = _model("smollm2-q4_1")
     g = m.graph(2, 256, 1)
-    copy = Graph(dict(g.nodes), dict(g.outputs), dict(g.meta))      # another object, the same structure
-    assert llvm_graph.compile_graph(g) is llvm_graph.compile_graph(copy)
+    be = LlvmBackend(m.weight, threads=2)
+    try:
+        assert be.prepare(g) > 0 and be.prepare(g) == 0.0
+    finally:
+        be.close()
+    assert be.compiled == {} and be.pool is None

@@ -47,7 +47,7 @@ def test_greedy_decode_with_q1_0_matvecs_on_gpu_gives_llama_cpp_tokens_and_logit
     s = m.session()
     prompt = [int(t) for t in np.random.default_rng(6).integers(0, m.hparams.n_vocab, N_PROMPT)]
     rows = [s.prefill(prompt, outputs="last")[-1]]
-    mg = gpu.for_model(m)
+    mg = m.device
     assert mg is not None and mg.device.info.index == lavapipe
     per_decode = _q1_matvecs(m.graph(1, 256, 1))
     assert per_decode == 4 * 7 + 1                 # q k v o gate up down per layer, and the lm_head
@@ -69,7 +69,7 @@ def test_greedy_decode_with_q1_0_matvecs_on_gpu_gives_llama_cpp_tokens_and_logit
 
 def test_gpu_matvec_declines_what_is_not_one_q8_0_row(q1_model, lavapipe):
     m = bankml.load(q1_model, gpu=lavapipe)
-    mg = gpu.for_model(m)
+    mg = m.device
     w = m.weight("blk.0.attn_q.weight")
     x = np.random.default_rng(1).normal(0, 1, (2, 512)).astype(np.float32)
     assert mg.gpu_matvec("blk.0.attn_q.weight", w, quantize_q8_0(x)) is None        # two rows
@@ -82,7 +82,7 @@ def test_gpu_matvec_declines_what_is_not_one_q8_0_row(q1_model, lavapipe):
 def test_bankml_gpu_off_keeps_the_session_on_the_cpu(q1_model, monkeypatch):
     monkeypatch.setenv("BANKML_GPU", "off")
     m = bankml.load(q1_model)
-    assert m.gpu is None and gpu.for_model(m) is None
+    assert m.gpu is None and m.device is None
 
 
 def test_a_device_refused_by_the_oracle_leaves_the_session_on_the_cpu_saying_why(q1_model, lavapipe,
@@ -96,7 +96,7 @@ def test_a_device_refused_by_the_oracle_leaves_the_session_on_the_cpu_saying_why
     row = s.prefill(prompt, outputs="last")
     row = np.concatenate([row, s.decode(int(np.argmax(row[-1])))[None]])
     err = capsys.readouterr().err
-    assert gpu.for_model(m) is None
+    assert m.device is None
     assert err.count("failed the on-device oracle") == 1 and "staying on the CPU" in err
     assert len(err.strip().splitlines()) == 1
     cpu = bankml.load(q1_model, threads=2, gpu="off").session()
