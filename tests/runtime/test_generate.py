@@ -65,9 +65,14 @@ def test_default_chain_tokens_equal_llama_server(servers, model, i):
 
 
 def test_stops_at_stop_string(model):
+    """Without stops greedy runs on past the first comma; with stop "," it ends on the token that makes it."""
     ids = model.tokenize("1, 2, 3, 4,")
+    free = list(generate(model, ids, 8, GREEDY))
+    text = model_text(model, free)
+    assert "," in text and text[text.index(",") + 1:].strip()
     out = list(generate(model, ids, 8, GREEDY, stop=[","]))
-    assert len(out) <= 8 and "," in model_text(model, out)
+    assert out == free[:len(out)] and len(out) < len(free)
+    assert "," in model_text(model, out) and "," not in model_text(model, out[:-1])
 
 
 def model_text(model, ids):
