@@ -43,6 +43,14 @@ def _commit() -> str | None:
     return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
 
 
+def _cpu() -> str | None:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return None
+    return next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), None)
+
+
 class Recorder:
     """Appends comparisons to one results file, starting it with the run's line on first use."""
 
@@ -53,7 +61,7 @@ class Recorder:
         if not self.started:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             run = {"command": self.command, "date": datetime.datetime.now().isoformat(timespec="seconds"),
-                   "commit": _commit(), "oracle": f"llama.cpp b{VERSION} ({VARIANT} build)"}
+                   "commit": _commit(), "oracle": f"llama.cpp b{VERSION} ({VARIANT} build)", "cpu": _cpu()}
             self.path.write_text(json.dumps({"run": run}) + "\n")      # a new run replaces an old file
             self.started = True
         with open(self.path, "a") as f:
