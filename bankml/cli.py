@@ -195,7 +195,7 @@ def _chat_loop(m, system: str | None, n_predict: int, params, seed: int, as_json
     messages = _first_messages(system)
     while True:
         try:
-            text = click.prompt(">", prompt_suffix=" ")
+            text = click.prompt(">", prompt_suffix=" ", err=as_json)
         except (EOFError, click.Abort):
             return
         if text.strip() == "/clear":

@@ -155,7 +155,7 @@ def test_interactive_chat_prefills_only_each_new_turn(monkeypatch, smollm2):
     r = invoke("run", str(models.path("smollm2-q4_1")), "--chat", "--temp", "0", "-n", "8", "--json",
                input="\n".join(TURNS) + "\n")
     assert r.exit_code == 0, r.output
-    replies = [json.loads(line[line.index("{"):]) for line in r.stdout.splitlines() if "{" in line]
+    replies = [json.loads(line) for line in r.stdout.splitlines()]      # --json: the "> " prompts go to stderr
     assert len(replies) == len(calls) == 3
     messages, rendered = [], []
     for text, reply in zip(TURNS, replies):
