@@ -26,7 +26,7 @@ def bankml(cache, *args: str, jit_cache: str = "1") -> subprocess.CompletedProce
 
 def test_compile_writes_plan_and_ir_and_the_next_run_compiles_nothing(tmp_path, smollm2):
     cache, out = tmp_path / "cache", tmp_path / "out"
-    run_args = ("run", smollm2, "-p", PROMPT, "-n", "4", "--temp", "0", "--json")
+    run_args = ("run", smollm2, "--raw", "-p", PROMPT, "-n", "4", "--temp", "0", "--json")   # compile -p is raw text
     uncached = bankml(cache, *run_args, jit_cache="0")
     assert uncached.returncode == 0, uncached.stderr
     assert not (cache / "jit").exists()
