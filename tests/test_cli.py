@@ -135,6 +135,12 @@ def test_n_minus_one_stops_at_the_end_of_generation_token(smollm2):
     assert out["tokens"][-1] in tokenizer_for(smollm2).eog and len(out["tokens"]) < 100
 
 
+def test_prompt_longer_than_the_context_is_one_error_line():
+    r = invoke("run", str(models.path("smollm2-q4_1")), "-p", QUESTION, "--ctx", "16")
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert r.stderr == "Error: the prompt is 37 tokens; the context holds 16 (--ctx)\n"
+
+
 def watch_prefill(monkeypatch) -> list[tuple[int, int]]:
     """(cells held, tokens prefilled) of every Session.prefill from now on."""
     from bankml.runtime.session import Session
