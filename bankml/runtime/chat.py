@@ -70,6 +70,22 @@ def render_template(source: str, messages: list[dict], bos_token: str = "", eos_
     return out
 
 
+def has_chat_template(model) -> bool:
+    """Whether the model's header has a `tokenizer.chat_template` (llama-cli then chats by default)."""
+    src = model.gguf.metadata.get("tokenizer.chat_template")
+    return isinstance(src, str) and bool(src)
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """How many leading token ids a and b share: what a session holding a can keep for b."""
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
 def chat_template(model) -> str:
     """The model's `tokenizer.chat_template`, or an error naming the model."""
     gguf = model.gguf if hasattr(model, "gguf") else None

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from bankml.errors import ModelRefused
+from bankml.gguf.reader import GGUF_ARRAY, GGUF_STRING
 
 # llama_token_type (gguf token_type) -> llama_token_attr bits we use
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -206,6 +207,42 @@ PRE_TOKENIZERS = {
     "smollm": (_split_numbers, _split_gpt2),
     "qwen2": (_split_qwen2,),
 }
+# tokenizer.ggml.model values llama.cpp knows (llama_vocab::impl::load) that bankml does not implement
+OTHER_TOKENIZER_MODELS = {"llama": "SentencePiece", "bert": "WordPiece", "t5": "Unigram", "rwkv": "RWKV",
+                          "plamo2": "PLaMo-2", "no_vocab": "no vocabulary"}
+_INT_TYPES = (0, 1, 2, 3, 4, 5, 10, 11)     # gguf integer value types, u8 .. i64
+
+
+def vocab_refusal(metadata: dict, value_types: dict) -> str | None:
+    """Why a GGUF header's vocabulary is one bankml's tokenizer cannot load, naming the key; None if it can.
+
+    plan() refuses on it, so a model is refused before any weight is read rather than when it
+    first tokenizes."""
+    kind = metadata.get("tokenizer.ggml.model")
+    if kind != "gpt2":
+        what = "missing" if kind is None else repr(kind)
+        if kind in OTHER_TOKENIZER_MODELS:
+            what += f" ({OTHER_TOKENIZER_MODELS[kind]})"
+        return f"tokenizer.ggml.model is {what}; bankml implements gpt2 BPE tokenizers"
+    pre = metadata.get("tokenizer.ggml.pre")
+    if pre not in PRE_TOKENIZERS:
+        what = "missing (llama.cpp's 'default')" if pre is None else repr(pre)
+        return (f"tokenizer.ggml.pre is {what}; bankml implements the "
+                f"{' '.join(sorted(PRE_TOKENIZERS))} pre-tokenizers")
+    for key, element_types, what in (("tokenizer.ggml.tokens", (GGUF_STRING,), "strings"),
+                                     ("tokenizer.ggml.merges", (GGUF_STRING,), "strings"),
+                                     ("tokenizer.ggml.token_type", _INT_TYPES, "integers")):
+        vtype = value_types.get(key)
+        if vtype is None:
+            return f"key {key} is missing; a gpt2 BPE tokenizer needs it"
+        if vtype[0] != GGUF_ARRAY or vtype[1] not in element_types or len(metadata[key]) == 0:
+            return f"key {key} is empty or not an array of {what}"
+    n_tokens, n_types = len(metadata["tokenizer.ggml.tokens"]), len(metadata["tokenizer.ggml.token_type"])
+    if n_types != n_tokens:
+        return f"key tokenizer.ggml.token_type has {n_types} entries for {n_tokens} tokens"
+    return None
+
+
 # pre-tokenizers whose llama.cpp vocab loader sets clean_spaces = false (others: true)
 _NO_CLEAN_SPACES = {"smollm"}
 
@@ -248,11 +285,11 @@ class Tokenizer:
     @classmethod
     def from_gguf(cls, gguf, name: str = "model") -> "Tokenizer":
         md = gguf.metadata
-        kind = md.get("tokenizer.ggml.model")
-        if kind != "gpt2":
-            raise ModelRefused(f"{name}: tokenizer.ggml.model is {kind!r}; bankml's tokenizer supports gpt2 (BPE)")
+        why = vocab_refusal(md, gguf.value_types)
+        if why:
+            raise ModelRefused(f"{name}: {why}")
         return cls(md["tokenizer.ggml.tokens"], md["tokenizer.ggml.token_type"], md["tokenizer.ggml.merges"],
-                   md.get("tokenizer.ggml.pre", "default"), md.get("tokenizer.ggml.bos_token_id"),
+                   md["tokenizer.ggml.pre"], md.get("tokenizer.ggml.bos_token_id"),
                    md.get("tokenizer.ggml.eos_token_id"), bool(md.get("tokenizer.ggml.add_bos_token", False)),
                    bool(md.get("tokenizer.ggml.add_eos_token", False)), name)
 

@@ -81,7 +81,10 @@ def model_kvs(arch: str = "llama", n_embd: int = 128, n_layer: int = 2, n_head: 
         f"{arch}.attention.layer_norm_rms_epsilon": (F32, 1e-6),
         f"{arch}.rope.freq_base": (F32, 100000.0),
         "tokenizer.ggml.model": (STR, "gpt2"),
+        "tokenizer.ggml.pre": (STR, "smollm"),
         "tokenizer.ggml.tokens": (ARRAY, (STR, [f"t{i}" for i in range(n_vocab)])),
+        "tokenizer.ggml.token_type": (ARRAY, (I32, [1] * n_vocab)),
+        "tokenizer.ggml.merges": (ARRAY, (STR, ["t 1"])),
     }
 
 

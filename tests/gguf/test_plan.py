@@ -203,6 +203,39 @@ def test_refuses_missing_token_list_from_header(tmp_path):
     refused(tmp_path, "key tokenizer.ggml.tokens is missing", kv_edit={"tokenizer.ggml.tokens": None})
 
 
+@pytest.mark.parametrize("key,value,cause", [
+    ("tokenizer.ggml.model", (STR, "llama"), "tokenizer.ggml.model is 'llama' (SentencePiece); bankml implements gpt2"),
+    ("tokenizer.ggml.model", (STR, "bert"), "tokenizer.ggml.model is 'bert' (WordPiece)"),
+    ("tokenizer.ggml.model", None, "tokenizer.ggml.model is missing"),
+    ("tokenizer.ggml.pre", (STR, "llama-bpe"), "tokenizer.ggml.pre is 'llama-bpe'; bankml implements the qwen2 smollm"),
+    ("tokenizer.ggml.pre", None, "tokenizer.ggml.pre is missing (llama.cpp's 'default')"),
+    ("tokenizer.ggml.merges", None, "key tokenizer.ggml.merges is missing"),
+    ("tokenizer.ggml.merges", (ARRAY, (STR, [])), "key tokenizer.ggml.merges is empty or not an array of strings"),
+    ("tokenizer.ggml.token_type", None, "key tokenizer.ggml.token_type is missing"),
+    ("tokenizer.ggml.token_type", (ARRAY, (I32, [1] * 31)), "tokenizer.ggml.token_type has 31 entries for 32 tokens"),
+    ("tokenizer.ggml.tokens", (ARRAY, (I32, [1] * 32)), "key tokenizer.ggml.tokens is missing, empty or not a string"),
+], ids=["spm", "wpm", "no_model", "llama3_pre", "no_pre", "no_merges", "empty_merges", "no_token_types",
+        "short_token_types", "int_tokens"])
+def test_refuses_vocabulary_the_tokenizer_cannot_load_from_header(tmp_path, key, value, cause):
+    refused(tmp_path, cause, kv_edit={key: value})
+
+
+@pytest.mark.parametrize("edit", [{"tokenizer.ggml.model": (STR, "llama")},
+                                  {"tokenizer.ggml.pre": (STR, "llama-bpe")}], ids=["spm", "llama3_pre"])
+def test_info_and_load_refuse_an_unloadable_vocabulary_in_one_line(tmp_path, edit):
+    import subprocess
+    import sys
+
+    import bankml
+    path = write_model(tmp_path / "model.gguf", kv_edit=edit)
+    key = next(iter(edit))
+    r = subprocess.run([sys.executable, "-m", "bankml.cli", "info", str(path)], capture_output=True, text=True)
+    assert r.returncode == 1 and r.stderr.startswith(f"Error: {path}: {key} is ")
+    assert len(r.stderr.strip().splitlines()) == 1 and r.stdout == ""
+    with pytest.raises(ModelRefused, match=key):
+        bankml.load(path)
+
+
 def test_refuses_wrong_shape_from_header(tmp_path):
     refused(tmp_path, "tensor blk.0.attn_k.weight has shape [128, 128], hparams give [128, 64]",
             reshape={"blk.0.attn_k.weight": (128, 128)})

