@@ -97,7 +97,6 @@ def ir(model: str, variant: str, n_tokens: int | None, past: int, outputs: str, 
         return _spirv(model)
     from bankml.ir.printer import dump, to_dot
     from bankml.passes.pipeline import run_passes
-    from bankml.runtime.session import pad256
     if (n_tokens is not None and n_tokens < 1) or past < 0:
         raise click.BadParameter("--tokens must be >= 1 and --past >= 0")
     with bankml.load(model, backend="reference") as m:
@@ -111,7 +110,7 @@ def ir(model: str, variant: str, n_tokens: int | None, past: int, outputs: str, 
             g = run_passes(m.build_graph(v.n_tokens, v.n_kv, v.n_outputs), until=after)
         else:
             used = past + n_tokens
-            n_kv = min(m.kv_size, max(256, pad256(used)))
+            n_kv = m.n_kv(used)
             g = run_passes(m.build_graph(n_tokens, n_kv, n_tokens if outputs == "all" else 1), until=after)
     click.echo(dump(g), nl=False)
     if dot_file:
@@ -248,7 +247,7 @@ def _report(r: dict, as_json: bool) -> None:
     t = r["timings"]
     click.echo()
     if t["compile_ms"] > 0:
-        click.echo(f"[compiling {t['compile_ms'] / 1e3:.1f} s (new graph shapes of this model; cached afterwards; "
+        click.echo(f"[compiling {t['compile_ms'] / 1e3:.1f} s (first use of this model's graphs; cached afterwards; "
                    "not counted below)]", err=True)
     click.echo(f"[prompt {t['prompt_n']} tokens, {t['prompt_per_second']:.1f} tok/s; generated "
                f"{t['predicted_n']} tokens, {t['predicted_per_second']:.1f} tok/s]", err=True)
@@ -357,6 +356,7 @@ def _generate(m, sess, ids: list[int], n_predict: int, params, seed: int, echo: 
     out, pieces = [], []
     dec = StreamDecoder(tokenizer_for(m), special=False)
     c0, t0 = m.compile_seconds, _now()
+    m.prepare_for(sess.n_past, len(ids), n)        # compile (the first time) before any text streams
     c_first = t_first = None
     for t in generate(m, ids, n, params, seed=seed, session=sess):
         if t_first is None:

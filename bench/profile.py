@@ -17,7 +17,6 @@ import numpy as np
 import bankml
 from bankml.ir.ops import Op
 from bankml.passes.variants import choose_variant
-from bankml.runtime.session import pad256
 from bankml.testing import models
 
 
@@ -32,7 +31,7 @@ def main() -> None:
     path = Path(a.model) if Path(a.model).exists() else models.path(a.model)
     m = bankml.load(path, threads=a.threads)
     T, used = a.tokens, a.past + a.tokens
-    n_kv = min(m.kv_size, max(256, pad256(used)))
+    n_kv = m.n_kv(used)
     v, values = choose_variant(m.variants, T, n_kv, 1)
     m.prepare(v)
     g, be = m.generic_graph(v), m.runner

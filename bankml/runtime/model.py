@@ -25,6 +25,7 @@ from bankml.gguf.plan import plan as make_plan
 from bankml.ir.graph import Graph
 from bankml.passes.pipeline import run_passes
 from bankml.passes.variants import Variant, choose_variant, variants
+from bankml.runtime import compile_cache
 
 if TYPE_CHECKING:
     from bankml.runtime.session import Session
@@ -87,21 +88,37 @@ class Model:
         """Make a variant ready to run (the llvm backend compiles it); the seconds that took."""
         if v.name in self._ready:
             return 0.0
-        t0 = time.perf_counter()
-        g = self.generic_graph(v)
-        if self.backend == "llvm":
-            print(f"bankml: compiling the {v.name} graph of {self.path.name} (first use; cached afterwards)",
-                  file=sys.stderr, flush=True)
-        self.runner.prepare(g)
+        t0, misses = time.perf_counter(), compile_cache.counts["miss"]
+        self.runner.prepare(self.generic_graph(v))
         seconds = time.perf_counter() - t0
         if self.backend == "llvm":
             self.compile_seconds += seconds
+            if compile_cache.counts["miss"] > misses or not compile_cache.enabled():
+                why = "first use; cached afterwards" if compile_cache.enabled() else "BANKML_JIT_CACHE is off"
+                print(f"bankml: compiled the {v.name} graph of {self.path.name} in {seconds:.1f} s ({why})",
+                      file=sys.stderr, flush=True)
         self._ready.add(v.name)
         return seconds
 
     def compile(self) -> float:
         """Prepare every variant a session can need; afterwards nothing compiles again."""
         return sum(self.prepare(v) for v in self.variants)
+
+    def n_kv(self, used: int) -> int:
+        """Cells the attention reads when `used` cells are filled (llama_kv_cache::get_n_kv: a
+        multiple of 256)."""
+        return min(self.kv_size, max(256, -(-used // 256) * 256))
+
+    def prepare_for(self, n_past: int, n_prompt: int, n_predict: int) -> float:
+        """Prepare what a prompt of n_prompt tokens after n_past cells (the last row's logits) and
+        n_predict decodes after it run, so that no compile interrupts a stream of tokens."""
+        need = []
+        for start in range(0, n_prompt, self.n_ubatch):
+            T = min(self.n_ubatch, n_prompt - start)
+            need.append((T, self.n_kv(n_past + start + T), int(start + T >= n_prompt)))
+        first, last = n_past + n_prompt + 1, min(n_past + n_prompt + n_predict, self.kv_size)
+        need += [(1, self.n_kv(used), 1) for used in {first, last} if n_predict > 0 and used <= self.kv_size]
+        return sum(self.prepare(choose_variant(self.variants, *sizes)[0]) for sizes in need)
 
     def run_ubatch(self, n_tokens: int, n_kv: int, n_outputs: int, inputs: dict, caches: dict, trace=None) -> dict:
         """One micro-batch through the variant that takes these sizes."""

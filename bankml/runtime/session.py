@@ -75,7 +75,7 @@ class Session:
         m = self.model
         T = len(tokens)
         used = self.n_past + T
-        n_kv = min(m.kv_size, max(256, pad256(used)))          # llama_kv_cache::get_n_kv
+        n_kv = m.n_kv(used)
         pos = np.arange(self.n_past, used, dtype=np.int32)
         cells = np.arange(n_kv)
         visible = (cells[None, :] <= pos[:, None]) & (cells[None, :] < used)

@@ -98,7 +98,7 @@ def test_a_device_refused_by_the_oracle_leaves_the_session_on_the_cpu_saying_why
     err = capsys.readouterr().err
     assert m.device is None
     assert err.count("failed the on-device oracle") == 1 and "staying on the CPU" in err
-    assert len(err.strip().splitlines()) == 1
+    assert len([line for line in err.splitlines() if "compiled the" not in line]) == 1
     cpu = bankml.load(q1_model, threads=2, gpu="off").session()
     want = cpu.prefill(prompt, outputs="last")
     want = np.concatenate([want, cpu.decode(int(np.argmax(want[-1])))[None]])
