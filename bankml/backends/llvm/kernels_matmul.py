@@ -198,13 +198,16 @@ def define_mul_mat(m: ir.Module, g: Graph, n: Node) -> ir.Function:
         R, C = tiler.shape(M_lo)
         C = min(C, M_lo)
         col_tiles = [(R, C, i64(M_lo // C), 0)] + ([(R, M_lo % C, i64(1), M_lo // C * C)] if M_lo % C else [])
-    else:                            # columns known at run time: full tiles, then one column at a time
+    else:                            # columns known at run time: full tiles, then the rest in tiles of 4, 2, 1
         R, C = tiler.shape(max(1, min(M_hi, 8)))
-        if C == 1:
-            col_tiles = [(R, 1, M, 0)]
-        else:
-            full = b.sdiv(M, i64(C))
-            col_tiles = [(R, C, full, 0), (tiler.shape(1)[0], 1, b.srem(M, i64(C)), b.mul(full, i64(C)))]
+        full = b.sdiv(M, i64(C))
+        col_tiles = [(R, C, full, 0)]
+        first, rest = b.mul(full, i64(C)), b.srem(M, i64(C))
+        for c in (4, 2, 1):
+            if c < C:
+                count = b.and_(b.lshr(rest, i64(c.bit_length() - 1)), i64(1))
+                col_tiles.append((tiler.shape(c)[0], c, count, first))
+                first = b.add(first, b.mul(count, i64(c)))
     scr = tiler.alloc(b, K, max(c for _, c, _, _ in col_tiles))
     lo, hi = thread_range(b, N, ith, nth)
 
@@ -233,7 +236,7 @@ def define_mul_mat(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     if M_lo == M_hi and len(col_tiles) == 1 and M_lo == C:
         columns(lo, hi)
     else:
-        R = col_tiles[0][0]
+        R = max(r for r, _, _, _ in col_tiles)          # powers of two: chunks cut no row group
         chunk = max(R, CHUNK_BYTES // wrb // R * R)
         with for_range(b, lo, hi, step=chunk, name="chunk") as r0:
             r1 = b.add(r0, i64(chunk))

@@ -16,12 +16,18 @@ def graph_of(*nodes: Node) -> Graph:
     return g
 
 
-def run_kernel(g: Graph, n: Node, out, ins, nth: int):
-    """Compile n's kernel alone and run shares ith = 0..nth-1 (kernels never sync inside)."""
+def compile_kernel(g: Graph, n: Node):
+    """n's kernel alone in a module: (engine, function name)."""
     m = ir.Module(name=f"test_{n.op.value}")
     fn = registry.define(m, g, n)
     fn.linkage = "external"
-    eng = jit.compile_module(m)
+    return jit.compile_module(m), fn.name
+
+
+def run_kernel(g: Graph, n: Node, out, ins, nth: int, sizes: dict | None = None, kernel=None):
+    """Run shares ith = 0..nth-1 of n's kernel (kernels never sync inside); sizes: a generic
+    node's Dim values."""
+    eng, name = kernel or compile_kernel(g, n)
     for ith in range(nth):
-        jit.call_kernel(eng, fn.name, out, ins, ith, nth)
+        jit.call_kernel(eng, name, out, ins, ith, nth, sizes)
     return out

@@ -12,6 +12,7 @@ from bankml.backends.llvm.jit import call_kernel, compile_module
 from bankml.backends.llvm.registry import define, kernel_name
 from bankml.backends.reference.attention import flash_attn
 from bankml.errors import LoweringError
+from bankml.ir.dims import Dim
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
@@ -129,3 +130,36 @@ def test_flash_attn_refuses_other_order():
     g, n = _graph(q, k, v, mask, scale, ROPE)
     with pytest.raises(LoweringError):
         define(ir.Module(), g, n)
+
+
+GENERIC = [(FA_REFERENCE, Dim("T", 2, 63), Dim("KV", 256, 1024), [(2, 0), (7, 250), (63, 193), (33, 700)]),
+           (FA_TILED, Dim("T", 64, 512), Dim("KV", 256, 1024), [(64, 0), (65, 191), (200, 37), (130, 600)]),
+           (FA_SPLIT, 1, Dim("KV", 512, 2048), [(1, 300), (1, 700), (1, 1100), (1, 2047)])]
+
+
+@pytest.mark.parametrize("llama_threads", [2, 3])
+@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("order,T,KV,sizes", GENERIC, ids=["one_chunk", "tiled", "split"])
+def test_generic_kernel_bits_equal_reference_at_every_size(order, T, KV, sizes, model, llama_threads):
+    """One kernel for rows and cells known at run time: the tiled Q cut and the split-KV chunks
+    computed from T, KV and llama_threads as ggml computes them."""
+    n_head, n_head_kv, d = MODELS[model]
+    g = Graph()
+    g.add(Node(0, Op.INPUT, (), (T, n_head, d), "f32"))
+    g.add(Node(1, Op.CACHE, (), (KV, n_head_kv, d), "f16"))
+    g.add(Node(2, Op.CACHE, (), (KV, n_head_kv, d), "f16"))
+    g.add(Node(3, Op.INPUT, (), (T, KV), "f16"))
+    n = g.add(Node(4, Op.FLASH_ATTN, (0, 1, 2, 3), (T, n_head, d), "f32", None, order,
+                   {"scale": float(np.float32(1.0 / np.sqrt(d))), "n_threads": llama_threads}))
+    m_ = ir.Module()
+    define(m_, g, n)
+    eng = compile_module(m_)
+    for m, n_past in sizes:
+        q, k, v, mask, scale = _case(m + n_past, m, n_past, model)
+        want = flash_attn(q, k, v, mask, scale, order, llama_threads)
+        for nth in (1, 3):
+            out = np.full(want.shape, np.nan, np.float32)
+            for ith in range(nth):
+                call_kernel(eng, kernel_name(n), out, [q, k, v, mask], ith, nth, {"T": m, "KV": mask.shape[1]},
+                            llama_threads)
+            assert np.array_equal(out.view(np.uint32), want.view(np.uint32)), f"T={m} past={n_past} nth={nth}"

@@ -10,10 +10,11 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from llvm_kernel_util import graph_of, run_kernel  # noqa: E402
+from llvm_kernel_util import compile_kernel, graph_of, run_kernel  # noqa: E402
 
 from bankml.backends.reference.matmul import mul_mat, quantize_activation  # noqa: E402
 from bankml.gguf.reader import ggml_type_name  # noqa: E402
+from bankml.ir.dims import Dim  # noqa: E402
 from bankml.ir.node import Node  # noqa: E402
 from bankml.ir.ops import Op  # noqa: E402
 from bankml.passes.choose_matmul_kernel import matmul_order  # noqa: E402
@@ -63,13 +64,35 @@ def _act_bytes(x: np.ndarray, act: int) -> np.ndarray:
     return a.view(np.uint8).reshape(x.shape[0], -1) if act == F16 else to_bytes(a)
 
 
-def _nodes(t, k, m, n):
+def _nodes(t, k, m, n, order_cols=None):
     wt = WEIGHT_TYPES[t]
     x = Node(0, Op.INPUT, (), (m, k), "f32", params={"input": "x"})
     w = Node(1, Op.WEIGHT, (), (n, k), wt.name, params={"tensor": "w", "ggml_type": t})
     q = Node(2, Op.QUANTIZE, (0,), (m, k), ggml_type_name(wt.act_type), params={"type": wt.act_type})
-    mm = Node(3, Op.MUL_MAT, (1, 2), (m, n), "f32", name="mm", order=matmul_order(t, n, m))
+    mm = Node(3, Op.MUL_MAT, (1, 2), (m, n), "f32", name="mm", order=matmul_order(t, n, order_cols or m))
     return graph_of(x, w, q, mm), q, mm
+
+
+@pytest.mark.parametrize("n", [36, 37])
+@pytest.mark.parametrize("t", TYPES, ids=[WEIGHT_TYPES[t].name for t in TYPES])
+@pytest.mark.parametrize("dim", [Dim("T", 2, 63), Dim("O", 0, 1)], ids=["T2-63", "O0-1"])
+def test_generic_mul_mat_bits_equal_reference_at_every_column_count(t, dim, n):
+    """One kernel for a column count known at run time: full tiles, then tiles of 4, 2 and 1
+    (F16 with 36 rows: tinyBLAS for T, vec_dot for O)."""
+    k = 256
+    g, q, mm = _nodes(t, k, dim, n, order_cols=dim.hi)
+    kernel = compile_kernel(g, mm)
+    for m in sorted({dim.lo, dim.hi, *range(max(dim.lo, 1), min(dim.hi, 20) + 1)}):
+        raw, x = _problem(t, k, max(m, 1), n)
+        x = x[:m]
+        out = np.full((max(m, 1), n), np.nan, np.float32)
+        run_kernel(g, mm, out, [raw, _act_bytes(x, WEIGHT_TYPES[t].act_type) if m else np.zeros(1, np.uint8)], 2,
+                   {dim.name: m}, kernel)
+        if m == 0:
+            assert np.isnan(out).all()              # no column: nothing written
+            continue
+        ref = mul_mat(raw, t, quantize_activation(x, WEIGHT_TYPES[t].act_type), mm.order)
+        assert np.array_equal(out.view(np.uint32), ref.view(np.uint32)), f"{m} columns"
 
 
 @pytest.mark.parametrize("nth", [1, 2, 3])
