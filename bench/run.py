@@ -14,16 +14,17 @@ llama-bench's), tg128 is 128 single-token decodes from an empty cache, both afte
 in the same process (graphs compiled or loaded before the clock starts). Best of --reps;
 ratio bankml/llama.cpp tokens/s. Peak memory is each process's max RSS.
 
-fresh (nothing warm in memory, the disk cache as it is): for --fresh-lengths random prompt
-lengths in 20..400 (random ids), the seconds from the call to prefill(ids, outputs="last") to
-its return, each in a new process that loads the model and runs nothing before it. The row
-says "warm cache" when that process compiled nothing (the JIT cache held the model's code),
-else how many objects it compiled; one more run of the first length with BANKML_CACHE an
-empty folder is the cold figure. llama.cpp: `llama-bench -p N -n 0 -r 1` (after its own
-warm-up run), prompt time N / avg_ts. Ratio llama.cpp time / bankml time.
+fresh: for --fresh-lengths random prompt lengths in 20..400 (random ids), the seconds from the
+call to prefill(ids, outputs="last") to its return, in one new process started as a server
+starts (load() and compile(): the objects from the disk cache, start-up time reported apart),
+none of the lengths run before. The row says "warm cache" when that process compiled nothing,
+else how many objects it compiled. One more row: the first length as the first request of a
+new process with an empty BANKML_CACHE (cold: the request compiles its graph). llama.cpp:
+`llama-bench -p N -n 0 -r 1` (after its own warm-up run), prompt time N / avg_ts. Ratio
+llama.cpp time / bankml time.
 
-long (no warm-up): --long-tokens single-token decodes of fixed random ids after a 1-token
-prompt, in a new process; the prompt's prefill is not timed, every decode step is
+long: --long-tokens single-token decodes of fixed random ids after a 1-token prompt, in a new
+process started as a server starts (load, compile); the prompt's prefill is not timed, every decode step is
 (perf_counter), so a compile or a stall met mid-generation is the slowest step. Tokens/s over
 all steps, the median and the slowest step and their ratio. llama.cpp: `llama-bench -p 0 -n N
 -r 1` tokens/s (after its one-token warm-up). Ratio bankml/llama.cpp tokens/s.
@@ -110,23 +111,34 @@ def bankml_bench(path: Path, backend: str, threads: int, reps: int, pp: bool = T
     return out
 
 
-def fresh_prompt(path: Path, backend: str, threads: int, n: int, seed: int) -> dict:
-    """Seconds from the call to prefill(ids, outputs="last") to its return, n random ids, in a
-    process that has run nothing before (call it in a fresh one); `compiled`: how many objects
-    this process compiled (0: the disk JIT cache held everything it ran)."""
-    m = bankml.load(path, backend=backend, threads=threads)
-    ids = np.random.default_rng([seed, n]).integers(0, m.hparams.n_vocab, n).tolist()
-    s = m.session()
+def fresh_prompt(path: Path, backend: str, threads: int, lengths: list[int], seed: int, warm: bool) -> dict:
+    """Seconds from the call to prefill(ids, outputs="last") to its return for each of `lengths`
+    (random ids), in this process, none of them run before. warm: the model was started as a
+    server or `bankml run` starts it, load() then compile() (start-up, timed apart: the object
+    files from the disk cache, or compiled); else the first prefill meets whatever compile or
+    load its graph needs. `compiled`: how many objects this process compiled."""
     t0 = time.perf_counter()
-    s.prefill(ids, outputs="last")
-    seconds = time.perf_counter() - t0
-    return {"seconds": seconds, "compiled": compile_cache.counts["miss"], "cache_on": compile_cache.enabled()}
+    m = bankml.load(path, backend=backend, threads=threads)
+    if warm:
+        m.compile()
+    startup = time.perf_counter() - t0
+    seconds = {}
+    for n in lengths:
+        ids = np.random.default_rng([seed, n]).integers(0, m.hparams.n_vocab, n).tolist()
+        s = m.session()
+        t0 = time.perf_counter()
+        s.prefill(ids, outputs="last")
+        seconds[n] = time.perf_counter() - t0
+    return {"seconds": seconds, "startup_s": startup, "compiled": compile_cache.counts["miss"],
+            "cache_on": compile_cache.enabled()}
 
 
 def long_decode(path: Path, backend: str, threads: int, n: int, seed: int) -> dict:
-    """n decode steps of fixed random ids after an untimed 1-token prompt, no warm-up: tokens/s
+    """n decode steps of fixed random ids after an untimed 1-token prompt, in a process started
+    as a server starts (load, compile() from the disk cache), no other warm-up: tokens/s
     over all steps, the median and the slowest step (seconds) and where the slowest was."""
     m = bankml.load(path, backend=backend, threads=threads, n_ctx=max(4096, n + 1))
+    m.compile()                             # started as a server starts: every graph ready (disk cache)
     ids = np.random.default_rng(seed).integers(0, m.hparams.n_vocab, n + 1).tolist()
     s = m.session()
     s.prefill(ids[:1], outputs="last")
@@ -141,7 +153,7 @@ def long_decode(path: Path, backend: str, threads: int, n: int, seed: int) -> di
             "cache_on": compile_cache.enabled()}
 
 
-def bankml_child(path: Path, a: argparse.Namespace, test: str, n: int = 0, env: dict | None = None) -> dict:
+def bankml_child(path: Path, a: argparse.Namespace, test: str, n: int | str = 0, env: dict | None = None) -> dict:
     """One bankml measurement in its own process, so its memory and peak RSS are its own."""
     cmd = [sys.executable, __file__, "--one", str(path), "--one-test", test, "--n", str(n),
            "--backend", a.backend, "--threads", str(a.threads), "--reps", str(a.reps), "--seed", str(a.seed),
@@ -152,10 +164,11 @@ def bankml_child(path: Path, a: argparse.Namespace, test: str, n: int = 0, env: 
 
 def run_one(a: argparse.Namespace) -> dict:
     path, rows = Path(a.one), a.rows.split(",")
-    if a.one_test == "fresh":
-        return fresh_prompt(path, a.backend, a.threads, a.n, a.seed)
+    if a.one_test in ("fresh", "cold"):
+        lengths = [int(x) for x in str(a.n).split(",")]
+        return fresh_prompt(path, a.backend, a.threads, lengths, a.seed, warm=a.one_test == "fresh")
     if a.one_test == "long":
-        return long_decode(path, a.backend, a.threads, a.n, a.seed)
+        return long_decode(path, a.backend, a.threads, int(a.n), a.seed)
     return bankml_bench(path, a.backend, a.threads, a.reps, pp="pp" in rows, tg="tg" in rows)
 
 
@@ -173,21 +186,23 @@ def throughput_rows(name: str, path: Path, a: argparse.Namespace, rows: list[str
 
 
 def fresh_rows(name: str, path: Path, a: argparse.Namespace, lengths: list[int]) -> list[dict]:
-    """Each length in a fresh process with the disk cache as it is, then the first length cold."""
-    out, llama_s = [], {}
-    for n in lengths:
-        ours = bankml_child(path, a, "fresh", n)
-        llama_s[n] = n / llama_bench(path, a.threads, 1, n, 0)[f"pp{n}"]
-        out.append(_fresh_row(name, n, ours, llama_s[n], cache_label(ours, a.backend)))
+    """Every length in one process started as a server starts (load, compile from the disk cache),
+    none run before; then the first length as the first request of a process whose JIT cache is
+    empty (cold: its graph compiles inside the request)."""
+    llama_s = {n: n / llama_bench(path, a.threads, 1, n, 0)[f"pp{n}"] for n in lengths}
+    ours = bankml_child(path, a, "fresh", ",".join(map(str, lengths)))
+    label = f"started in {ours['startup_s']:.2f} s, {cache_label(ours, a.backend)}"
+    out = [_fresh_row(name, n, ours["seconds"][str(n)], llama_s[n], label) for n in lengths]
     with tempfile.TemporaryDirectory(prefix="bankml-bench-cold-") as d:
-        ours = bankml_child(path, a, "fresh", lengths[0], env={**os.environ, "BANKML_CACHE": d})
-    out.append(_fresh_row(name, lengths[0], ours, llama_s[lengths[0]], cache_label(ours, a.backend, cold=True)))
+        cold = bankml_child(path, a, "cold", lengths[0], env={**os.environ, "BANKML_CACHE": d})
+    out.append(_fresh_row(name, lengths[0], cold["seconds"][str(lengths[0])], llama_s[lengths[0]],
+                          "first request, " + cache_label(cold, a.backend, cold=True)))
     return out
 
 
-def _fresh_row(name: str, n: int, ours: dict, llama_s: float, label: str) -> dict:
-    return {"model": name, "kind": "fresh", "test": f"fresh {n}", "n": n, "unit": "s", "bankml": ours["seconds"],
-            "llama": llama_s, "ratio": llama_s / ours["seconds"], "note": label}
+def _fresh_row(name: str, n: int, seconds: float, llama_s: float, label: str) -> dict:
+    return {"model": name, "kind": "fresh", "test": f"fresh {n}", "n": n, "unit": "s", "bankml": seconds,
+            "llama": llama_s, "ratio": llama_s / seconds, "note": label}
 
 
 def long_rows(name: str, path: Path, a: argparse.Namespace) -> list[dict]:
@@ -260,17 +275,20 @@ def throughput_md(rows: list[dict], a: argparse.Namespace) -> list[str]:
 def fresh_md(rows: list[dict], a: argparse.Namespace) -> list[str]:
     return ["## Fresh prompt", "",
             "Time to the first logits row of a prompt length never run before: `prefill(ids, outputs=\"last\")` in "
-            "a new process (nothing warm in memory); \"warm cache\": the disk JIT cache held the model's code; "
-            "the cold row ran with an empty BANKML_CACHE. llama.cpp: `llama-bench -p N -n 0 -r 1`, N / avg_ts. "
+            "a process started as a server starts (load and compile, from the disk JIT cache when it holds the "
+            "model's code: \"warm cache\"; start-up time in the note, not in the figure). The last row of each "
+            "model is a cold start: the first request of a new process with an empty BANKML_CACHE, its graph "
+            "compiled inside it. llama.cpp: `llama-bench -p N -n 0 -r 1`, N / avg_ts. "
             "Ratio llama.cpp s / bankml s.", "",
-            "| model | prompt tokens | JIT cache | bankml s | llama.cpp s | ratio |", "|---|---|---|---|---|---|"] + [
+            "| model | prompt tokens | process | bankml s | llama.cpp s | ratio |", "|---|---|---|---|---|---|"] + [
             f"| {r['model']} | {r['n']} | {r['note']} | {r['bankml']:.3f} | {r['llama']:.3f} | {r['ratio']:.3f} |"
             for r in rows]
 
 
 def long_md(rows: list[dict], a: argparse.Namespace) -> list[str]:
     return ["## Long decode", "",
-            "Single-token decodes after a 1-token prompt in a new process, no warm-up, each step timed. "
+            "Single-token decodes after a 1-token prompt in a new process started as a server starts "
+            "(load and compile, from the disk cache), no other warm-up, each step timed. "
             "llama.cpp: `llama-bench -p 0 -n N -r 1`. Ratio bankml tok/s / llama.cpp tok/s.", "",
             "| model | tokens | JIT cache | bankml tok/s | llama.cpp tok/s | ratio | median step ms | "
             "slowest step ms (step) | slowest / median |", "|---|---|---|---|---|---|---|---|---|"] + [
@@ -306,8 +324,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, help="draws the fresh lengths and all token ids (default: a new one)")
     ap.add_argument("--write-docs", action="store_true")
     ap.add_argument("--one", help=argparse.SUPPRESS)         # internal: one bankml measurement, print JSON
-    ap.add_argument("--one-test", default="pptg", choices=["pptg", "fresh", "long"], help=argparse.SUPPRESS)
-    ap.add_argument("--n", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--one-test", default="pptg", choices=["pptg", "fresh", "cold", "long"], help=argparse.SUPPRESS)
+    ap.add_argument("--n", default="0", help=argparse.SUPPRESS)
     a = ap.parse_args()
     rows = a.rows.split(",")
     if bad := [r for r in rows if r not in ROWS]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -57,6 +58,7 @@ class Model:
         self.compile_seconds = 0.0      # time this model spent compiling native code so far (llvm backend)
         self._graphs: dict[str, Graph] = {}         # variant name -> generic graph after the passes
         self._ready: set[str] = set()               # variants the backend has prepared
+        self._prepare_lock = threading.Lock()
         self._weights: dict[str, np.ndarray] = {}
         from bankml.runtime.gpu import for_setting
         self.device = for_setting(gpu)              # a ModelGpu (decode's Q1_0 matvecs), or None
@@ -86,6 +88,10 @@ class Model:
 
     def prepare(self, v: Variant) -> float:
         """Make a variant ready to run (the llvm backend compiles it); the seconds that took."""
+        with self._prepare_lock:                   # sessions of several threads share the model
+            return self._prepare(v)
+
+    def _prepare(self, v: Variant) -> float:
         if v.name in self._ready:
             return 0.0
         t0, misses = time.perf_counter(), compile_cache.counts["miss"]

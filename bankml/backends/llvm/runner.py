@@ -147,22 +147,23 @@ class LlvmBackend:
         self.weights, self.threads, self.gpu = weights, max(1, int(threads)), gpu
         self.compiled: dict[int, tuple[Graph, CompiledGraph, _Buffers]] = {}
         self.pool = _Pool(self.threads) if self.threads > 1 else None
-        self.lock = threading.Lock()           # one run at a time: a compiled graph has one set of buffers
+        self.lock = threading.RLock()          # one run at a time: a compiled graph has one set of buffers
 
     def prepare(self, g: Graph) -> float:
         """Compile g unless it was; the seconds it took (0 when it was compiled already)."""
-        if id(g) in self.compiled:
-            return 0.0
-        cg = compile_graph(g)
-        self.compiled[id(g)] = (g, cg, _Buffers(g, cg))
-        return cg.compile_s["emit"] + cg.compile_s["jit"]
+        with self.lock:
+            if id(g) in self.compiled:
+                return 0.0
+            cg = compile_graph(g)
+            self.compiled[id(g)] = (g, cg, _Buffers(g, cg))
+            return cg.compile_s["emit"] + cg.compile_s["jit"]
 
     def run(self, g: Graph, values: Bindings, inputs: dict, caches: dict,
             trace: Callable[[Node, np.ndarray], None] | None = None) -> dict[str, np.ndarray]:
         """One micro-batch of g at these sizes; its outputs by key (fresh arrays)."""
-        self.prepare(g)
-        _, cg, bufs = self.compiled[id(g)]
         with self.lock:
+            self.prepare(g)
+            _, cg, bufs = self.compiled[id(g)]
             bufs.bind(g, cg, self.weights, caches, inputs, values)
             if trace is None and self.gpu is not None:
                 self._run_with_gpu(g, cg, bufs)
