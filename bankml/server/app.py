@@ -113,12 +113,16 @@ async def read_json(request: Request) -> dict:
     return body
 
 
+def _dumps(obj) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
 def sse(obj) -> bytes:
-    return f"data: {json.dumps(obj, ensure_ascii=False, separators=(",", ":"))}\n\n".encode()
+    return ("data: " + _dumps(obj) + "\n\n").encode()
 
 
 def ndjson(obj) -> bytes:
-    return (json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+    return (_dumps(obj) + "\n").encode()
 
 
 BUSY = "the server is busy: every slot is working and the queue is full; retry later"
@@ -174,7 +178,10 @@ async def _openai(request: Request, chat: bool):
         except Exception as e:
             return oai_error(f"generation failed: {e}", 500, "server_error")
         make = openai.chat_response if chat else openai.text_response
-        return JSONResponse(make(r, cid, srv.name))
+        res = make(r, cid, srv.name)
+        if body.get("verbose") is True and body.get("return_tokens") is True:
+            res["__verbose"] = {"content": r.text, "tokens": r.tokens, "stop_type": r.stop_type}
+        return JSONResponse(res)
 
     async def body_iter():
         first = True
