@@ -1,4 +1,4 @@
-"""The bankml command line: run, compile, ir, diff, info."""
+"""The bankml command line: run, serve, compile, ir, diff, info."""
 from __future__ import annotations
 
 import json
@@ -251,6 +251,43 @@ def _report(r: dict, as_json: bool) -> None:
                    "not counted below)]", err=True)
     click.echo(f"[prompt {t['prompt_n']} tokens, {t['prompt_per_second']:.1f} tok/s; generated "
                f"{t['predicted_n']} tokens, {t['predicted_per_second']:.1f} tok/s]", err=True)
+
+
+@main.command()
+@click.argument("model", required=False, type=click.Path(dir_okay=False))
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback unless told).")
+@click.option("--port", default=8080, show_default=True)
+@click.option("--threads", default=2, show_default=True)
+@click.option("--llama-threads", default=None, type=int, help="llama.cpp thread count being matched (default: --threads).")
+@click.option("--ctx", "n_ctx", default=4096, show_default=True, help="Context size of each slot in tokens.")
+@click.option("--parallel", "n_slots", default=1, show_default=True, help="Slots: requests generated at once.")
+@click.option("--queue", "queue_size", default=16, show_default=True,
+              help="Requests that may wait for a slot; one more gets 503.")
+@click.option("--cache-ram", "cache_ram", default=8192, show_default=True,
+              help="MiB of saved slot states (llama-server's --cache-ram; 0: off).")
+@click.option("--api-key", default=None, help="Require this key (Authorization: Bearer KEY).")
+def serve(model, host, port, threads, llama_threads, n_ctx, n_slots, queue_size, cache_ram, api_key):
+    """Serve MODEL (default: SmolLM2-135M-Instruct) over the OpenAI and Ollama HTTP APIs, with
+    llama-server's prompt cache and the same tokens as llama-server b11434 (-np 1)."""
+    import bankml
+    if threads < 1 or n_ctx < 2 or n_slots < 1 or queue_size < 0 or (llama_threads is not None and llama_threads < 1):
+        raise click.BadParameter("--threads, --llama-threads, --parallel must be >= 1, --ctx >= 2, --queue >= 0")
+    try:
+        import uvicorn
+
+        from bankml.server.app import make_app
+    except ImportError as e:
+        raise BankmlError(f"bankml serve needs starlette and uvicorn ({e}); pip install -e .") from None
+    m = bankml.load(model or default_model(), threads=threads, llama_threads=llama_threads, n_ctx=n_ctx)
+    t0 = time.perf_counter()
+    m.compile()                                 # every variant now: no request waits for the JIT
+    click.echo(f"bankml serve: {m.path.name} ready ({len(m.variants)} graphs in {time.perf_counter() - t0:.1f} s), "
+               f"{n_slots} slot(s) of {n_ctx} tokens, on http://{host}:{port}", err=True)
+    app = make_app(m, n_slots=n_slots, queue_size=queue_size, api_key=api_key, cache_ram_mib=cache_ram)
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+    finally:
+        m.close()
 
 
 @main.command("compile")

@@ -1,0 +1,328 @@
+"""`bankml serve`: an ASGI app (starlette) of the OpenAI and Ollama routes over one model's slots.
+
+    app = make_app(model, n_slots=1, queue_size=16, api_key=None)
+    uvicorn.run(app, host="127.0.0.1", port=8080)
+
+The event loop only parses, queues and streams: tokenizing runs in the thread pool, and each
+slot runs its generations in its own worker thread (the llvm backend releases the GIL in native
+code and runs one micro-batch of the shared model at a time). A client that goes away
+mid-stream cancels its generation between two tokens, and its slot is released.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+
+from bankml.server import ollama, openai
+from bankml.server.engine import Job, run_job
+from bankml.server.fields import BadRequest, boolean, job_fields
+from bankml.server.slots import Busy, SlotPool
+
+PUBLIC = {"/health", "/v1/health"}
+
+
+class Server:
+    def __init__(self, model, n_slots: int = 1, queue_size: int = 16, api_key: str | None = None,
+                 cache_ram_mib: int = 8192):
+        self.model = model
+        self.name = model.path.name
+        self.pool = SlotPool(model, n_slots, queue_size, cache_ram_mib)
+        self.workers = {s.id: ThreadPoolExecutor(1, thread_name_prefix=f"bankml-slot-{s.id}") for s in self.pool.slots}
+        self.api_key = api_key
+        self.started = time.time()
+
+    async def generate(self, prompt: list[int], fields: dict):
+        """A slot for the prompt (Busy when the queue is full), then its events as they come:
+        ("text", str) per token, then ("done", Result) or ("error", exception)."""
+        if len(prompt) >= self.model.n_ctx:
+            raise BadRequest(f"request ({len(prompt)} tokens) exceeds the available context size "
+                             f"({self.model.n_ctx} tokens), try increasing it", 400, "exceed_context_size_error")
+        job = Job(prompt=prompt, **fields)
+        slot = await self.pool.acquire(prompt)
+        loop = asyncio.get_running_loop()
+        q: asyncio.Queue = asyncio.Queue()
+        cancel = threading.Event()
+
+        def put(ev):
+            loop.call_soon_threadsafe(q.put_nowait, ev)
+
+        def work():
+            try:
+                put(("done", run_job(self.model, slot, job, lambda s, t: put(("text", s)), cancel.is_set)))
+            except Exception as e:          # a bankml bug: reported to the client and logged
+                print(f"bankml serve: generation failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+                put(("error", e))
+            finally:
+                loop.call_soon_threadsafe(self.pool.release, slot)
+
+        loop.run_in_executor(self.workers[slot.id], work)
+        return _Events(q, cancel)
+
+    def close(self) -> None:
+        for w in self.workers.values():
+            w.shutdown(wait=True, cancel_futures=True)
+
+
+class _Events:
+    def __init__(self, q: asyncio.Queue, cancel: threading.Event):
+        self.q, self.cancel = q, cancel
+
+    async def __aiter__(self):
+        try:
+            while True:
+                ev = await self.q.get()
+                yield ev
+                if ev[0] != "text":
+                    return
+        finally:
+            self.cancel.set()               # the client left (or the stream ended): stop generating
+
+    async def result(self):
+        async for kind, value in self:
+            if kind == "done":
+                return value
+            if kind == "error":
+                raise value
+
+
+# ---------------------------------------------------------------- helpers
+
+def oai_error(message: str, status: int = 400, kind: str = "invalid_request_error") -> JSONResponse:
+    return JSONResponse(openai.error_body(message, status, kind), status_code=status)
+
+
+async def read_json(request: Request) -> dict:
+    raw = await request.body()
+    try:
+        body = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise BadRequest(f"[json.exception.parse_error.101] parse error: {e}") from None
+    if not isinstance(body, dict):
+        raise BadRequest("the request body must be a JSON object")
+    return body
+
+
+def _dumps(obj) -> str:
+    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+
+
+def sse(obj) -> bytes:
+    return ("data: " + _dumps(obj) + "\n\n").encode()
+
+
+def ndjson(obj) -> bytes:
+    return (_dumps(obj) + "\n").encode()
+
+
+BUSY = "the server is busy: every slot is working and the queue is full; retry later"
+
+
+# ---------------------------------------------------------------- OpenAI routes
+
+async def health(request: Request):
+    return JSONResponse({"status": "ok"})
+
+
+async def models(request: Request):
+    srv: Server = request.app.state.server
+    return JSONResponse(openai.models_list(srv.model, srv.name))
+
+
+async def slots(request: Request):
+    srv: Server = request.app.state.server
+    return JSONResponse([{"id": s.id, "n_ctx": srv.model.n_ctx, "is_processing": s.busy, "n_tokens": len(s.tokens)}
+                         for s in srv.pool.slots])
+
+
+async def chat_completions(request: Request):
+    return await _openai(request, chat=True)
+
+
+async def completions(request: Request):
+    return await _openai(request, chat=False)
+
+
+async def _openai(request: Request, chat: bool):
+    srv: Server = request.app.state.server
+    try:
+        body = await read_json(request)
+        fields = job_fields(body)
+        stream = boolean(body, "stream", False)
+        opts = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else {}
+        include_usage = boolean(opts, "include_usage", False)
+        if chat:
+            messages = openai.chat_messages(body)
+            prompt = await run_in_threadpool(openai.chat_prompt, srv.model, messages)
+        else:
+            prompt = await run_in_threadpool(openai.completion_prompt, srv.model, body)
+        events = await srv.generate(prompt, fields)
+    except BadRequest as e:
+        return oai_error(str(e), e.status, e.kind)
+    except Busy:
+        return oai_error(BUSY, 503, "unavailable_error")
+    cid = openai.gen_id("chatcmpl-" if chat else "cmpl-")
+    if not stream:
+        try:
+            r = await events.result()
+        except Exception as e:
+            return oai_error(f"generation failed: {e}", 500, "server_error")
+        make = openai.chat_response if chat else openai.text_response
+        res = make(r, cid, srv.name)
+        if body.get("verbose") is True and body.get("return_tokens") is True:
+            res["__verbose"] = {"content": r.text, "tokens": r.tokens, "stop_type": r.stop_type}
+        return JSONResponse(res)
+
+    async def body_iter():
+        first = True
+        async for kind, value in events:
+            if kind == "text":
+                if chat:
+                    if first:
+                        yield sse(openai.chat_chunk(cid, srv.name, {"role": "assistant", "content": None}))
+                    if value:
+                        yield sse(openai.chat_chunk(cid, srv.name, {"content": value}))
+                else:
+                    yield sse(openai.text_chunk(cid, srv.name, value))
+                first = False
+            elif kind == "done":
+                if chat:
+                    for c in openai.chat_final_chunks(value, cid, srv.name, include_usage):
+                        yield sse(c)
+                else:
+                    last = openai.text_chunk(cid, srv.name, "", value.finish)
+                    last["timings"] = value.timings()
+                    if include_usage:
+                        last["usage"] = openai.usage(value)
+                    yield sse(last)
+                yield b"data: [DONE]\n\n"
+            else:
+                yield sse({"error": openai.error_body(f"generation failed: {value}", 500, "server_error")["error"]})
+    return StreamingResponse(body_iter(), media_type="text/event-stream")
+
+
+# ---------------------------------------------------------------- Ollama routes
+
+async def api_chat(request: Request):
+    return await _ollama(request, "chat")
+
+
+async def api_generate(request: Request):
+    return await _ollama(request, "generate")
+
+
+async def _ollama(request: Request, kind: str):
+    srv: Server = request.app.state.server
+    t0 = time.perf_counter_ns()
+    try:
+        body = await read_json(request)
+        fields = ollama.options_fields(body)
+        stream = ollama.streaming(body)
+        build = ollama.chat_ids if kind == "chat" else ollama.generate_ids
+        prompt = await run_in_threadpool(build, srv.model, body)
+        events = await srv.generate(prompt, fields)
+    except BadRequest as e:
+        return JSONResponse(ollama.error_body(str(e)), status_code=e.status)
+    except Busy:
+        return JSONResponse(ollama.error_body(BUSY), status_code=503)
+    name = body.get("model") if isinstance(body.get("model"), str) and body.get("model") else srv.name
+    if not stream:
+        try:
+            r = await events.result()
+        except Exception as e:
+            return JSONResponse(ollama.error_body(f"generation failed: {e}"), status_code=500)
+        return JSONResponse(ollama.final(name, kind, r, r.text, time.perf_counter_ns() - t0, prompt))
+
+    async def body_iter():
+        async for ev, value in events:
+            if ev == "text":
+                if value:
+                    yield ndjson(ollama.chunk(name, kind, value))
+            elif ev == "done":
+                yield ndjson(ollama.final(name, kind, value, "", time.perf_counter_ns() - t0, prompt))
+            else:
+                yield ndjson(ollama.error_body(f"generation failed: {value}"))
+    return StreamingResponse(body_iter(), media_type="application/x-ndjson")
+
+
+async def api_tags(request: Request):
+    srv: Server = request.app.state.server
+    return JSONResponse(ollama.tags(srv.model, srv.name))
+
+
+async def api_show(request: Request):
+    srv: Server = request.app.state.server
+    try:
+        await read_json(request)
+    except BadRequest as e:
+        return JSONResponse(ollama.error_body(str(e)), status_code=400)
+    return JSONResponse(ollama.show(srv.model, srv.name))
+
+
+async def api_version(request: Request):
+    return JSONResponse({"version": ollama.VERSION})
+
+
+# ---------------------------------------------------------------- the app
+
+class _Auth:
+    """llama-server's API key check (Authorization: Bearer KEY, or X-Api-Key), /health public;
+    a 404 in llama-server's error shape."""
+
+    def __init__(self, app, server: Server):
+        self.app, self.server = app, server
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] == "http" and self.server.api_key and scope["path"] not in PUBLIC:
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+            key = headers.get("authorization") or headers.get("x-api-key", "")
+            if key.startswith("Bearer "):
+                key = key[len("Bearer "):]
+            if key != self.server.api_key:
+                resp = oai_error("Invalid API Key", 401, "authentication_error")
+                return await resp(scope, receive, send)
+        return await self.app(scope, receive, send)
+
+
+async def not_found(request: Request, exc):
+    return JSONResponse({"error": {"message": "File Not Found", "type": "not_found_error", "code": 404}},
+                        status_code=404)
+
+
+async def server_error(request: Request, exc):
+    print(f"bankml serve: {request.url.path}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+    return JSONResponse(openai.error_body(str(exc), 500, "server_error"), status_code=500)
+
+
+def make_app(model, n_slots: int = 1, queue_size: int = 16, api_key: str | None = None, cache_ram_mib: int = 8192):
+    server = Server(model, n_slots, queue_size, api_key, cache_ram_mib)
+    routes = [
+        Route("/health", health), Route("/v1/health", health),
+        Route("/v1/models", models), Route("/models", models), Route("/slots", slots),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/completions", completions, methods=["POST"]),
+        Route("/api/chat", api_chat, methods=["POST"]), Route("/api/generate", api_generate, methods=["POST"]),
+        Route("/api/tags", api_tags), Route("/api/show", api_show, methods=["POST"]),
+        Route("/api/version", api_version),
+    ]
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        yield
+        server.close()
+
+    app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found, 500: server_error},
+                    lifespan=lifespan)
+    app.state.server = server
+    return _Auth(app, server)

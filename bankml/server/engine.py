@@ -1,0 +1,136 @@
+"""One request's generation in a slot, as llama-server's update_slots and process_token run it.
+
+    job = Job(prompt=ids, n_predict=16, params=SamplerParams(temp=0), seed=42, stop=["\\n"])
+    result = run_job(model, slot, job, on_text=print, cancelled=event.is_set)   # in a worker thread
+
+The slot keeps its cells for the prompt's common prefix, prefills the rest, then samples and
+decodes one token at a time. Text follows process_token: a token's piece without its special
+text (the end-of-generation token adds none), nothing sent while the UTF-8 is incomplete or the
+text ends with the start of a stop string, and a stop string ends the text before it. Stops:
+a stop string ("stop" / STOP_TYPE_WORD), the end-of-generation token ("stop" / EOS), n_predict
+tokens or a full context ("length" / LIMIT), or a cancel (a client gone).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from bankml.runtime.sampler import LLAMA_DEFAULT_SEED, Sampler, SamplerParams
+from bankml.runtime.tokenizer import tokenizer_for
+from bankml.server.slots import Slot, prefix_state
+
+
+@dataclass
+class Job:
+    prompt: list[int]
+    n_predict: int = -1
+    params: SamplerParams = SamplerParams()
+    seed: int = LLAMA_DEFAULT_SEED
+    stop: list[str] = field(default_factory=list)
+    cache_prompt: bool = True
+
+
+@dataclass
+class Result:
+    tokens: list[int]
+    text: str
+    finish: str                     # "stop" | "length" | "cancelled"
+    stop_type: str                  # "eos" | "word" | "limit" | "none"
+    stopping_word: str
+    n_prompt: int                   # prompt tokens
+    n_cached: int                   # of which taken from the slot's cells (timings.cache_n)
+    t_prompt_ms: float
+    t_gen_ms: float
+
+    @property
+    def n_processed(self) -> int:   # timings.prompt_n
+        return self.n_prompt - self.n_cached
+
+    def timings(self) -> dict:
+        """server_slot_stats::to_json."""
+        n_gen = len(self.tokens)
+        return {"cache_n": self.n_cached, "prompt_n": self.n_processed, "prompt_ms": self.t_prompt_ms,
+                "prompt_per_token_ms": self.t_prompt_ms / self.n_processed if self.n_processed else 0.0,
+                "prompt_per_second": 1e3 * self.n_processed / self.t_prompt_ms if self.t_prompt_ms > 0 else 0.0,
+                "predicted_n": n_gen, "predicted_ms": self.t_gen_ms,
+                "predicted_per_token_ms": self.t_gen_ms / n_gen if n_gen else 0.0,
+                "predicted_per_second": 1e3 * n_gen / self.t_gen_ms if self.t_gen_ms > 0 else 0.0}
+
+
+def find_partial_stop(text: str, word: str) -> int:
+    """string_find_partial_stop: where a suffix of text that starts `word` begins, or -1."""
+    for i in range(max(0, len(text) - len(word) + 1), len(text)):
+        if word.startswith(text[i:]):
+            return i
+    return -1
+
+
+def run_job(model, slot: Slot, job: Job, on_text: Callable[[str, int], None] = lambda s, t: None,
+            cancelled: Callable[[], bool] = lambda: False) -> Result:
+    """Generate in `slot` (its session, its held ids); on_text(text, token) for each token as it comes."""
+    tok = tokenizer_for(model)
+    sess = slot.session
+    n_cached = prefix_state(slot, job.prompt, job.cache_prompt)
+    rest = job.prompt[n_cached:]
+    sampler = Sampler(job.params, job.seed)
+    t0 = time.perf_counter()
+    row = sess.prefill(rest, outputs="last")[-1]
+    slot.tokens = list(job.prompt)
+    t1 = time.perf_counter()
+    out: list[int] = []
+    raw = b""                   # every piece so far
+    text = ""                   # generated_text (complete UTF-8), stop word cut
+    sent = 0                    # n_sent_text
+    finish, stop_type, word = "length", "limit", ""
+    incomplete = False
+    while job.n_predict != 0:
+        if cancelled():
+            finish, stop_type = "cancelled", "none"
+            break
+        t = sampler.sample(row)
+        out.append(t)
+        eog = t in tok.eog
+        raw += b"" if eog else tok.piece(t, special=False)
+        has_next = True
+        try:
+            text = raw.decode("utf-8")
+            incomplete = False
+        except UnicodeDecodeError:
+            incomplete = True
+        if not incomplete:
+            piece_len = len(tok.piece(t, special=False).decode("utf-8", "ignore")) if not eog else 0
+            window = text[sent:]
+            stop_pos = -1
+            for w in job.stop:
+                start = max(0, len(window) - (len(w) + piece_len))
+                p = window.find(w, start)
+                if p != -1 and (stop_pos == -1 or p < stop_pos):
+                    stop_pos, word = p, w
+            send = True
+            if stop_pos != -1:
+                text = text[:sent + stop_pos]
+                raw = text.encode()
+                finish, stop_type, has_next = "stop", "word", False
+            elif not eog:
+                send = all(find_partial_stop(window, w) == -1 for w in job.stop)
+            if send and len(text) > sent:
+                on_text(text[sent:], t)
+                sent = len(text)
+            elif not send or len(text) <= sent:
+                on_text("", t)
+        else:
+            on_text("", t)
+        if len(job.prompt) + len(out) >= model.n_ctx:
+            finish, stop_type, has_next = "length", "limit", False
+        if has_next and job.n_predict != -1 and len(out) >= job.n_predict:
+            finish, stop_type, has_next = "length", "limit", False
+        if eog:
+            finish, stop_type, has_next = "stop", "eos", False
+        if not has_next:
+            break
+        row = sess.decode(t)
+        slot.tokens.append(t)
+    t2 = time.perf_counter()
+    return Result(out, text if not incomplete else raw.decode("utf-8", "replace"), finish, stop_type, word,
+                  len(job.prompt), n_cached, (t1 - t0) * 1e3, (t2 - t1) * 1e3)

@@ -1,0 +1,123 @@
+"""The Ollama API (docs/api.md of ollama/ollama): /api/chat, /api/generate, /api/tags, /api/show,
+/api/version, over the same slots and sampler as the OpenAI routes.
+
+`options` map onto llama-server's fields: num_predict -> n_predict, temperature, seed, top_k,
+top_p, min_p, stop (and repeat_penalty, frequency_penalty, presence_penalty, typical_p, only at
+their off values). Options not given take llama-server's defaults, not Ollama's (top_p 0.95 and
+min_p 0.05 rather than 0.9 and 0.0), so that an Ollama call and the matching OpenAI call sample
+alike. Errors are Ollama's {"error": "message"}.
+"""
+from __future__ import annotations
+
+import datetime
+import hashlib
+
+from bankml.server.engine import Result
+from bankml.server.fields import BadRequest, job_fields
+from bankml.server.openai import chat_messages, chat_prompt
+
+VERSION = "0.6.3"       # the Ollama API version these shapes follow (the ollama client tested against)
+
+_OPTION_NAMES = {"num_predict": "n_predict", "temperature": "temperature", "seed": "seed", "top_k": "top_k",
+                 "top_p": "top_p", "min_p": "min_p", "stop": "stop", "repeat_penalty": "repeat_penalty",
+                 "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty",
+                 "typical_p": "typical_p"}
+
+
+def error_body(message: str) -> dict:
+    return {"error": message}
+
+
+def now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z")
+
+
+def options_fields(body: dict) -> dict:
+    """The job's fields from `options` (llama-server's names and limits)."""
+    options = body.get("options")
+    if options is None:
+        options = {}
+    if not isinstance(options, dict):
+        raise BadRequest("options must be an object")
+    return job_fields({_OPTION_NAMES[k]: v for k, v in options.items() if k in _OPTION_NAMES})
+
+
+def streaming(body: dict) -> bool:
+    v = body.get("stream")
+    if v is None:
+        return True
+    if not isinstance(v, bool):
+        raise BadRequest("stream must be a boolean")
+    return v
+
+
+def chat_ids(model, body: dict) -> list[int]:
+    return chat_prompt(model, chat_messages(body))
+
+
+def generate_ids(model, body: dict) -> list[int]:
+    """raw: the prompt as text (as /v1/completions); else the template over [system], user prompt."""
+    prompt = body.get("prompt")
+    if prompt is None:
+        prompt = ""
+    if not isinstance(prompt, str):
+        raise BadRequest("prompt must be a string")
+    if not prompt:
+        raise BadRequest("bankml needs a non-empty prompt (Ollama's empty prompt only loads the model)")
+    if body.get("raw"):
+        return model.tokenize(prompt, add_special=True, parse_special=True)
+    messages = []
+    if isinstance(body.get("system"), str) and body["system"]:
+        messages.append({"role": "system", "content": body["system"]})
+    messages.append({"role": "user", "content": prompt})
+    return chat_prompt(model, messages)
+
+
+def chunk(model_name: str, kind: str, text: str) -> dict:
+    payload = {"message": {"role": "assistant", "content": text}} if kind == "chat" else {"response": text}
+    return {"model": model_name, "created_at": now(), **payload, "done": False}
+
+
+def final(model_name: str, kind: str, r: Result, text: str, t_total_ns: int, prompt: list[int]) -> dict:
+    """The last object: done, done_reason and the counts and durations (nanoseconds)."""
+    payload = {"message": {"role": "assistant", "content": text}} if kind == "chat" else {"response": text}
+    out = {"model": model_name, "created_at": now(), **payload, "done": True,
+           "done_reason": r.finish, "total_duration": t_total_ns, "load_duration": 0,
+           "prompt_eval_count": r.n_prompt, "prompt_eval_duration": int(r.t_prompt_ms * 1e6),
+           "eval_count": len(r.tokens), "eval_duration": int(r.t_gen_ms * 1e6)}
+    if kind == "generate":
+        out["context"] = list(prompt) + list(r.tokens)
+    return out
+
+
+def _digest(path) -> str:
+    h = hashlib.sha256()
+    h.update(str(path.stat().st_size).encode() + str(path).encode())
+    return h.hexdigest()
+
+
+def details(model) -> dict:
+    from bankml.gguf.reader import ggml_type_name
+    return {"parent_model": "", "format": "gguf", "family": model.plan.arch, "families": [model.plan.arch],
+            "parameter_size": "", "quantization_level": ggml_type_name(model.plan.matrix_type)}
+
+
+def tags(model, model_name: str) -> dict:
+    st = model.path.stat()
+    modified = datetime.datetime.fromtimestamp(st.st_mtime, datetime.timezone.utc).isoformat()
+    return {"models": [{"name": model_name, "model": model_name, "modified_at": modified, "size": st.st_size,
+                        "digest": _digest(model.path), "details": details(model)}]}
+
+
+def show(model, model_name: str) -> dict:
+    from bankml.runtime.chat import has_chat_template
+    hp = model.hparams
+    arch = model.plan.arch
+    info = {"general.architecture": arch, f"{arch}.block_count": hp.n_layer,
+            f"{arch}.embedding_length": hp.n_embd, f"{arch}.attention.head_count": hp.n_head,
+            f"{arch}.attention.head_count_kv": hp.n_head_kv, f"{arch}.context_length": model.n_ctx,
+            "tokenizer.ggml.model": "gpt2", "general.vocab_size": hp.n_vocab}
+    template = model.gguf.metadata.get("tokenizer.chat_template", "") if has_chat_template(model) else ""
+    return {"modelfile": f"FROM {model.path}\n", "parameters": "", "template": template, "details": details(model),
+            "model_info": info, "capabilities": ["completion"],
+            "modified_at": tags(model, model_name)["models"][0]["modified_at"]}

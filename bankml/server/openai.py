@@ -1,0 +1,150 @@
+"""The OpenAI API as llama-server b11434 speaks it: request parsing and response shapes.
+
+Shapes follow tools/server/server-task.cpp (to_json_oaicompat, to_json_oaicompat_chat and its
+stream chunks); the prompt of a chat request is the model's chat template over `messages`
+(oaicompat_chat_params_parse in server-common.cpp), tokenized with special tokens parsed.
+"""
+from __future__ import annotations
+
+import random
+import string
+import time
+
+import bankml
+from bankml.runtime.chat import ChatTemplateError, has_chat_template, render_chat
+from bankml.server.engine import Result
+from bankml.server.fields import BadRequest, boolean
+
+_ALNUM = string.digits + string.ascii_uppercase + string.ascii_lowercase
+FINGERPRINT = f"bankml-{bankml.__version__}"
+
+
+def gen_id(prefix: str) -> str:
+    """gen_chatcmplid: the prefix and 32 random alphanumerics."""
+    return prefix + "".join(random.choices(_ALNUM, k=32))
+
+
+def error_body(message: str, status: int = 400, kind: str = "invalid_request_error") -> dict:
+    """format_error_response inside {"error": ...}."""
+    return {"error": {"code": status, "message": message, "type": kind}}
+
+
+def message_text(msg: dict) -> str:
+    """A message's content: a string, or the text of an array of {"type": "text"} parts."""
+    content = msg.get("content")
+    if content is None or isinstance(content, str):
+        return content or ""
+    if isinstance(content, list):
+        parts = []
+        for p in content:
+            if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
+                raise BadRequest("bankml serves text only: content parts must be {\"type\": \"text\", \"text\": ...}")
+            parts.append(p["text"])
+        return "\n".join(parts)
+    raise BadRequest("Expected 'content' to be a string or an array")
+
+
+def chat_messages(body: dict) -> list[dict]:
+    if "messages" not in body:
+        raise BadRequest("'messages' is required")
+    messages = body["messages"]
+    if not isinstance(messages, list):
+        raise BadRequest("Expected 'messages' to be an array")
+    out = []
+    for msg in messages:
+        if not isinstance(msg, dict):
+            raise BadRequest("Expected each message to be an object")
+        role = msg.get("role") if isinstance(msg.get("role"), str) else ""
+        if role != "assistant" and "content" not in msg:
+            raise BadRequest("All non-assistant messages must contain 'content'")
+        if role == "assistant" and "content" not in msg and "tool_calls" not in msg:
+            raise BadRequest("Assistant message must contain either 'content' or 'tool_calls'!")
+        out.append({"role": role, "content": message_text(msg)})
+    return out
+
+
+def chat_prompt(model, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    """The tokens of the rendered conversation (a model without a template: refused)."""
+    if not has_chat_template(model):
+        raise BadRequest(f"{model.path.name} has no chat template; use /v1/completions")
+    if messages and messages[-1]["role"] == "assistant" and len(messages) >= 2 \
+            and messages[-2]["role"] == "assistant":
+        raise BadRequest("Cannot have 2 or more assistant messages at the end of the list.")
+    try:
+        text = render_chat(model, messages, add_generation_prompt=add_generation_prompt)
+    except ChatTemplateError as e:
+        raise BadRequest(str(e)) from None
+    return model.tokenize(text, add_special=True, parse_special=True)
+
+
+def completion_prompt(model, body: dict) -> list[int]:
+    """A /v1/completions prompt: a string, or a list of token ids (one prompt only)."""
+    if "prompt" not in body:
+        raise BadRequest("\"prompt\" is required", 500, "server_error")
+    if boolean(body, "echo", False):
+        raise BadRequest("Only no echo is supported", 500, "server_error")
+    for p in ("best_of", "suffix"):
+        if p in body:
+            raise BadRequest(f"Unsupported param: {p}", 500, "server_error")
+    p = body["prompt"]
+    if isinstance(p, list) and len(p) == 1 and isinstance(p[0], (str, list)):
+        p = p[0]
+    if isinstance(p, str):
+        return model.tokenize(p, add_special=True, parse_special=True)
+    if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
+        n_vocab = model.hparams.n_vocab
+        bad = next((t for t in p if not 0 <= t < n_vocab), None)
+        if bad is not None:
+            raise BadRequest(f"invalid token id {bad} in the prompt (vocabulary of {n_vocab})")
+        return list(p)
+    raise BadRequest("\"prompt\" must be a string or a list of tokens (bankml serves one prompt per request)")
+
+
+def usage(r: Result) -> dict:
+    return {"completion_tokens": len(r.tokens), "prompt_tokens": r.n_prompt,
+            "total_tokens": len(r.tokens) + r.n_prompt,
+            "prompt_tokens_details": {"cached_tokens": r.n_cached}}
+
+
+def _head(obj: str, cid: str, model_name: str) -> dict:
+    return {"created": int(time.time()), "model": model_name, "system_fingerprint": FINGERPRINT,
+            "object": obj, "id": cid}
+
+
+def chat_response(r: Result, cid: str, model_name: str) -> dict:
+    choice = {"finish_reason": r.finish, "index": 0, "message": {"role": "assistant", "content": r.text}}
+    return {"choices": [choice], **_head("chat.completion", cid, model_name), "usage": usage(r),
+            "timings": r.timings()}
+
+
+def chat_chunk(cid: str, model_name: str, delta: dict, finish: str | None = None) -> dict:
+    return {"choices": [{"finish_reason": finish, "index": 0, "delta": delta}],
+            **_head("chat.completion.chunk", cid, model_name)}
+
+
+def chat_final_chunks(r: Result, cid: str, model_name: str, include_usage: bool) -> list[dict]:
+    out = [chat_chunk(cid, model_name, {}, r.finish)]
+    if include_usage:
+        out.append({"choices": [], **_head("chat.completion.chunk", cid, model_name), "usage": usage(r)})
+    out[-1]["timings"] = r.timings()
+    return out
+
+
+def text_response(r: Result, cid: str, model_name: str) -> dict:
+    choice = {"text": r.text, "index": 0, "logprobs": None, "finish_reason": r.finish}
+    return {"choices": [choice], **_head("text_completion", cid, model_name), "usage": usage(r),
+            "timings": r.timings()}
+
+
+def text_chunk(cid: str, model_name: str, text: str, finish: str | None = None) -> dict:
+    return {"choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}],
+            **_head("text_completion", cid, model_name)}
+
+
+def models_list(model, model_name: str) -> dict:
+    hp = model.hparams
+    return {"object": "list", "data": [{
+        "id": model_name, "aliases": [], "tags": [], "object": "model", "created": int(time.time()),
+        "owned_by": "llamacpp",
+        "meta": {"vocab_type": 2, "n_vocab": hp.n_vocab, "n_ctx": model.n_ctx, "n_embd": hp.n_embd,
+                 "size": model.path.stat().st_size}}]}

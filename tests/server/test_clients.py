@@ -1,0 +1,84 @@
+"""The real `openai` and `ollama` client packages drive `bankml serve` (with an API key),
+streaming and not: chat, completion, model listing; and the refusals keep the server serving."""
+from __future__ import annotations
+
+import httpx
+import ollama
+import openai
+import pytest
+
+KEY = "test-key"
+N = 12
+
+
+@pytest.fixture(scope="module")
+def srv(bankml_server_factory):
+    return bankml_server_factory("qwen3-small-q1_0", "--api-key", KEY, "--ctx", "512", "--threads", "1")
+
+
+@pytest.fixture(scope="module")
+def oai(srv):
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key=KEY, max_retries=0)
+
+
+@pytest.fixture(scope="module")
+def oll(srv):
+    return ollama.Client(host=srv.url, headers={"Authorization": f"Bearer {KEY}"})
+
+
+MSG = [{"role": "user", "content": "Name a color."}]
+
+
+@pytest.mark.server
+def test_openai_client_chat_streaming_equals_non_streaming(oai):
+    r = oai.chat.completions.create(model="m", messages=MSG, max_tokens=N, temperature=0, extra_body={"cache_prompt": False})
+    assert r.choices[0].finish_reason in ("stop", "length") and r.usage.completion_tokens <= N
+    chunks = oai.chat.completions.create(model="m", messages=MSG, max_tokens=N, temperature=0, stream=True,
+                                         extra_body={"cache_prompt": False})
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == r.choices[0].message.content
+
+
+@pytest.mark.server
+def test_openai_client_completion_and_models(oai):
+    r = oai.completions.create(model="m", prompt="Once upon a time", max_tokens=N, temperature=0, seed=1)
+    s = oai.completions.create(model="m", prompt="Once upon a time", max_tokens=N, temperature=0, stream=True,
+                               extra_body={"cache_prompt": False})
+    assert "".join(c.choices[0].text for c in s) == r.choices[0].text
+    assert [m.id for m in oai.models.list()] == ["qwen3-small-q1_0.gguf"]
+
+
+@pytest.mark.server
+def test_ollama_client_chat_generate_list_show(oll, oai):
+    o = {"temperature": 0, "num_predict": N}
+    r = oll.chat(model="m", messages=MSG, options=o, stream=False)
+    assert r.done and r.done_reason in ("stop", "length") and r.eval_count <= N and r.total_duration > 0
+    streamed = "".join(c.message.content for c in oll.chat(model="m", messages=MSG, options=o, stream=True))
+    assert streamed == r.message.content
+    g = oll.generate(model="m", prompt="Once upon a time", raw=True, options=o)
+    gs = "".join(c.response for c in oll.generate(model="m", prompt="Once upon a time", raw=True, options=o, stream=True))
+    assert gs == g.response and g.prompt_eval_count == 4
+    assert [m.model for m in oll.list().models] == ["qwen3-small-q1_0.gguf"]
+    assert oll.show("m").details.family == "qwen3"
+
+
+@pytest.mark.server
+def test_refusals_have_llama_server_status_and_shape(srv, oai):
+    auth = {"Authorization": f"Bearer {KEY}"}
+    r = httpx.post(srv.url + "/v1/chat/completions", json={"messages": MSG}, headers={"Authorization": "Bearer x"})
+    assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error"
+    assert httpx.get(srv.url + "/health").status_code == 200            # public
+    r = httpx.post(srv.url + "/v1/completions", content=b"{not json", headers=auth)
+    assert r.status_code == 400 and r.json()["error"]["code"] == 400
+    r = httpx.post(srv.url + "/v1/completions", json={"prompt": "x", "temperature": "hot"}, headers=auth)
+    assert r.status_code == 400 and "Field 'temperature'" in r.json()["error"]["message"]
+    r = httpx.post(srv.url + "/v1/completions", json={"prompt": "a " * 600, "max_tokens": 1}, headers=auth)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "exceed_context_size_error"
+    r = httpx.post(srv.url + "/v1/chat/completions", json={"messages": "hi"}, headers=auth)
+    assert r.status_code == 400
+    r = httpx.post(srv.url + "/api/chat", json={"messages": MSG, "options": {"num_predict": "x"}}, headers=auth)
+    assert r.status_code == 400 and isinstance(r.json()["error"], str)
+    assert httpx.get(srv.url + "/nope", headers=auth).status_code == 404
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=srv.url + "/v1", api_key="wrong", max_retries=0).models.list()
+    assert oai.completions.create(model="m", prompt="Hi", max_tokens=2).choices[0].text is not None
