@@ -281,6 +281,7 @@ def serve(model, host, port, threads, llama_threads, n_ctx, n_slots, queue_size,
     m = bankml.load(model or default_model(), threads=threads, llama_threads=llama_threads, n_ctx=n_ctx)
     t0 = time.perf_counter()
     m.compile()                                 # every variant now: no request waits for the JIT
+    m.warm_up()                                 # as llama-server's warm-up run
     click.echo(f"bankml serve: {m.path.name} ready ({len(m.variants)} graphs in {time.perf_counter() - t0:.1f} s), "
                f"{n_slots} slot(s) of {n_ctx} tokens, on http://{host}:{port}", err=True)
     app = make_app(m, n_slots=n_slots, queue_size=queue_size, api_key=api_key, cache_ram_mib=cache_ram)

@@ -16,7 +16,8 @@ ratio bankml/llama.cpp tokens/s. Peak memory is each process's max RSS.
 
 fresh: for --fresh-lengths random prompt lengths in 20..400 (random ids), the seconds from the
 call to prefill(ids, outputs="last") to its return, in one new process started as a server
-starts (load() and compile(): the objects from the disk cache, start-up time reported apart),
+starts (load(), compile(): the objects from the disk cache, and one warm-up decode as
+llama-server's; start-up time reported apart),
 none of the lengths run before. The row says "warm cache" when that process compiled nothing,
 else how many objects it compiled. One more row: the first length as the first request of a
 new process with an empty BANKML_CACHE (cold: the request compiles its graph). llama.cpp:
@@ -113,14 +114,15 @@ def bankml_bench(path: Path, backend: str, threads: int, reps: int, pp: bool = T
 
 def fresh_prompt(path: Path, backend: str, threads: int, lengths: list[int], seed: int, warm: bool) -> dict:
     """Seconds from the call to prefill(ids, outputs="last") to its return for each of `lengths`
-    (random ids), in this process, none of them run before. warm: the model was started as a
-    server or `bankml run` starts it, load() then compile() (start-up, timed apart: the object
-    files from the disk cache, or compiled); else the first prefill meets whatever compile or
-    load its graph needs. `compiled`: how many objects this process compiled."""
+    (random ids), in this process, none of them run before. warm: the model was started as
+    `bankml serve` starts it, load(), compile() (the object files from the disk cache, or
+    compiled) and warm_up() (start-up, timed apart); else the first prefill meets whatever
+    compile or load its graph needs. `compiled`: how many objects this process compiled."""
     t0 = time.perf_counter()
     m = bankml.load(path, backend=backend, threads=threads)
     if warm:
         m.compile()
+        m.warm_up()
     startup = time.perf_counter() - t0
     seconds = {}
     for n in lengths:
@@ -138,7 +140,8 @@ def long_decode(path: Path, backend: str, threads: int, n: int, seed: int) -> di
     as a server starts (load, compile() from the disk cache), no other warm-up: tokens/s
     over all steps, the median and the slowest step (seconds) and where the slowest was."""
     m = bankml.load(path, backend=backend, threads=threads, n_ctx=max(4096, n + 1))
-    m.compile()                             # started as a server starts: every graph ready (disk cache)
+    m.compile()                             # started as a server starts: every graph ready (disk cache),
+    m.warm_up()                             # one warm-up decode
     ids = np.random.default_rng(seed).integers(0, m.hparams.n_vocab, n + 1).tolist()
     s = m.session()
     s.prefill(ids[:1], outputs="last")

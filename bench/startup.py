@@ -26,7 +26,7 @@ from bankml.testing import models
 
 def first_token(model: str, cache: Path, prompt: str, threads: int) -> dict:
     env = {**os.environ, "BANKML_CACHE": str(cache), "BANKML_JIT_CACHE": "1"}
-    cmd = [sys.executable, "-m", "bankml.cli", "run", model, "-p", prompt, "-n", "1", "--temp", "0",
+    cmd = [sys.executable, "-m", "bankml.cli", "run", model, "--raw", "-p", prompt, "-n", "1", "--temp", "0",
            "--threads", str(threads), "--json"]
     t0 = time.perf_counter()
     r = subprocess.run(cmd, capture_output=True, text=True, env=env, check=True)

@@ -51,6 +51,21 @@ def test_ir_prints_named_nodes_with_float_order(tmp_path):
     assert dot.read_text().startswith("digraph bankml")
 
 
+def test_ir_without_tokens_prints_the_variants_and_a_generic_graph():
+    path = str(models.path("smollm2-q4_1"))
+    r = bankml("ir", path)
+    assert r.returncode == 0, r.stderr
+    head, graph = r.stdout.split("\n", 1)
+    assert head.startswith("# variants: decode T=1 KV=256 O=1; decode-split T=1 KV=KV O=1 (KV 512..4096)")
+    assert "large-last T=T KV=KV O=O (T 64..512) (KV 256..4096) (O 0..1)" in head
+    assert graph.startswith("# graph arch=llama n_tokens=T n_kv=KV n_outputs=T")
+    assert "[T,576]" in graph and "attn_inp_kq_mask" in graph and "[T,KV]" in graph
+    split = bankml("ir", path, "--variant", "decode-split")
+    assert split.returncode == 0 and "flash_attn_ext_split_kv" in split.stdout and "[1,576]" in split.stdout
+    bad = bankml("ir", path, "--variant", "medium")
+    assert bad.returncode == 2 and "choose one of decode, decode-split" in bad.stderr
+
+
 QUESTION = "What is the capital of France?"
 
 

@@ -110,6 +110,13 @@ class Model:
         """Prepare every variant a session can need; afterwards nothing compiles again."""
         return sum(self.prepare(v) for v in self.variants)
 
+    def warm_up(self) -> None:
+        """One single-token decode on a throwaway session, as llama.cpp's common_init_from_params
+        warms a model up before serving: the weights' pages are mapped and the decode graph's
+        buffers touched, so the first request does not pay for it. Changes no state."""
+        s = self.session()
+        s.decode(self.hparams.n_vocab - 1)
+
     def n_kv(self, used: int) -> int:
         """Cells the attention reads when `used` cells are filled (llama_kv_cache::get_n_kv: a
         multiple of 256)."""

@@ -118,6 +118,116 @@ def partial_sort(a: list, middle: int, key) -> None:
         _adjust_heap(a, 0, last, v, key)
 
 
+def _gt(key):
+    return lambda x, y: key(x) > key(y)
+
+
+def _insert(a, i: int, gt) -> None:
+    """std::__unguarded_linear_insert."""
+    v = a[i]
+    while gt(v, a[i - 1]):
+        a[i] = a[i - 1]
+        i -= 1
+    a[i] = v
+
+
+def _insertion_sort(a, lo: int, hi: int, gt) -> None:
+    """std::__insertion_sort on a[lo:hi]."""
+    for i in range(lo + 1, hi):
+        if gt(a[i], a[lo]):
+            v = a[i]
+            a[lo + 1:i + 1] = a[lo:i]
+            a[lo] = v
+        else:
+            _insert(a, i, gt)
+
+
+def _introsort_loop(a, lo: int, hi: int, depth: int, gt, key) -> None:
+    while hi - lo > 16:                               # _S_threshold
+        if depth == 0:                                # std::__partial_sort(first, last, last): heap sort
+            part = a[lo:hi]
+            partial_sort(part, len(part), key)
+            a[lo:hi] = part
+            return
+        depth -= 1
+        mid = lo + (hi - lo) // 2                     # __unguarded_partition_pivot
+        x, y, z = lo + 1, mid, hi - 1                 # __move_median_to_first(lo, lo+1, mid, hi-1)
+        if gt(a[x], a[y]):
+            m = y if gt(a[y], a[z]) else z if gt(a[x], a[z]) else x
+        else:
+            m = x if gt(a[x], a[z]) else z if gt(a[y], a[z]) else y
+        a[lo], a[m] = a[m], a[lo]
+        f, l, pivot = lo + 1, hi, a[lo]               # __unguarded_partition(lo+1, hi, lo)
+        while True:
+            while gt(a[f], pivot):
+                f += 1
+            l -= 1
+            while gt(pivot, a[l]):
+                l -= 1
+            if not f < l:
+                break
+            a[f], a[l] = a[l], a[f]
+            f += 1
+        _introsort_loop(a, f, hi, depth, gt, key)
+        hi = f
+
+
+def std_sort(a: list, key) -> None:
+    """std::sort(a.begin(), a.end(), [](x, y) { return key(x) > key(y); }) in place, as libstdc++
+    (GCC 12) runs it: introsort (median of three, depth 2*lg n, heap sort past it), then the final
+    insertion sort. Equal keys end in its order, not a stable one."""
+    n = len(a)
+    if n < 2:
+        return
+    gt = _gt(key)
+    _introsort_loop(a, 0, n, 2 * (n.bit_length() - 1), gt, key)
+    if n > 16:                                        # __final_insertion_sort
+        _insertion_sort(a, 0, 16, gt)
+        for i in range(16, n):
+            _insert(a, i, gt)
+    else:
+        _insertion_sort(a, 0, n, gt)
+
+
+def bucket_partial_sort(logits: np.ndarray, npartial: int) -> np.ndarray:
+    """llama_token_data_array_partial_sort (src/llama-sampler.cpp): indices of the top npartial
+    (and the rest of the last bucket they reach), bucketed by logit in 128 buckets over
+    [-10, 10] (f32 mul then add: libllama has no FMA), each bucket gathered in index order,
+    std::sort'ed, the last one std::partial_sort'ed. A bucket without equal logits sorts the
+    same in any algorithm, so only those with ties run the libstdc++ port."""
+    lg = np.asarray(logits, np.float32)
+    f = np.float32(6.4) * lg + np.float32(64.0)       # bucket_scale * val + bucket_inter, in f32
+    ib_all = np.clip(np.trunc(np.nan_to_num(f, nan=0.0, posinf=1e9, neginf=-1e9)), 0, 127).astype(np.int64)
+    histo = np.bincount(ib_all, minlength=128)
+    have = np.cumsum(histo[::-1])
+    ib = 127 - int(np.searchsorted(have, npartial))   # the first bucket (from the top) reaching npartial
+    ib = max(ib, 0)
+    out, done = [], 0
+    for j in range(127, ib - 1, -1):
+        idx = np.flatnonzero(ib_all == j)             # gathered in index order
+        vals = lg[idx]
+        if j > ib:
+            out.append(_sorted_like_std(idx, vals, None))
+            done += len(idx)
+        else:
+            out.append(_sorted_like_std(idx, vals, npartial - done))
+    return np.concatenate(out) if out else np.zeros(0, np.int64)
+
+
+def _sorted_like_std(idx: np.ndarray, vals: np.ndarray, middle: int | None) -> np.ndarray:
+    """std::sort (middle None) or std::partial_sort(first, first + middle, last) of one bucket (a
+    heap sort even when middle is the whole bucket); the caller keeps the first `middle`."""
+    if len(np.unique(vals)) == len(vals):             # no ties: the order of the first `middle` is the sorted one
+        return idx[np.argsort(-vals, kind="stable")]
+    a = idx.tolist()
+    key = dict(zip(a, vals.tolist())).__getitem__
+    if middle is None:
+        std_sort(a, key)
+    else:
+        partial_sort(a, middle, key)
+    return np.asarray(a, np.int64)
+
+
 # ---------------------------------------------------------------- the chain
 
 class Candidates:
@@ -139,8 +249,8 @@ class Candidates:
         if n <= 128:
             partial_sort(idx, n, lg.__getitem__)
             idx = idx[:n]
-        else:                                       # bucketed std::sort: ties may order otherwise
-            idx = sorted(idx, key=lambda i: -lg[i])[:n]
+        else:                                       # the bucketed sort of larger selections
+            idx = bucket_partial_sort(self.logit, n)[:n]
         self.keep(np.asarray(idx, np.int64))
         self.sorted = True
 

@@ -1,11 +1,13 @@
 """The sampler chain's pieces: libstdc++'s std::mt19937, generate_canonical, std::partial_sort."""
 from __future__ import annotations
 
+import ctypes
 import random
 
 import numpy as np
+import pytest
 
-from bankml.runtime.sampler import GREEDY, MT19937, Candidates, Sampler, SamplerParams, partial_sort
+from bankml.runtime.sampler import GREEDY, MT19937, Candidates, Sampler, SamplerParams, partial_sort, top_k
 
 
 def test_mt19937_matches_std_reference_values():
@@ -55,3 +57,45 @@ def test_same_seed_same_tokens():
     logits = np.random.default_rng(1).standard_normal(500).astype(np.float32)
     a, b = Sampler(SamplerParams(), 9), Sampler(SamplerParams(), 9)
     assert [a.sample(logits) for _ in range(20)] == [b.sample(logits) for _ in range(20)]
+
+
+class _TokenData(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int32), ("logit", ctypes.c_float), ("p", ctypes.c_float)]
+
+
+class _TokenDataArray(ctypes.Structure):
+    _fields_ = [("data", ctypes.POINTER(_TokenData)), ("size", ctypes.c_size_t), ("selected", ctypes.c_int64),
+                ("sorted", ctypes.c_bool)]
+
+
+def _llama_top_k(logits: np.ndarray, k: int) -> list[int]:
+    """The ids llama.cpp's own top-k sampler keeps, in its order (libllama of the oracle build)."""
+    from bankml.oracle.paths import bin_dir
+    lib = ctypes.CDLL(str(bin_dir() / "libllama.so"))
+    lib.llama_sampler_init_top_k.restype = ctypes.c_void_p
+    lib.llama_sampler_apply.argtypes = [ctypes.c_void_p, ctypes.POINTER(_TokenDataArray)]
+    lib.llama_sampler_free.argtypes = [ctypes.c_void_p]
+    data = (_TokenData * len(logits))(*[_TokenData(i, float(x), 0.0) for i, x in enumerate(logits)])
+    arr = _TokenDataArray(data, len(logits), -1, False)
+    smpl = lib.llama_sampler_init_top_k(k)
+    try:
+        lib.llama_sampler_apply(smpl, ctypes.byref(arr))
+    finally:
+        lib.llama_sampler_free(smpl)
+    return [arr.data[i].id for i in range(arr.size)]
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("k", [129, 200, 1000, 49152])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_top_k_above_128_orders_ties_as_llama_cpp(k, seed):
+    """Above 128 candidates llama.cpp buckets the logits and std::sorts each bucket: equal logits
+    come out in libstdc++'s introsort order, which a stable sort does not give."""
+    rng = np.random.default_rng(seed)
+    logits = np.round(rng.normal(0, 4, 49152) * 8).astype(np.float32) / np.float32(8)   # many ties
+    c = Candidates(logits)
+    top_k(c, k)
+    want = _llama_top_k(logits, k)
+    assert c.ids.tolist() == want
+    stable = np.argsort(-logits, kind="stable")[:k].tolist()
+    assert stable != want                       # the case is one where tie order matters
