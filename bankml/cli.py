@@ -247,8 +247,8 @@ def _report(r: dict, as_json: bool) -> None:
     t = r["timings"]
     click.echo()
     if t["compile_ms"] > 0:
-        click.echo(f"[compiling {t['compile_ms'] / 1e3:.1f} s (first use of this model's graphs; cached afterwards; "
-                   "not counted below)]", err=True)
+        click.echo(f"[compiling {t['compile_ms'] / 1e3:.1f} s (this model's graphs: compiled on first use, loaded from "
+                   "the JIT cache after; not counted below)]", err=True)
     click.echo(f"[prompt {t['prompt_n']} tokens, {t['prompt_per_second']:.1f} tok/s; generated "
                f"{t['predicted_n']} tokens, {t['predicted_per_second']:.1f} tok/s]", err=True)
 
