@@ -122,13 +122,21 @@ class Model:
         multiple of 256)."""
         return min(self.kv_size, max(256, -(-used // 256) * 256))
 
+    def micro_batches(self, n_tokens: int, outputs: str) -> list[tuple[int, int, list[int]]]:
+        """How llama_decode cuts a batch of n_tokens: (start, stop, output rows within it) for
+        each micro-batch of n_ubatch tokens; outputs "all" or "last" (the batch's last row)."""
+        out = []
+        for start in range(0, n_tokens, self.n_ubatch):
+            stop = min(start + self.n_ubatch, n_tokens)
+            rows = list(range(stop - start)) if outputs == "all" else [stop - start - 1] if stop == n_tokens else []
+            out.append((start, stop, rows))
+        return out
+
     def prepare_for(self, n_past: int, n_prompt: int, n_predict: int) -> float:
         """Prepare what a prompt of n_prompt tokens after n_past cells (the last row's logits) and
         n_predict decodes after it run, so that no compile interrupts a stream of tokens."""
-        need = []
-        for start in range(0, n_prompt, self.n_ubatch):
-            T = min(self.n_ubatch, n_prompt - start)
-            need.append((T, self.n_kv(n_past + start + T), int(start + T >= n_prompt)))
+        need = [(stop - start, self.n_kv(n_past + stop), len(rows))
+                for start, stop, rows in self.micro_batches(n_prompt, "last")]
         first, last = n_past + n_prompt + 1, min(n_past + n_prompt + n_predict, self.kv_size)
         need += [(1, self.n_kv(used), 1) for used in {first, last} if n_predict > 0 and used <= self.kv_size]
         return sum(self.prepare(choose_variant(self.variants, *sizes)[0]) for sizes in need)

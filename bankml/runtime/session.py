@@ -9,10 +9,6 @@ from bankml.errors import BankmlError
 from bankml.ir.node import Node
 
 
-def pad256(n: int) -> int:
-    return -(-n // 256) * 256
-
-
 class Session:
     def __init__(self, model):
         self.model = model
@@ -30,12 +26,8 @@ class Session:
             raise BankmlError("outputs must be 'all' or 'last'")
         tokens = self._checked(tokens)
         rows = []
-        step = self.model.n_ubatch
-        for start in range(0, len(tokens), step):
-            ub = tokens[start:start + step]
-            last = start + step >= len(tokens)
-            out_ids = list(range(len(ub))) if outputs == "all" else ([len(ub) - 1] if last else [])
-            r = self._ubatch(ub, out_ids)
+        for start, stop, out_ids in self.model.micro_batches(len(tokens), outputs):
+            r = self._ubatch(tokens[start:stop], out_ids)
             if r is not None:
                 rows.append(r)
         return np.concatenate(rows, axis=0)

@@ -64,15 +64,23 @@ def for_range(b: ir.IRBuilder, start, stop, step=1, name: str = "i"):
     b.position_at_end(end)
 
 
+def ceil_div(b: ir.IRBuilder, x, y, name: str = "") -> ir.Value:
+    """ceil(x / y) of positive i64 values."""
+    return b.sdiv(b.add(x, b.sub(y, i64(1))), y, name=name)
+
+
+def smin(b: ir.IRBuilder, x, y) -> ir.Value:
+    """The smaller of two i64 values."""
+    return b.select(b.icmp_signed("<", x, y), x, y)
+
+
 def thread_range(b: ir.IRBuilder, n_items, ith, nth):
     """[lo, hi) of n_items for thread ith of nth: contiguous, ceil-sized chunks."""
     n_items = n_items if isinstance(n_items, ir.Value) else i64(n_items)
-    per = b.sdiv(b.add(n_items, b.sub(nth, i64(1))), nth)
+    per = ceil_div(b, n_items, nth)
     lo = b.mul(per, ith)
     hi = b.add(lo, per)
-    lo = b.select(b.icmp_signed("<", lo, n_items), lo, n_items)
-    hi = b.select(b.icmp_signed("<", hi, n_items), hi, n_items)
-    return lo, hi
+    return smin(b, lo, n_items), smin(b, hi, n_items)
 
 
 def dim(b: ir.IRBuilder, dims, d) -> ir.Value:

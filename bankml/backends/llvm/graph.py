@@ -14,7 +14,7 @@ written only by kernels after b (plan_arena does this).
 
 A generic graph (bankml.ir.dims: sizes T, KV, O) compiles once for every value of its sizes:
 dims holds this call's values, every kernel reads them, and buffers are sized for the largest.
-The backend keeps one CompiledGraph per variant of a model (backends/llvm/backend.py).
+The backend keeps one CompiledGraph per variant of a model (runner.py: LlvmBackend).
 """
 from __future__ import annotations
 

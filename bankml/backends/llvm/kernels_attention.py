@@ -37,8 +37,8 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 
-from bankml.backends.llvm.common import dim, f16, f32, f64, fma, for_range, i1, i16, i32, i64, intrinsic, llama_threads, \
-    new_function, thread_range, typed, v8f32
+from bankml.backends.llvm.common import (ceil_div, dim, f16, f32, f64, fma, for_range, i1, i16, i32, i64, intrinsic,
+                                         llama_threads, new_function, smin, thread_range, typed, v8f32)
 from bankml.backends.llvm.kernels_glu import broadcast, splat, v_expf
 from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
 from bankml.errors import LoweringError
@@ -211,8 +211,8 @@ def _define_split(e: _Emit) -> None:
     if e.M_static != 1:
         raise LoweringError(f"llvm backend: split-KV attention takes 1 query row, not {e.M_static or 'T'}")
     nt = llama_threads(b, e.dims)
-    cs = b.sdiv(b.add(e.n_kv, b.sub(nt, i64(1))), nt, name="chunk")
-    n_chunks = b.sdiv(b.add(e.n_kv, b.sub(cs, i64(1))), cs, name="n_chunks")
+    cs = ceil_div(b, e.n_kv, nt, name="chunk")
+    n_chunks = ceil_div(b, e.n_kv, cs, name="n_chunks")
     qbuf, vkq, acc = e.alloca(f32, e.D, "q16"), e.alloca(f32, e.DV, "vkq_c"), e.alloca(f32, e.DV, "vkq")
     Mp, Sp, Mt, St = (e.alloca(f32, 1, nm) for nm in ("M_c", "S_c", "M", "S"))
     maxnum = intrinsic(e.m, "llvm.maxnum.f32", f32, [f32, f32])
@@ -223,8 +223,7 @@ def _define_split(e: _Emit) -> None:
         e.reset(acc, Mt, St)
         with for_range(b, 0, n_chunks, name="c") as c:
             k0 = b.mul(c, cs)
-            k1 = b.add(k0, cs)
-            k1 = b.select(b.icmp_signed("<", k1, e.n_kv), k1, e.n_kv)
+            k1 = smin(b, b.add(k0, cs), e.n_kv)
             e.reset(vkq, Mp, Sp)
             e.one_chunk(i64(0), hk, qbuf, vkq, Mp, Sp, k0, k1)
             s_c = b.load(Sp)
@@ -407,34 +406,25 @@ def _q_tiles(e: _Emit, q_tile) -> None:
     b = e.b
     nr = b.mul(e.M, i64(e.H), name="nr")
     nt = llama_threads(b, e.dims)
-    chunk = _ceil_div(b, nr, b.mul(nt, i64(4)))
-    nchunk = _ceil_div(b, nr, chunk)
+    chunk = ceil_div(b, nr, b.mul(nt, i64(4)))
+    nchunk = ceil_div(b, nr, chunk)
     nchunk = b.select(b.or_(b.icmp_signed("==", nt, i64(1)), b.icmp_signed("<", nchunk, nt)), nt, nchunk)
-    dr = _ceil_div(b, nr, nchunk)
+    dr = ceil_div(b, nr, nchunk)
     tile_no, irp = e.alloca(i64, 1, "tile_no"), e.alloca(i64, 1, "ir")
     b.store(i64(0), tile_no)
     with for_range(b, 0, nchunk, name="qc") as c:
         ir0 = b.mul(dr, c)
-        ir1 = b.add(ir0, dr)
-        ir1 = b.select(b.icmp_signed("<", ir1, nr), ir1, nr)
+        ir1 = smin(b, b.add(ir0, dr), nr)
         b.store(ir0, irp)
         with for_range(b, 0, dr, name="qstep"):                  # at most dr tiles in a chunk
             at = b.load(irp)
             with b.if_then(b.icmp_signed("<", at, ir1)):
-                rows = _min(b, _min(b, i64(TILE_Q), b.sub(ir1, at)), b.sub(e.M, b.srem(at, e.M)))
+                rows = smin(b, smin(b, i64(TILE_Q), b.sub(ir1, at)), b.sub(e.M, b.srem(at, e.M)))
                 t = b.load(tile_no)
                 with b.if_then(b.icmp_signed("==", b.srem(t, e.nth), e.ith)):
                     q_tile(at, rows)
                 b.store(b.add(t, i64(1)), tile_no)
                 b.store(b.add(at, rows), irp)
-
-
-def _ceil_div(b, x, y):
-    return b.sdiv(b.add(x, b.sub(y, i64(1))), y)
-
-
-def _min(b, x, y):
-    return b.select(b.icmp_signed("<", x, y), x, y)
 
 
 @kernel(Op.FLASH_ATTN)

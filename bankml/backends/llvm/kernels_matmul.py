@@ -30,7 +30,7 @@ from typing import Callable
 from llvmlite import ir
 
 from bankml.backends.llvm.common import dim, f16, f32, for_range, i8, i16, i32, i64, intrinsic, new_function, \
-    size, thread_range, typed, v8f32
+    size, smin, thread_range, typed, v8f32
 from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
 from bankml.errors import LoweringError
 from bankml.ir.dims import prod_range
@@ -240,6 +240,6 @@ def define_mul_mat(m: ir.Module, g: Graph, n: Node) -> ir.Function:
         chunk = max(R, CHUNK_BYTES // wrb // R * R)
         with for_range(b, lo, hi, step=chunk, name="chunk") as r0:
             r1 = b.add(r0, i64(chunk))
-            columns(r0, b.select(b.icmp_signed("<", r1, hi), r1, hi))
+            columns(r0, smin(b, r1, hi))
     b.ret_void()
     return fn

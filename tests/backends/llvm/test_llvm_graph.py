@@ -33,7 +33,7 @@ def _env(m, n_tokens: int, n_past: int, n_outputs: int, seed: int):
     hp = m.hparams
     rng = np.random.default_rng(seed)
     used = n_past + n_tokens
-    n_kv = min(m.kv_size, max(256, -(-used // 256) * 256))
+    n_kv = m.n_kv(used)
     pos = np.arange(n_past, used, dtype=np.int32)
     cells = np.arange(n_kv)
     mask = np.where((cells[None, :] <= pos[:, None]) & (cells[None, :] < used), np.float16(0), np.float16(-np.inf))
