@@ -52,6 +52,15 @@ Q4_1_DOT = FloatOrder("ggml_vec_dot_q4_1_q8_1", lanes=8, fold="hsum8", fma=True,
 Q1_0_DOT = FloatOrder("ggml_vec_dot_q1_0_q8_0", lanes=8, fold="hsum8", fma=True, f16_at=("act_d",))
 # ggml-cpu/quants.c:ggml_vec_dot_q2_0_q8_0_generic (scalar, GCC-contracted fma)
 Q2_0_DOT = FloatOrder("ggml_vec_dot_q2_0_q8_0", fma=True, f16_at=("act_d",))
+# ggml-cpu/arch/x86/quants.c:ggml_vec_dot_q4_0_q8_0 / _q5_0_q8_0 (tinyBLAS_Q0_AVX gives the same bits):
+# the Q8_0 chain, per block acc = fma(r(wd*ad), float(lane sums), acc), hsum8
+Q4_0_DOT = FloatOrder("ggml_vec_dot_q4_0_q8_0", lanes=8, fold="hsum8", fma=True, f16_at=("act_d",))
+Q5_0_DOT = FloatOrder("ggml_vec_dot_q5_0_q8_0", lanes=8, fold="hsum8", fma=True, f16_at=("act_d",))
+# ggml-cpu/arch/x86/quants.c:ggml_vec_dot_q5_1_q8_1: the Q4_1 chain (summs contracted, checked)
+Q5_1_DOT = FloatOrder("ggml_vec_dot_q5_1_q8_1", lanes=8, fold="hsum8", fma=True, f16_at=("act_d", "act_s"))
+# ggml-cpu/arch/x86/repack.cpp:ggml_gemv_q4_0_8x8_q8_0 = ggml_gemm_q4_0_8x8_q8_0 (Q4_0, rows % 8 == 0):
+# one lane per output holds the exact int32 sum of a whole block; acc = fma(float(sum), r(wd*ad), acc)
+Q4_0_REPACK = FloatOrder("ggml_gemv_q4_0_8x8_q8_0", fma=True, f16_at=("act_d",))
 
 # ---- elementwise and row ops -------------------------------------------------------------
 # ggml-cpu/ops.cpp:ggml_compute_forward_rms_norm_f32: sequential f64 sum of f32 squares

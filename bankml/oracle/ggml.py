@@ -21,6 +21,7 @@ from bankml.oracle.paths import bin_dir
 
 TYPE_F32, TYPE_F16, TYPE_Q4_0, TYPE_Q4_1, TYPE_Q8_0, TYPE_I32 = 0, 1, 2, 3, 8, 26
 TYPE_I64, TYPE_Q1_0, TYPE_Q2_0 = 27, 41, 42
+TYPE_Q5_0, TYPE_Q5_1 = 6, 7
 
 _P = ctypes.c_void_p
 _F = ctypes.c_float
@@ -61,6 +62,8 @@ _OPS = {
     "ggml_cont": (_P, [_P]),
 }
 
+_REPACK_BUFT = "_Z35ggml_backend_cpu_repack_buffer_typev"   # ggml-cpu/repack.cpp, a C++ symbol
+
 VEC_DOT = ctypes.CFUNCTYPE(None, _I, ctypes.POINTER(_F), ctypes.c_size_t, _P, ctypes.c_size_t, _P,
                            ctypes.c_size_t, _I)
 FROM_FLOAT = ctypes.CFUNCTYPE(None, ctypes.POINTER(_F), _P, _I64)
@@ -90,6 +93,11 @@ def lib() -> ctypes.CDLL:
     L.ggml_get_type_traits_cpu.restype = ctypes.POINTER(TypeTraitsCPU)
     L.ggml_get_type_traits_cpu.argtypes = [_I]
     L.ggml_row_size.restype, L.ggml_row_size.argtypes = ctypes.c_size_t, [_I, _I64]
+    L.ggml_backend_alloc_ctx_tensors_from_buft.restype = _P
+    L.ggml_backend_alloc_ctx_tensors_from_buft.argtypes = [_P, _P]
+    L.ggml_backend_tensor_set.argtypes = [_P, _P, ctypes.c_size_t, ctypes.c_size_t]
+    L.ggml_backend_buffer_free.argtypes = [_P]
+    getattr(cpu, _REPACK_BUFT).restype = _P
     for name, (res, args) in _OPS.items():
         fn = getattr(L, name)
         fn.restype, fn.argtypes = res, [_P] + args
@@ -159,9 +167,31 @@ class Context:
             raise OracleError("ggml_init failed")
 
     def __del__(self):
+        for buf in getattr(self, "_buffers", []):
+            self.L.ggml_backend_buffer_free(buf)
+        for c in getattr(self, "_weight_ctxs", []):
+            self.L.ggml_free(c)
         if getattr(self, "ctx", None):
             self.L.ggml_free(self.ctx)
             self.ctx = None
+
+    def repacked(self, ggml_type: int, ne: tuple[int, int], data) -> int:
+        """A weight in ggml-cpu's CPU_REPACK buffer, as llama.cpp loads matrices by default:
+        setting its data repacks it (ggml-cpu/repack.cpp: Q4_0 with ne1 % 8 == 0 becomes
+        q4_0_8x8 on AVX2), and a mul_mat of it runs the repack's forward_mul_mat."""
+        wctx = self.L.ggml_init(_InitParams(1 << 12, None, True))
+        self.__dict__.setdefault("_weight_ctxs", []).append(wctx)
+        t = self.L.ggml_new_tensor(wctx, ggml_type, len(ne), (_I64 * len(ne))(*ne))
+        buft = getattr(self.L, _REPACK_BUFT)()
+        buf = self.L.ggml_backend_alloc_ctx_tensors_from_buft(wctx, buft)
+        if not buf:
+            raise OracleError("CPU_REPACK buffer allocation failed")
+        self.__dict__.setdefault("_buffers", []).append(buf)
+        raw = data.tobytes() if isinstance(data, np.ndarray) else bytes(data)
+        if len(raw) != self.L.ggml_nbytes(t):
+            raise OracleError(f"tensor of {self.L.ggml_nbytes(t)} bytes given {len(raw)}")
+        self.L.ggml_backend_tensor_set(t, raw, 0, len(raw))
+        return t
 
     def tensor(self, ggml_type: int, ne: tuple[int, ...], data=None) -> int:
         """A new tensor of shape ne (ggml order, ne0 first); data: numpy array or raw bytes."""

@@ -9,11 +9,16 @@ ggml-cpu/ggml-cpu.c:ggml_compute_forward_mul_mat (GGML_USE_LLAMAFILE build):
        - n = ne11 (columns) < 2 -> false;
        - F16: tinyBLAS<8,__m256,...>::matmul needs m = ne01 (weight rows) % 4 == 0
          (16 vector registers: m%16, m%8 or m%4 tilings); any k works on AVX (masked tail);
-       - Q8_0: tinyBLAS_Q0_AVX, always (its bits equal ggml_vec_dot_q8_0_q8_0:
-         fma(r(da*db), lane sums, acc) per block, then the same hsum);
-       - Q4_1, Q1_0, Q2_0 (and anything else): false.
+       - Q8_0, Q4_0, Q5_0: tinyBLAS_Q0_AVX, always (its bits equal ggml_vec_dot_q8_0_q8_0 /
+         _q4_0_q8_0 / _q5_0_q8_0: fma(r(da*db), lane sums, acc) per block, then the same hsum);
+       - Q4_1, Q5_1, Q1_0, Q2_0 (and anything else): false.
      No contiguity or alignment condition applies to this second call (wdata is packed).
   4. Otherwise ggml_compute_forward_mul_mat_one_chunk calls vec_dot once per output.
+Before all of this, a Q4_0 matrix whose row count is a multiple of 8 was put in the CPU_REPACK
+buffer at load time (ggml-cpu/repack.cpp:ggml_repack_get_optimal_repack_type: AVX2 picks
+q4_0_8x8_q8_0; llama.cpp's tied output, a duplicate of token_embd, is loaded as `output`
+and repacked too): its mul_mat is the repack's forward_mul_mat, whose gemm (groups of 4
+columns) and gemv (the rest) make the same per-output chain, Q4_0_REPACK.
 Thread count never changes the bits (it only splits outputs and src1 block ranges).
 """
 from __future__ import annotations
@@ -23,9 +28,10 @@ from bankml.ir.dims import decide, prod_range
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
-from bankml.quants import F16, Q1_0, Q2_0, Q4_1, Q8_0
+from bankml.quants import F16, Q1_0, Q2_0, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
 
-_VEC_DOT = {Q8_0: fo.Q8_0_DOT, Q4_1: fo.Q4_1_DOT, Q1_0: fo.Q1_0_DOT, Q2_0: fo.Q2_0_DOT}
+_VEC_DOT = {Q8_0: fo.Q8_0_DOT, Q4_1: fo.Q4_1_DOT, Q1_0: fo.Q1_0_DOT, Q2_0: fo.Q2_0_DOT,
+            Q4_0: fo.Q4_0_DOT, Q5_0: fo.Q5_0_DOT, Q5_1: fo.Q5_1_DOT}
 
 
 def matmul_order(wtype: int, n_rows: int, n_cols: int) -> fo.FloatOrder:
@@ -33,9 +39,11 @@ def matmul_order(wtype: int, n_rows: int, n_cols: int) -> fo.FloatOrder:
     times n_cols activation columns (ne11)."""
     if wtype == F16:
         return fo.F16_TINYBLAS if n_cols >= 2 and n_rows % 4 == 0 else fo.F16_VEC_DOT
+    if wtype == Q4_0 and n_rows % 8 == 0:
+        return fo.Q4_0_REPACK       # whatever the column count: gemm and gemv give the same bits
     if wtype in _VEC_DOT:
         return _VEC_DOT[wtype]      # Q8_0: tinyBLAS_Q0_AVX for n_cols >= 2 gives the same bits
-    raise ValueError(f"mul_mat: weight type {wtype} has no float order; bankml runs F16 Q8_0 Q4_1 Q1_0 Q2_0")
+    raise ValueError(f"mul_mat: weight type {wtype} has no float order; bankml runs F16 Q8_0 Q4_1 Q1_0 Q2_0 Q4_0 Q5_0 Q5_1")
 
 
 def choose_matmul_kernel(g: Graph) -> Graph:

@@ -26,7 +26,7 @@ import numpy as np
 from bankml.errors import LoweringError
 from bankml.floats import f16, f32x8_reduce, hsum8
 from bankml.ir.order import FloatOrder
-from bankml.quants import F16, Q1_0, Q2_0, Q4_1, Q8_0, Q8_1, WEIGHT_TYPES
+from bankml.quants import F16, Q1_0, Q2_0, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, WEIGHT_TYPES
 from bankml.quants.activation import Q8Act, quantize_q8_0, quantize_q8_1
 
 f32, f64 = np.float32, np.float64
@@ -263,14 +263,14 @@ def _mul_mat_quant(w_raw: np.ndarray, wtype: int, x: np.ndarray, order: FloatOrd
             dw = np.ascontiguousarray(u.d.T)[:, None, None, :]   # [weight blocks, 1, 1, n]
             acc = ws("acc", (M, L, n))
             acc.fill(0)
-            if wtype in (Q8_0, Q4_1):
+            if wtype in (Q8_0, Q4_1, Q4_0, Q5_0, Q5_1):
                 _scaled_chain(order, lane_sums, dw, da, B, acc, ws)
             elif wtype in (Q1_0, Q2_0):
                 _nested_chain(order, lane_sums, dw, da, wt.block // QK, wtype == Q1_0, acc, ws)
             else:
                 raise LoweringError(f"mul_mat: no integer kernel for {wt.name}")
             res = _fold(order, acc)
-            if wtype == Q4_1:                          # r(hsum8(acc) + summs), summs = fma chain of m*s
+            if wtype in (Q4_1, Q5_1):                  # r(hsum8(acc) + summs), summs = fma chain of m*s
                 summs = ws("summs", (M, n))
                 summs.fill(0)
                 mw = np.ascontiguousarray(u.m.T)
@@ -282,8 +282,9 @@ def _mul_mat_quant(w_raw: np.ndarray, wtype: int, x: np.ndarray, order: FloatOrd
 
 
 def _scaled_chain(order, lane_sums, dw, da, B, acc, ws) -> None:
-    """ggml_vec_dot_q8_0_q8_0 / q4_1_q8_1 (and tinyBLAS_Q0_AVX):
-    per q8 block acc = fma(r(dw*da), float(lane sums), acc)."""
+    """ggml_vec_dot_q8_0_q8_0 / q4_1_q8_1 / q4_0_q8_0 / q5_0_q8_0 / q5_1_q8_1 (and tinyBLAS_Q0_AVX):
+    per q8 block acc = fma(r(dw*da), float(lane sums), acc). With one lane (Q4_0_REPACK:
+    ggml_gemv/gemm_q4_0_8x8_q8_0) the lane sum is the whole block's."""
     for b in range(B):
         d = dw[b] * da[:, b]                           # r(dw*da), f32 [M, 1, n]
         _madd(order, d, lane_sums(b), acc, ws)
