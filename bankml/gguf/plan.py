@@ -21,7 +21,8 @@ from bankml.gguf.reader import (GGML_TYPES, GGUF_ARRAY, GGUF_FLOAT32, GGUF_INT32
 from bankml.runtime.tokenizer import vocab_refusal
 
 F32, F16, Q4_1, Q8_0, Q1_0, Q2_0 = 0, 1, 3, 8, 41, 42
-MATRIX_TYPES = (F16, Q8_0, Q4_1, Q1_0, Q2_0)   # bankml's weight types for layer matrices
+Q4_0, Q5_0, Q5_1 = 2, 6, 7
+MATRIX_TYPES = (F16, Q8_0, Q4_1, Q1_0, Q2_0, Q4_0, Q5_0, Q5_1)   # bankml's weight types for layer matrices
 EMBED_TYPES = (F16, Q8_0)                       # token_embd/output may also be one of these
 ROPE_TYPES = {"llama": "norm", "qwen3": "neox"}  # llama-model.cpp `llama_model_rope_type`
 HEAD_DIMS = (64, 128)

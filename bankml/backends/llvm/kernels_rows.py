@@ -16,6 +16,7 @@ from llvmlite import ir
 
 from bankml.backends.llvm.common import dim, f16, f32, for_range, i8, i32, i64, new_function, size, thread_range, typed
 from bankml.backends.llvm.kernels_matmul import at, load_h
+from bankml.backends.llvm.kernels_rows_legacy import ELEMENTS as LEGACY_ELEMENTS
 from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
 from bankml.errors import LoweringError
 from bankml.ir.dims import upper
@@ -63,6 +64,8 @@ def _element(b: ir.IRBuilder, gtype: int, row, j):
         return b.load(b.gep(typed(b, row, f32), [j]))
     if gtype == F16:
         return load_h(b, row, b.mul(j, i64(2)))
+    if gtype in LEGACY_ELEMENTS:                              # Q4_0, Q5_0, Q5_1
+        return LEGACY_ELEMENTS[gtype](b, row, j)
     bs = WEIGHT_TYPES[gtype].block
     blk, k = b.sdiv(j, i64(bs)), b.srem(j, i64(bs))
     base = b.mul(blk, i64(WEIGHT_TYPES[gtype].block_bytes))
