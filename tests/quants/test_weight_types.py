@@ -49,7 +49,7 @@ def test_dequantize_of_every_code(ggml_type):
     rng = np.random.default_rng(1)
     raw = rng.integers(0, 256, (4, wt.row_bytes(n)), dtype=np.uint8)
     blocks = raw.reshape(4, -1, wt.block_bytes)
-    halves = 2 if ggml_type == G.TYPE_Q4_1 else 1          # d (and m) at the start of each block
+    halves = 2 if ggml_type in (G.TYPE_Q4_1, G.TYPE_Q5_1) else 1   # d (and m) at the start of each block
     scales = rng.standard_normal((4, blocks.shape[1], halves)).astype(np.float16)
     blocks[:, :, :2 * halves] = scales.view(np.uint8).reshape(4, blocks.shape[1], 2 * halves)
     mine = wt.dequantize(raw, n)

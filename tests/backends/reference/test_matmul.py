@@ -81,7 +81,7 @@ def test_matmul_order_rule():
     assert matmul_order(G.TYPE_Q1_0, 576, 1) is fo.Q1_0_DOT
     assert matmul_order(G.TYPE_Q2_0, 576, 2) is fo.Q2_0_DOT
     with pytest.raises(ValueError):
-        matmul_order(2, 576, 2)                              # Q4_0 is not a bankml weight type
+        matmul_order(20, 576, 2)                             # IQ4_NL is not a bankml weight type
 
 
 def test_refuses_k_that_is_not_whole_blocks():
