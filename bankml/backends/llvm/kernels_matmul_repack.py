@@ -10,6 +10,12 @@ ggml_gemm_q4_0_8x8_q8_0 on the groups and ggml_gemv_q4_0_8x8_q8_0 on the rest
                        acc = fma(float(S), r(wd * ad), acc)
     result = acc                                   (no horizontal sum: FloatOrder Q4_0_REPACK)
 
+How ggml splits the work (forward_mul_mat) decides who computes an output, never its bits:
+threads quantize src1 in groups of 4 columns (i11 = 4*ith, step 4*nth), then the rest one by
+one; rows go in chunks (about 4 per thread, at least 8 rows, bounds rounded up to multiples
+of 8) taken from a shared counter; each chunk runs the gemm on columns [0, M - M % 4) and the
+gemv on each remaining column.
+
 bankml keeps the GGUF row layout. A tile is up to 8 weight rows x C columns, laid out as ggml's
 gemv lays it: the 8 rows are the 8 lanes of one accumulator per column. The block sums of the
 8 rows against one column come from vpmaddubsw products (|w| <= 8, |a| <= 127: pairs within
