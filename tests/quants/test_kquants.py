@@ -9,6 +9,7 @@ to_float for both types.
 """
 from __future__ import annotations
 
+import ctypes
 import sys
 from pathlib import Path
 
@@ -123,3 +124,23 @@ def test_get_rows_dequantize_bits_equal_ggml_on_both_backends(t):
     out = np.full((4, 768), np.nan, np.float32)
     run_kernel(g, gr, out, [raw, ids], 2)
     assert _same(out, ref[ids])
+
+
+def test_gemm_columns_with_tied_signed_maxima_equal_ggml():
+    """ggml_quantize_mat_q8_K_4x8 (the gemm's activations) takes -127/amax whenever +amax occurs,
+    quantize_row_q8_K the sign of the first maximum: here they disagree (row 1: -amax first),
+    q and d both flip sign, and the gemm's output bits stay those of the one quantizer we use."""
+    raw, x = _problem(Q4_K, 40, 512, 4)
+    x[1, 3], x[1, 9] = -40, 40
+    x[2, 300], x[2, 260] = 40, -40
+    mat = np.zeros(2 * (16 + 1024 + 128), np.uint8)              # two block_q8_Kx4: d[4], qs, bsums
+    fn = G.lib()._Z19ggml_quantize_mat_tILl8EL9ggml_type15EEvPKfPvll    # ggml_quantize_mat_t<8, Q8_K>
+    fn.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64]
+    fn(np.ascontiguousarray(x).ctypes.data, mat.ctypes.data, 4, 512)
+    d4 = mat[:16].view(np.float32)
+    d1 = q8_k.quantize_q8_k(x).d[:, 0]
+    assert np.array_equal(d4, d1 * np.array([1, -1, 1, 1], np.float32))   # the sign flips in row 1 only
+    order = matmul_order(Q4_K, 40, 4)
+    ref = _ggml(Q4_K, raw, x, repacked=True)
+    assert _same(mul_mat(raw, Q4_K, x, order), ref)
+    assert _same(_llvm(Q4_K, raw, x, nth=2), ref)
