@@ -26,6 +26,7 @@ Q8K_BYTES = 292
 v4f32, v4i32, v16i32, v16i8 = ir.VectorType(f32, 4), ir.VectorType(i32, 4), ir.VectorType(i32, 16), ir.VectorType(i8, 16)
 v32f32, v32i32 = ir.VectorType(f32, 32), ir.VectorType(i32, 32)
 TILED_MIN_COLS, GEMM_COLS = 8, 4
+TILE_COLS = 4                   # columns sharing one decode of the weights
 
 
 # ---- QUANTIZE to q8_K --------------------------------------------------------------------
@@ -82,115 +83,138 @@ def _pairs(b, v):
     return b.add(_shuf(b, v, list(range(0, n, 2))), _shuf(b, v, list(range(1, n, 2))))
 
 
-def _lanes32(b, codes, aq):
-    """ggml's maddubs + madd(ones): lane l = sum over bytes 4l..4l+3 of codes (u8) * aq (s8)."""
-    p = maddubs(b, codes, aq)
-    madd = intrinsic(b.module, "llvm.x86.avx2.pmadd.wd", v8i32, [v16i16, v16i16])
-    return b.call(madd, [p, ir.Constant(v16i16, [1] * 16)])
-
-
 def _reduce(b, v):
     n = v.type.count
     return b.call(intrinsic(b.module, f"llvm.vector.reduce.add.v{n}i32", i32, [v.type]), [v])
 
 
-class _Block:
-    """One super-block ib of a weight row and an activation row: scales and integer sums."""
+def _sum(b, vs):
+    t = vs[0]
+    for v in vs[1:]:
+        t = b.add(t, v)
+    return t
 
-    def __init__(self, b, wtype, wrow, xrow, ib):
-        self.b = b
-        xb = b.gep(xrow, [b.mul(ib, i64(Q8K_BYTES))])
-        self.ad = b.load(at(b, xb, 0, f32), align=1)
-        aq = [b.load(at(b, xb, 4 + 32 * s, v32i8), align=1) for s in range(8)]
-        bs16 = b.sext(b.load(at(b, xb, 260, v16i16), align=1), v16i32)
+
+class _Weights:
+    """Super-block ib of one weight row, decoded once for a tile of columns: f32 d (and dmin),
+    the codes of each 32-block as bytes, and each 32-block's scales as the i16 vector that
+    vpmaddwd multiplies into the vpmaddubsw pairs (ggml's madd(scale, p16))."""
+
+    def __init__(self, b, wtype, wrow, ib):
+        self.wtype = wtype
+        c15, c4 = ir.Constant(v32i8, [15] * 32), ir.Constant(v32i8, [4] * 32)
+        self.codes, self.scales = [], []
         if wtype == Q4_K:
             wb = b.gep(wrow, [b.mul(ib, i64(144))])
             self.dw, self.dmw = load_h(b, wb, 0), load_h(b, wb, 2)
             sb = [b.zext(b.load(at(b, wb, 4 + j, i8)), i32) for j in range(12)]
-            c63, c15 = i32(63), i32(15)
-            sc = [b.and_(sb[j], c63) for j in range(4)] + \
-                 [b.or_(b.and_(sb[j + 4], c15), b.shl(b.lshr(sb[j - 4], i32(6)), i32(4))) for j in range(4, 8)]
-            mn = [b.and_(sb[j + 4], c63) for j in range(4)] + \
-                 [b.or_(b.lshr(sb[j + 4], i32(4)), b.shl(b.lshr(sb[j], i32(6)), i32(4))) for j in range(4, 8)]
-            self.sub = []                      # per 32-block: its lanes times its scale
+            six = lambda v: b.shl(b.lshr(v, i32(6)), i32(4))     # noqa: E731
+            sc = [b.and_(sb[j], i32(63)) for j in range(4)] + \
+                 [b.or_(b.and_(sb[j + 4], i32(15)), six(sb[j - 4])) for j in range(4, 8)]
+            mn = [b.and_(sb[j + 4], i32(63)) for j in range(4)] + \
+                 [b.or_(b.lshr(sb[j + 4], i32(4)), six(sb[j])) for j in range(4, 8)]
             for s in range(8):
                 raw = b.load(at(b, wb, 16 + 32 * (s // 2), v32i8), align=1)
-                codes = b.and_(raw, ir.Constant(v32i8, [15] * 32)) if s % 2 == 0 else \
-                    b.lshr(raw, ir.Constant(v32i8, [4] * 32))
-                self.sub.append(b.mul(_lanes32(b, codes, aq[s]), splat(b, sc[s])))
+                self.codes.append(b.and_(raw, c15) if s % 2 == 0 else b.lshr(raw, c4))
+                self.scales.append(splat(b, b.trunc(sc[s], i16), 16))
             mins = ir.Constant(v8i32, ir.Undefined)
             for j in range(8):
                 mins = b.insert_element(mins, mn[j], i32(j))
-            self.min4 = _pairs(b, b.mul(_pairs(b, bs16), mins))          # <4 x i32>
-            self.lanes = self._sum(self.sub)
+            self.mins = mins
         else:
             wb = b.gep(wrow, [b.mul(ib, i64(210))])
             self.dw = load_h(b, wb, 208)
-            sc16 = b.sext(b.load(at(b, wb, 192, v16i8), align=1), v16i32)
-            self.sub = []
+            sc8 = b.load(at(b, wb, 192, v16i8), align=1)
+            self.sc16 = b.sext(sc8, v16i32)
+            sc_h = b.sext(sc8, ir.VectorType(i16, 16))
             for s in range(8):
                 h, k = s // 4, s % 4
                 ql = b.load(at(b, wb, 64 * h + 32 * (k & 1), v32i8), align=1)
-                lo = b.and_(ql, ir.Constant(v32i8, [15] * 32)) if k < 2 else b.lshr(ql, ir.Constant(v32i8, [4] * 32))
+                lo = b.and_(ql, c15) if k < 2 else b.lshr(ql, c4)
                 qh = b.load(at(b, wb, 128 + 32 * h, v32i8), align=1)
-                hi = b.shl(b.and_(b.lshr(qh, ir.Constant(v32i8, [2 * k] * 32)), ir.Constant(v32i8, [3] * 32)),
-                           ir.Constant(v32i8, [4] * 32))
-                scv = _shuf(b, sc16, [2 * s] * 4 + [2 * s + 1] * 4)
-                self.sub.append(b.mul(_lanes32(b, b.or_(lo, hi), aq[s]), scv))
-            bias = b.shl(_pairs(b, b.mul(bs16, sc16)), ir.Constant(v8i32, [5] * 8))
-            self.lanes = b.sub(self._sum(self.sub), bias)
+                hi = b.shl(b.and_(b.lshr(qh, ir.Constant(v32i8, [2 * k] * 32)), ir.Constant(v32i8, [3] * 32)), c4)
+                self.codes.append(b.or_(lo, hi))
+                self.scales.append(_shuf(b, sc_h, [2 * s] * 8 + [2 * s + 1] * 8))
 
-    def _sum(self, vs):
-        t = vs[0]
-        for v in vs[1:]:
-            t = self.b.add(t, v)
-        return t
+
+class _Ints:
+    """The exact integers of one (weight row, activation column) super-block: `sub` the 8 lanes
+    of each 32-block times its scales, `lanes` ggml's vec_dot lanes (Q6_K: less the 32*bias),
+    `min4` Q4_K's 4 lanes of mins times 32-sums; ad the activation's f32 d."""
+
+    def __init__(self, b, w: _Weights, xrow, ib):
+        xb = b.gep(xrow, [b.mul(ib, i64(Q8K_BYTES))])
+        self.ad = b.load(at(b, xb, 0, f32), align=1)
+        bs16 = b.sext(b.load(at(b, xb, 260, v16i16), align=1), v16i32)
+        madd = intrinsic(b.module, "llvm.x86.avx2.pmadd.wd", v8i32, [v16i16, v16i16])
+        self.sub = [b.call(madd, [maddubs(b, w.codes[s], b.load(at(b, xb, 4 + 32 * s, v32i8), align=1)), w.scales[s]])
+                    for s in range(8)]
+        if w.wtype == Q4_K:
+            self.min4 = _pairs(b, b.mul(_pairs(b, bs16), w.mins))           # <4 x i32>
+            self.lanes = _sum(b, self.sub)
+        else:
+            bias = b.shl(_pairs(b, b.mul(bs16, w.sc16)), ir.Constant(v8i32, [5] * 8))
+            self.lanes = b.sub(_sum(b, self.sub), bias)
 
 
 def _f(b, i):
     return b.sitofp(i, f32 if isinstance(i.type, ir.IntType) else ir.VectorType(f32, i.type.count))
 
 
-# ---- the float chains of one output ---------------------------------------------------------
+# ---- the float chains: one step per super-block, for each column of a tile ----------------------
 
-def _vec_dot(b, wtype, K, wrow, xrow):
-    init = [zero8()] + ([ir.Constant(v4f32, [0.0] * 4)] if wtype == Q4_K else [])
+class _VecDot:
+    def __init__(self, wtype):
+        self.wtype = wtype
 
-    def step(ib, st):
-        k = _Block(b, wtype, wrow, xrow, ib)
-        out = [fma(b, splat(b, b.fmul(k.ad, k.dw)), _f(b, k.lanes), st[0])]
-        if wtype == Q4_K:
-            dm = b.fmul(b.fneg(k.ad), k.dmw)
-            out.append(fma(b, splat(b, dm, 4), _f(b, k.min4), st[1]))
+    def init(self):
+        return [zero8()] + ([ir.Constant(v4f32, [0.0] * 4)] if self.wtype == Q4_K else [])
+
+    def step(self, b, w, k, st):
+        out = [fma(b, splat(b, b.fmul(k.ad, w.dw)), _f(b, k.lanes), st[0])]
+        if self.wtype == Q4_K:
+            out.append(fma(b, splat(b, b.fmul(b.fneg(k.ad), w.dmw), 4), _f(b, k.min4), st[1]))
         return out
 
-    st = block_loop(b, K // 256, init, step)
-    res = hsum8(b, st[0])
-    if wtype == Q4_K:
-        e = [b.extract_element(st[1], i32(i)) for i in range(4)]
-        res = b.fadd(res, b.fadd(b.fadd(e[0], e[2]), b.fadd(e[1], e[3])))
-    return res
+    def finish(self, b, st):
+        res = hsum8(b, st[0])
+        if self.wtype == Q4_K:
+            e = [b.extract_element(st[1], i32(i)) for i in range(4)]
+            res = b.fadd(res, b.fadd(b.fadd(e[0], e[2]), b.fadd(e[1], e[3])))
+        return res
 
 
-def _tiled(b, wtype, K, wrow, xrow):
-    def step(ib, st):
-        k = _Block(b, wtype, wrow, xrow, ib)
-        res = b.fmul(k.dw, _f(b, _reduce(b, k.lanes)))
-        if wtype == Q4_K:
-            res = fma(b, b.fneg(k.dmw), _f(b, _reduce(b, k.min4)), res)
+class _Tiled:
+    def __init__(self, wtype):
+        self.wtype = wtype
+
+    def init(self):
+        return [f32(0.0)]
+
+    def step(self, b, w, k, st):
+        res = b.fmul(w.dw, _f(b, _reduce(b, k.lanes)))
+        if self.wtype == Q4_K:
+            res = fma(b, b.fneg(w.dmw), _f(b, _reduce(b, k.min4)), res)
         return [fma(b, res, k.ad, st[0])]
 
-    return block_loop(b, K // 256, [f32(0.0)], step)[0]
+    def finish(self, b, st):
+        return st[0]
 
 
-def _repacked(b, K, wrow, xrow, pieces: int):
-    """gemv (pieces 1) / gemm (pieces 4: per 64 elements)."""
-    def step(ib, st):
-        k = _Block(b, Q4_K, wrow, xrow, ib)
+class _Repacked:
+    """gemv (pieces 1) / gemm (pieces 4: one step per 64 elements)."""
+
+    def __init__(self, pieces):
+        self.pieces = pieces
+
+    def init(self):
+        return [f32(0.0), f32(0.0)]
+
+    def step(self, b, w, k, st):
         acc, accm = st
-        d, dm = b.fmul(k.dw, k.ad), b.fmul(k.dmw, k.ad)
-        for p in range(pieces):
-            if pieces == 1:
+        d, dm = b.fmul(w.dw, k.ad), b.fmul(w.dmw, k.ad)
+        for p in range(self.pieces):
+            if self.pieces == 1:
                 s1, s2 = _reduce(b, k.lanes), _reduce(b, k.min4)
             else:
                 s1 = _reduce(b, b.add(k.sub[2 * p], k.sub[2 * p + 1]))
@@ -199,8 +223,23 @@ def _repacked(b, K, wrow, xrow, pieces: int):
             accm = fma(b, _f(b, s2), dm, accm)
         return [acc, accm]
 
-    acc, accm = block_loop(b, K // 256, [f32(0.0), f32(0.0)], step)
-    return b.fsub(acc, accm)
+    def finish(self, b, st):
+        return b.fsub(st[0], st[1])
+
+
+def _tile(b, chain, wtype, K, wrow, xrows):
+    """The outputs of one weight row for len(xrows) columns; the weights decoded once per block."""
+    C, n = len(xrows), len(chain.init())
+
+    def step(ib, st):
+        w = _Weights(b, wtype, wrow, ib)
+        out = []
+        for c, x in enumerate(xrows):
+            out += chain.step(b, w, _Ints(b, w, x, ib), st[c * n:(c + 1) * n])
+        return out
+
+    st = block_loop(b, K // 256, chain.init() * C, step)
+    return [chain.finish(b, st[c * n:(c + 1) * n]) for c in range(C)]
 
 
 def define_mul_mat_kquant(m: ir.Module, g, n) -> ir.Function:
@@ -217,24 +256,29 @@ def define_mul_mat_kquant(m: ir.Module, g, n) -> ir.Function:
     yp = typed(b, out, f32)
     M = size(b, dims, n.shape[:-1])
     lo, hi = thread_range(b, N, ith, nth)
+
+    def columns(chain, c0, c1):
+        """Columns [c0, c1) through one chain: tiles of 4 columns, then one at a time; per tile
+        every row of this thread."""
+        full = b.add(c0, b.mul(b.sdiv(b.sub(c1, c0), i64(TILE_COLS)), i64(TILE_COLS)))
+        for C, start, stop in ((TILE_COLS, c0, full), (1, full, c1)):
+            with for_range(b, start, stop, step=C, name=f"ct{C}") as c:
+                xrows = [b.gep(xp, [b.mul(b.add(c, i64(j)), i64(xrb))]) for j in range(C)]
+                with for_range(b, lo, hi, name="row") as r:
+                    res = _tile(b, chain, wtype, K, b.gep(wp, [b.mul(r, i64(wrb))]), xrows)
+                    for j, v in enumerate(res):
+                        b.store(v, b.gep(yp, [b.add(b.mul(b.add(c, i64(j)), i64(N)), r)]))
+
     if n.order is fo.Q4_K_REPACK:
-        split = b.sub(M, b.srem(M, i64(GEMM_COLS)))              # gemm below, gemv from here
-        paths = (lambda wr, xr: _repacked(b, K, wr, xr, 4), lambda wr, xr: _repacked(b, K, wr, xr, 1))
+        split = b.sub(M, b.srem(M, i64(GEMM_COLS)))           # gemm below, gemv from here
+        columns(_Repacked(4), i64(0), split)
+        columns(_Repacked(1), split, M)
     else:
-        tiled = b.icmp_signed(">=", M, i64(TILED_MIN_COLS))
-        paths = (lambda wr, xr: _tiled(b, wtype, K, wr, xr), lambda wr, xr: _vec_dot(b, wtype, K, wr, xr))
-    with for_range(b, lo, hi, name="row") as r:
-        wrow = b.gep(wp, [b.mul(r, i64(wrb))])
-        with for_range(b, 0, M, name="col") as c:
-            xrow = b.gep(xp, [b.mul(c, i64(xrb))])
-            first_path = b.icmp_signed("<", c, split) if n.order is fo.Q4_K_REPACK else tiled
-            res = alloca(b, f32, f32(0.0), "res")
-            with b.if_else(first_path) as (then, other):
-                with then:
-                    b.store(paths[0](wrow, xrow), res)
-                with other:
-                    b.store(paths[1](wrow, xrow), res)
-            b.store(b.load(res), b.gep(yp, [b.add(b.mul(c, i64(N)), r)]))
+        with b.if_else(b.icmp_signed(">=", M, i64(TILED_MIN_COLS))) as (then, other):
+            with then:
+                columns(_Tiled(wtype), i64(0), M)
+            with other:
+                columns(_VecDot(wtype), i64(0), M)
     b.ret_void()
     return fn
 
