@@ -40,7 +40,7 @@ from bankml.quants.q8_k import Q8KAct, quantize_q8_k
 f32 = np.float32
 TILED_MIN_COLS = 8          # tiled.cpp:ggml_tiled_min_batch
 GEMM_COLS = 4               # repack.cpp forward_mul_mat_one_chunk: gemm on nrows - nrows % 4
-_ROWS_PER_CHUNK = 64
+_TEMP_ELEMS = 1 << 20      # elements of one [M, K/4, rows] integer temporary
 
 
 def f(i: np.ndarray) -> np.ndarray:
@@ -58,8 +58,9 @@ def mul_mat_kquant(w_raw: np.ndarray, wtype: int, x: np.ndarray | Q8KAct, order:
     paths = column_paths(wtype, order, M)
     N = w_raw.shape[0]
     out = np.empty((M, N), f32)
-    for r0 in range(0, N, _ROWS_PER_CHUNK):
-        r1 = min(N, r0 + _ROWS_PER_CHUNK)
+    step = max(8, _TEMP_ELEMS // (M * K // 4))
+    for r0 in range(0, N, step):
+        r1 = min(N, r0 + step)
         u = wt.unpack(np.ascontiguousarray(w_raw[r0:r1]), K)
         for path, c0, c1 in paths:
             if c1 > c0:
