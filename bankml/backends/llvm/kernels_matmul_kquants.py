@@ -14,8 +14,8 @@ from __future__ import annotations
 from llvmlite import ir
 
 from bankml.backends.llvm.common import f32, for_range, i8, i16, i32, i64, intrinsic, new_function, size, \
-    thread_range, typed
-from bankml.backends.llvm.kernels_matmul import alloca, at, block_loop, fma, hsum8, load_h, maddubs, splat, \
+    smin, thread_range, typed
+from bankml.backends.llvm.kernels_matmul import CHUNK_BYTES, alloca, at, block_loop, fma, hsum8, load_h, maddubs, splat, \
     v16i16, v32i8, v8i32, zero8
 from bankml.backends.llvm.registry import kernel_name, kernel_type
 from bankml.errors import LoweringError
@@ -257,17 +257,21 @@ def define_mul_mat_kquant(m: ir.Module, g, n) -> ir.Function:
     M = size(b, dims, n.shape[:-1])
     lo, hi = thread_range(b, N, ith, nth)
 
+    chunk = max(1, CHUNK_BYTES // wrb)
+
     def columns(chain, c0, c1):
-        """Columns [c0, c1) through one chain: tiles of 4 columns, then one at a time; per tile
-        every row of this thread."""
+        """Columns [c0, c1) through one chain: per chunk of this thread's rows (weights that stay
+        in L2), tiles of 4 columns, then one column at a time."""
         full = b.add(c0, b.mul(b.sdiv(b.sub(c1, c0), i64(TILE_COLS)), i64(TILE_COLS)))
-        for C, start, stop in ((TILE_COLS, c0, full), (1, full, c1)):
-            with for_range(b, start, stop, step=C, name=f"ct{C}") as c:
-                xrows = [b.gep(xp, [b.mul(b.add(c, i64(j)), i64(xrb))]) for j in range(C)]
-                with for_range(b, lo, hi, name="row") as r:
-                    res = _tile(b, chain, wtype, K, b.gep(wp, [b.mul(r, i64(wrb))]), xrows)
-                    for j, v in enumerate(res):
-                        b.store(v, b.gep(yp, [b.add(b.mul(b.add(c, i64(j)), i64(N)), r)]))
+        with for_range(b, lo, hi, step=chunk, name="chunk") as r0:
+            r1 = smin(b, b.add(r0, i64(chunk)), hi)
+            for C, start, stop in ((TILE_COLS, c0, full), (1, full, c1)):
+                with for_range(b, start, stop, step=C, name=f"ct{C}") as c:
+                    xrows = [b.gep(xp, [b.mul(b.add(c, i64(j)), i64(xrb))]) for j in range(C)]
+                    with for_range(b, r0, r1, name="row") as r:
+                        res = _tile(b, chain, wtype, K, b.gep(wp, [b.mul(r, i64(wrb))]), xrows)
+                        for j, v in enumerate(res):
+                            b.store(v, b.gep(yp, [b.add(b.mul(b.add(c, i64(j)), i64(N)), r)]))
 
     if n.order is fo.Q4_K_REPACK:
         split = b.sub(M, b.srem(M, i64(GEMM_COLS)))           # gemm below, gemv from here
