@@ -144,3 +144,10 @@ def test_gemm_columns_with_tied_signed_maxima_equal_ggml():
     ref = _ggml(Q4_K, raw, x, repacked=True)
     assert _same(mul_mat(raw, Q4_K, x, order), ref)
     assert _same(_llvm(Q4_K, raw, x, nth=2), ref)
+
+
+@pytest.mark.parametrize("t,n", [(Q4_K, 40), (Q6_K, 36)], ids=["Q4_K", "Q6_K"])
+def test_reference_mul_mat_of_no_columns(t, n):
+    """A micro-batch that wants no logits multiplies the output matrix by zero rows."""
+    raw, x = _problem(t, n, 256, 1)
+    assert mul_mat(raw, t, x[:0], matmul_order(t, n, 0)).shape == (0, n)

@@ -58,7 +58,7 @@ def mul_mat_kquant(w_raw: np.ndarray, wtype: int, x: np.ndarray | Q8KAct, order:
     paths = column_paths(wtype, order, M)
     N = w_raw.shape[0]
     out = np.empty((M, N), f32)
-    step = max(8, _TEMP_ELEMS // (M * K // 4))
+    step = max(8, _TEMP_ELEMS // max(1, M * K // 4))
     for r0 in range(0, N, step):
         r1 = min(N, r0 + step)
         u = wt.unpack(np.ascontiguousarray(w_raw[r0:r1]), K)
