@@ -3,9 +3,10 @@
 The same paths and float chains as backends/reference/matmul_kquants.py (read its docstring);
 the column rule too: ggml's tiled kernel from 8 columns, its vec_dot below (Q4_K_MUL_MAT,
 Q6_K_MUL_MAT), and for repacked Q4_K the gemm for columns below M - M % 4, the gemv after
-(Q4_K_REPACK). The integers are made as ggml makes them (vpmaddubsw, then vpmaddwd with ones:
-lane l of a 32-block holds its elements 4l..4l+3), scaled and summed in int32; each output is
-one chain of f32 steps over the super-blocks. One thread takes a contiguous share of rows.
+(Q4_K_REPACK). The integers are made as ggml makes them (vpmaddubsw, then vpmaddwd with the
+sub-block scales: lane l of a 32-block holds the scaled sum of its elements 4l..4l+3) and summed
+in int32; each output is one chain of f32 steps over the super-blocks. Tiles of 4 columns share
+one decode of a weight block. One thread takes a contiguous share of rows, in L2-sized chunks.
 
 q8_K block (292 bytes): f32 d at 0, 256 int8 at 4, 16 int16 sums of 16 at 260.
 """
@@ -15,15 +16,16 @@ from llvmlite import ir
 
 from bankml.backends.llvm.common import f32, for_range, i8, i16, i32, i64, intrinsic, new_function, size, \
     smin, thread_range, typed
-from bankml.backends.llvm.kernels_matmul import CHUNK_BYTES, alloca, at, block_loop, fma, hsum8, load_h, maddubs, splat, \
-    v16i16, v32i8, v8i32, zero8
+from bankml.backends.llvm.kernels_matmul import CHUNK_BYTES, alloca, at, block_loop, fma, hsum8, load_h, maddubs, \
+    splat, v16i16, v32i8, v8i32, zero8
 from bankml.backends.llvm.registry import kernel_name, kernel_type
 from bankml.errors import LoweringError
 from bankml.ir import order as fo
-from bankml.quants import Q4_K, Q6_K, WEIGHT_TYPES
+from bankml.ir.ops import Op
+from bankml.quants import Q4_K, Q6_K, Q8_K, WEIGHT_TYPES
 
 Q8K_BYTES = 292
-v4f32, v4i32, v16i32, v16i8 = ir.VectorType(f32, 4), ir.VectorType(i32, 4), ir.VectorType(i32, 16), ir.VectorType(i8, 16)
+v4f32, v16i32, v16i8 = ir.VectorType(f32, 4), ir.VectorType(i32, 16), ir.VectorType(i8, 16)
 v32f32, v32i32 = ir.VectorType(f32, 32), ir.VectorType(i32, 32)
 TILED_MIN_COLS, GEMM_COLS = 8, 4
 TILE_COLS = 4                   # columns sharing one decode of the weights
@@ -246,6 +248,8 @@ def define_mul_mat_kquant(m: ir.Module, g, n) -> ir.Function:
     w, xq = g[n.inputs[0]], g[n.inputs[1]]
     wtype = int(w.params["ggml_type"])
     N, K = w.shape
+    if xq.op is not Op.QUANTIZE or int(xq.params["type"]) != Q8_K:
+        raise LoweringError(f"mul_mat {n.name}: {WEIGHT_TYPES[wtype].name} wants q8_K activations")
     if K % 256 or (wtype, n.order) not in ((Q4_K, fo.Q4_K_REPACK), (Q4_K, fo.Q4_K_MUL_MAT), (Q6_K, fo.Q6_K_MUL_MAT)):
         raise LoweringError(f"mul_mat {n.name}: {WEIGHT_TYPES[wtype].name} with K = {K} and order "
                             f"{n.order.describe() if n.order else None} is not lowered")

@@ -28,7 +28,7 @@ from bankml.floats import f16, f32x8_reduce, hsum8
 from bankml.ir.order import FloatOrder
 from bankml.quants import F16, Q1_0, Q2_0, Q4_1, Q4_K, Q6_K, Q8_0, Q8_1, Q8_K, WEIGHT_TYPES
 from bankml.quants.activation import Q8Act, quantize_q8_0, quantize_q8_1
-from bankml.quants.q8_k import Q8KAct, quantize_q8_k
+from bankml.quants.q8_k import quantize_q8_k
 
 f32, f64 = np.float32, np.float64
 QK = 32                              # the q8 activation block
