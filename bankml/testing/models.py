@@ -6,6 +6,8 @@
   a small one (512 embd, 4 layers, 4 heads of 128, 2 K/V heads, tied) and its untied twin;
   a Bonsai-1.7B-shaped one (2048 embd, 28 layers, 16/8 heads, 6144 ff, tied) only on request.
 - A random-weight Llama with GQA 3:1 and head dim 64, untied, F16.
+- A random-weight Llama with every dim a multiple of 256 (llama-kq), F16, then llama-quantize's
+  default Q4_K_M mix (not --pure: Q4_K and Q6_K per tensor) and --pure Q4_K and Q6_K copies.
 Random models borrow SmolLM2's BPE vocabulary (Qwen3 ones under the `qwen2` pre-tokenizer).
 """
 from __future__ import annotations
