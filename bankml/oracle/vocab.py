@@ -3,6 +3,7 @@
     with Vocab("m.gguf") as v:                       # llama_model_load_from_file(vocab_only=true)
         text = v.detokenize([2, 9259], remove_special=True, unparse_special=False)   # bytes
         ids = v.tokenize("text", add_special=True, parse_special=False)
+        v.attrs(), v.eog()                           # llama_vocab_get_attr / llama_vocab_is_eog of every id
 """
 from __future__ import annotations
 
@@ -36,6 +37,11 @@ def _lib():
     lib.llama_tokenize.restype = _I32
     lib.llama_tokenize.argtypes = [_P, ctypes.c_char_p, _I32, ctypes.POINTER(_I32), _I32, _B, _B]
     lib.llama_log_set.argtypes = [_P, _P]
+    lib.llama_vocab_n_tokens.restype = _I32
+    lib.llama_vocab_n_tokens.argtypes = [_P]
+    for fn, res in (("llama_vocab_get_attr", ctypes.c_int), ("llama_vocab_is_eog", _B)):
+        getattr(lib, fn).restype = res
+        getattr(lib, fn).argtypes = [_P, _I32]
     lib.llama_backend_init()
     return lib
 
@@ -77,6 +83,16 @@ class Vocab:
         if n < 0:
             raise OracleError("llama_tokenize: output buffer too small")
         return list(out[:n])
+
+    def attrs(self) -> list[int]:
+        """llama_vocab_get_attr of every token (llama_token_attr bits)."""
+        n = self.lib.llama_vocab_n_tokens(self.vocab)
+        return [self.lib.llama_vocab_get_attr(self.vocab, i) for i in range(n)]
+
+    def eog(self) -> set[int]:
+        """The ids llama_vocab_is_eog accepts."""
+        n = self.lib.llama_vocab_n_tokens(self.vocab)
+        return {i for i in range(n) if self.lib.llama_vocab_is_eog(self.vocab, i)}
 
     def close(self) -> None:
         if self.model:

