@@ -56,7 +56,8 @@ def spm_vocab_refusal(metadata: dict, value_types: dict) -> str | None:
     if value_types.get("tokenizer.ggml.tokens") != (GGUF_ARRAY, GGUF_STRING) or not tokens:
         return "key tokenizer.ggml.tokens is missing, empty or not an array of strings"
     n = len(tokens)
-    for key, elem in (("tokenizer.ggml.scores", (GGUF_FLOAT32, GGUF_INT32)), ("tokenizer.ggml.token_type", (GGUF_INT32,))):
+    for key, elem in (("tokenizer.ggml.scores", (GGUF_FLOAT32, GGUF_INT32)),
+                      ("tokenizer.ggml.token_type", (GGUF_INT32,))):
         vtype = value_types.get(key)
         if vtype is None:
             continue                                # llama.cpp: scores 0, every token normal
@@ -89,6 +90,8 @@ class SpmTokenizer:
         self.token_to_id = {t: i for i, t in enumerate(self.tokens)}       # a repeated text: its last id
         self.bos, self.eos = bos, eos
         self.add_bos, self.add_eos, self.add_space_prefix = add_bos, add_eos, add_space_prefix
+        # llama.cpp finds each EOT/FIM kind by text only when the header gives no id for it, and
+        # takes the first match in hash order; bankml marks every match (one per kind in practice)
         eog = set()
         for text, tid in self.token_to_id.items():
             if text in _EOG_TEXTS or text in _FIM_EOG_TEXTS or text in _FIM_TEXTS:

@@ -58,8 +58,9 @@ def test_corpus_tokens_equal_llama_tokenize(libllama, name):
     v, t = libllama(name), tok(name)
     for add_special in (False, True):
         for parse_special in (False, True):
-            bad = [s for s in TEXTS if t.encode(s, add_special, parse_special) != v.tokenize(s, add_special, parse_special)]
-            assert not bad, f"add_special={add_special} parse_special={parse_special}: {len(bad)} differ, first {bad[0]!r}"
+            bad = [s for s in TEXTS
+                   if t.encode(s, add_special, parse_special) != v.tokenize(s, add_special, parse_special)]
+            assert not bad, f"add_special={add_special} parse_special={parse_special}: {len(bad)} differ: {bad[0]!r}"
 
 
 @pytest.mark.oracle
@@ -162,7 +163,8 @@ def test_refuses_bad_spm_vocabulary_in_one_line():
           "tokenizer.ggml.scores": (GGUF_ARRAY, GGUF_FLOAT32), "tokenizer.ggml.token_type": (GGUF_ARRAY, GGUF_INT32)}
     assert vocab_refusal(md, vt) is None
     assert SpmTokenizer(md["tokenizer.ggml.tokens"], None, None, add_space_prefix=False).encode("aa") == [1, 3, 3]
-    assert "scores is not an array of f32 or i32" in vocab_refusal(md, {**vt, "tokenizer.ggml.scores": (GGUF_ARRAY, GGUF_STRING)})
+    bad_scores = {**vt, "tokenizer.ggml.scores": (GGUF_ARRAY, GGUF_STRING)}
+    assert "scores is not an array of f32 or i32" in vocab_refusal(md, bad_scores)
     assert "token_type has 3 entries for 4 tokens" in vocab_refusal({**md, "tokenizer.ggml.token_type": [1] * 3}, vt)
     assert "no BOS token" in vocab_refusal({**md, "tokenizer.ggml.tokens": ["<unk>"]}, vt)
     assert "Phi-3" in vocab_refusal({**md, "general.name": "Phi-3 mini"}, vt)
