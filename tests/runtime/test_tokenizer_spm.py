@@ -66,8 +66,9 @@ def test_corpus_tokens_equal_llama_tokenize(libllama, name):
 @pytest.mark.oracle
 @pytest.mark.parametrize("name", [GEMMA, PREFIX])
 def test_tokens_equal_oracle_harness(name):
+    """The harness (llama_tokenize in its own process) agrees too: a sample, each call loads the vocabulary."""
     p, t = models.path(name), tok(name)
-    for s in TEXTS[::40] + EXTRA[:3]:
+    for s in TEXTS[::100] + EXTRA[:2]:
         for add_special, parse_special in [(True, True), (False, False)]:
             assert t.encode(s, add_special, parse_special) == oracle.tokenize(p, s, add_special, parse_special), s
 
