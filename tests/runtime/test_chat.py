@@ -106,3 +106,25 @@ def test_gemma3_template_refuses_roles_that_do_not_alternate(gemma_template_serv
         gemma_template_server.apply_template(conv)
     with pytest.raises(ChatTemplateError, match="Conversation roles must alternate"):
         render_chat(models.path(GEMMA), conv, template=GEMMA_TEMPLATE.read_text())
+
+
+def test_server_chats_in_chatml_when_the_header_has_no_template():
+    """/v1/chat/completions on a model without tokenizer.chat_template: ChatML, as llama-server."""
+    import dataclasses
+
+    from bankml.gguf import read_gguf
+    from bankml.runtime.chat import CHATML_TEMPLATE
+    from bankml.server.openai import chat_prompt
+
+    class Headerless:                               # SmolLM2's header less its template
+        def __init__(self):
+            self.path = models.path("smollm2-q4_1")
+            g = read_gguf(self.path)
+            self.gguf = dataclasses.replace(g, metadata={k: v for k, v in g.metadata.items()
+                                                         if k != "tokenizer.chat_template"})
+
+        def tokenize(self, text, add_special=True, parse_special=False):
+            return tokenizer_for(self).encode(text, add_special, parse_special)
+    m, msgs = Headerless(), CONVERSATIONS[0]        # no system message: SmolLM2 adds its own
+    assert chat_prompt(m, msgs) == m.tokenize(render_template(CHATML_TEMPLATE, msgs), True, True)
+    assert chat_prompt(m, msgs) != m.tokenize(render_chat(m.path, msgs), True, True)      # not SmolLM2's own
