@@ -64,6 +64,15 @@ def test_corpus_tokens_equal_llama_tokenize(libllama, name):
 
 
 @pytest.mark.oracle
+def test_decode_equals_llama_server_detokenize(servers):
+    """bankml's decode is llama-server's /detokenize: every piece (special=true) joined."""
+    srv, t = servers(GEMMA), tok(GEMMA)
+    for s in TEXTS[::4]:
+        ids = srv.tokenize(s, True, True)
+        assert t.decode(ids) == srv.post("/detokenize", {"tokens": ids})["content"], s
+
+
+@pytest.mark.oracle
 @pytest.mark.parametrize("name", [GEMMA, PREFIX])
 def test_tokens_equal_oracle_harness(name):
     """The harness (llama_tokenize in its own process) agrees too: a sample, each call loads the vocabulary."""
