@@ -20,6 +20,7 @@ from typing import Iterable, Iterator
 
 from bankml.errors import ModelRefused
 from bankml.gguf.reader import GGUF_ARRAY, GGUF_FLOAT32, GGUF_INT32, GGUF_STRING
+from bankml.runtime.sampler import std_sort
 
 # llama_token_attr bits (include/llama.h)
 A_UNKNOWN, A_UNUSED, A_NORMAL, A_CONTROL, A_USER_DEFINED, A_BYTE = 1, 2, 4, 8, 16, 32
@@ -108,9 +109,10 @@ class SpmTokenizer:
             eog.discard(s_id)
             self.attrs[s_id] = A_NORMAL
         self.eog = frozenset(eog | {i for i in (self.eos, *extra_eog) if i is not None})
-        # tokenizer_st_partition's order: longest text first (std::sort; equal lengths kept by id here)
-        special = [i for i, a in enumerate(self.attrs) if a & (A_CONTROL | A_USER_DEFINED | A_UNKNOWN)]
-        self.special = sorted(special, key=lambda i: -len(self.tokens[i].encode()))
+        # tokenizer_st_partition's order: longest text first, equal lengths as libstdc++'s std::sort
+        # leaves them (it matters only where two special texts of one length can overlap)
+        self.special = [i for i, a in enumerate(self.attrs) if a & (A_CONTROL | A_USER_DEFINED | A_UNKNOWN)]
+        std_sort(self.special, key=lambda i: len(self.tokens[i].encode()))
         self._pieces = [self._piece(i) for i in range(n)]
         self._bytes = [self._byte_token(b) for b in range(256)]
 
