@@ -6,7 +6,7 @@
     text = tok.detokenize(ids, remove_special=True)     # llama_detokenize, leading-space rule included
 
 The steps are llama.cpp's (src/llama-vocab.cpp): special and user-defined token texts cut the
-text first (tokenizer_st_partition, shared with the BPE tokenizer); each text fragment gets a
+text first (tokenizer_st_partition, longest first in std::sort's order); each text fragment gets a
 leading space when add_space_prefix is set and it starts the text or follows a special token,
 its spaces become U+2581 (llama_escape_whitespace), and llm_tokenizer_spm_session merges it:
 every UTF-8 character is a symbol, the adjacent pair whose joined text is a token with the
@@ -21,6 +21,7 @@ from typing import Iterable, Iterator
 from bankml.errors import ModelRefused
 from bankml.gguf.reader import GGUF_ARRAY, GGUF_FLOAT32, GGUF_INT32, GGUF_STRING
 from bankml.runtime.sampler import std_sort
+from bankml.runtime.tokenizer import _EOG_TEXTS, StreamDecoder
 
 # llama_token_attr bits (include/llama.h)
 A_UNKNOWN, A_UNUSED, A_NORMAL, A_CONTROL, A_USER_DEFINED, A_BYTE = 1, 2, 4, 8, 16, 32
@@ -28,11 +29,7 @@ A_UNKNOWN, A_UNUSED, A_NORMAL, A_CONTROL, A_USER_DEFINED, A_BYTE = 1, 2, 4, 8, 1
 _TYPE_ATTR = {1: A_NORMAL, 2: A_UNKNOWN, 3: A_CONTROL, 4: A_USER_DEFINED, 5: A_UNUSED, 6: A_BYTE}
 
 # Texts llama.cpp's vocab loader marks as control (and end of generation) whatever their type:
-# the EOT/EOM/EOG lists and the FIM lists of llama_vocab::impl::load.
-_EOG_TEXTS = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
-              "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
-              "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
-              "<｜end▁of▁sentence｜>", "[e~["}
+# the EOG list (_EOG_TEXTS, shared with the BPE tokenizer) and the FIM lists of llama_vocab::impl::load.
 _FIM_EOG_TEXTS = {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]", "<|fim_repo|>", "<|repo_name|>",
                   "<fim-repo>", "<REPO>", "<reponame>", "<|file_sep|>"}
 _FIM_TEXTS = {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
@@ -272,7 +269,6 @@ class SpmTokenizer:
         return self.detokenize_bytes(ids, remove_special, unparse_special).decode("utf-8", "replace")
 
     def stream(self, ids: Iterable[int], special: bool = True) -> Iterator[str]:
-        from bankml.runtime.tokenizer import StreamDecoder
         dec = StreamDecoder(self, special)
         for i in ids:
             text = dec.push(i)

@@ -91,3 +91,10 @@ def test_default_names_resolve_to_cached_files():
     assert default_model_path("smollm2-135m").name in ("smollm2-q4_1.gguf", "SmolLM2-135M-Instruct.Q4_1.gguf")
     with pytest.raises(BankmlError, match="unknown default model 'x'"):
         default_model_path("x")
+
+
+def test_model_name_and_model_file_together_is_a_usage_error():
+    r = subprocess.run([sys.executable, "-m", "bankml.cli", "run", "x.gguf", "--model", "gemma3-270m", "-p", "hi"],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2 and r.stderr.strip() == \
+        "Error: give a MODEL file or --model NAME, not both (see python -m bankml.cli run --help)"
