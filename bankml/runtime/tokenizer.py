@@ -21,6 +21,7 @@ from typing import Iterable, Iterator
 
 from bankml.errors import ModelRefused
 from bankml.gguf.reader import GGUF_ARRAY, GGUF_STRING
+from bankml.runtime.sampler import std_sort
 
 # llama_token_type (gguf token_type) -> llama_token_attr bits we use
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -279,9 +280,10 @@ class Tokenizer:
             if self.types[i] not in (CONTROL,):
                 self.types[i] = CONTROL             # llama.cpp overrides control-looking tokens
         self.eog = frozenset(eog | ({eos} if eos is not None else set()))
-        # tokenizer_st_partition's order: longest text first (std::sort; ties kept by id here)
-        special = [i for i, t in enumerate(self.types) if t in (CONTROL, USER_DEFINED, UNKNOWN)]
-        self.special = sorted(special, key=lambda i: -len(tokens[i].encode()))
+        # tokenizer_st_partition's order: longest text first, equal lengths as libstdc++'s std::sort
+        # leaves them (it matters only where two special texts of one length can overlap)
+        self.special = [i for i, t in enumerate(self.types) if t in (CONTROL, USER_DEFINED, UNKNOWN)]
+        std_sort(self.special, key=lambda i: len(tokens[i].encode()))
         self._pieces = [self._piece(i) for i in range(len(tokens))]
         self._word_cache: dict[str, list[int]] = {}
 

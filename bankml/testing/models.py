@@ -79,6 +79,7 @@ MODELS = {
     "llama-gqa-f16": ("random", "llama-gqa", None),
     "gemma3-270m-q4_k_m": ("gemma3", None, None),
     "gemma3-vocab-prefix": ("spm_vocab", "gemma3-270m-q4_k_m", None),
+    "smollm2-vocab-specials": ("bpe_vocab", "smollm2-q4_1", None),
     "bonsai-1.7b-f16": ("random", "bonsai-1.7b", None),
     "bonsai-1.7b-q1_0": ("quantize", "bonsai-1.7b-f16", "Q1_0"),
     "bonsai-1.7b-q2_0": ("quantize", "bonsai-1.7b-f16", "Q2_0"),
@@ -88,7 +89,7 @@ MODELS = {
     "llama-kq-q6_k": ("quantize", "llama-kq-f16", "Q6_K"),
 }
 ON_REQUEST = {"bonsai-1.7b-f16", "bonsai-1.7b-q1_0", "bonsai-1.7b-q2_0"}
-MIXED = ["gemma3-270m-q4_k_m", "gemma3-vocab-prefix"]     # prepared by default too; types mixed or no tensors
+MIXED = ["gemma3-270m-q4_k_m", "gemma3-vocab-prefix", "smollm2-vocab-specials"]     # prepared by default too; types mixed or no tensors
 DEFAULT = [m for m in MODELS if m not in ON_REQUEST and m not in MIXED]
 
 
@@ -112,7 +113,9 @@ def _make(name: str, dst: Path) -> None:
         elif how == "gemma3":
             _fetch_gemma3(tmp)
         elif how == "spm_vocab":
-            _write_spm_vocab(path(src), tmp)
+            _write_vocab(path(src), tmp, {"tokenizer.ggml.add_space_prefix": True, "tokenizer.ggml.add_eos_token": True})
+        elif how == "bpe_vocab":
+            _write_vocab(path(src), tmp, {})
         elif how in ("quantize", "quantize-mix"):
             _quantize(path(src), tmp, qtype, pure=how == "quantize")
         else:
@@ -190,15 +193,14 @@ def _fetch_gemma3(dst: Path, dl: Path | None = None, sha256: str = GEMMA3_SHA256
 OVERLAPPING_SPECIALS = [t for k in range(3, 10) for t in ("{" * k + "~", "~" + "}" * k)]
 
 
-def _write_spm_vocab(src: Path, dst: Path) -> None:
-    """A GGUF with src's header (its SentencePiece vocabulary) and no tensors, add_space_prefix and
-    add_eos switched on and OVERLAPPING_SPECIALS added as user-defined tokens: llama.cpp loads it
-    vocab_only, for the tokenizer paths Gemma leaves off."""
+def _write_vocab(src: Path, dst: Path, flip: dict) -> None:
+    """A GGUF with src's header (its vocabulary) and no tensors, the keys in `flip` set and
+    OVERLAPPING_SPECIALS added as user-defined tokens: llama.cpp loads it vocab_only, for the
+    tokenizer paths the real files leave off (Gemma: add_space_prefix and add_eos switched on)."""
     import gguf
     reader = gguf.GGUFReader(src)
     arch = reader.get_field("general.architecture").contents()
     w = gguf.GGUFWriter(str(dst), arch)
-    flip = {"tokenizer.ggml.add_space_prefix": True, "tokenizer.ggml.add_eos_token": True}
     n = len(OVERLAPPING_SPECIALS)
     extra = {"tokenizer.ggml.tokens": OVERLAPPING_SPECIALS, "tokenizer.ggml.scores": [0.0] * n,
              "tokenizer.ggml.token_type": [4] * n}

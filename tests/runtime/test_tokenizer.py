@@ -116,3 +116,19 @@ def test_tokenizing_10kb_does_linear_work(monkeypatch):
     assert t.decode(ids) == text
     assert words and len(words) == len(set(words))
     assert 0 < pushes[0] <= 3 * sum(len(w) for w in words)
+
+
+@pytest.mark.oracle
+def test_overlapping_special_texts_of_equal_length_cut_in_std_sort_order():
+    """SmolLM2's vocabulary with user-defined "{{{~" and "~}}}" (and longer kin), which both fit
+    "{{{~}}}": the first in tokenizer_st_partition's order (libstdc++'s std::sort by length) cuts."""
+    from bankml.oracle.vocab import Vocab
+    name = "smollm2-vocab-specials"
+    t = tok(name)
+    assert all(s in t.token_to_id for s in models.OVERLAPPING_SPECIALS)
+    with Vocab(models.path(name)) as v:
+        for s in ["{" * k + "~" + "}" * k for k in range(3, 10)]:
+            for parse_special in (False, True):
+                assert t.encode(s, False, parse_special) == v.tokenize(s, False, parse_special), s
+    by_id = sorted(sorted(t.special), key=lambda i: -len(t.tokens[i].encode()))
+    assert by_id != t.special                       # the two orders differ on this vocabulary
