@@ -178,8 +178,8 @@ class Context:
 
     def repacked(self, ggml_type: int, ne: tuple[int, int], data) -> int:
         """A weight in ggml-cpu's CPU_REPACK buffer, as llama.cpp loads matrices by default:
-        setting its data repacks it (ggml-cpu/repack.cpp: Q4_0 with ne1 % 8 == 0 becomes
-        q4_0_8x8 on AVX2), and a mul_mat of it runs the repack's forward_mul_mat."""
+        setting its data repacks it (ggml-cpu/repack.cpp: Q4_0 and Q4_K with ne1 % 8 == 0 become
+        q4_0_8x8 and q4_K_8x8 on AVX2), and a mul_mat of it runs the repack's forward_mul_mat."""
         wctx = self.L.ggml_init(_InitParams(1 << 12, None, True))
         self.__dict__.setdefault("_weight_ctxs", []).append(wctx)
         t = self.L.ggml_new_tensor(wctx, ggml_type, len(ne), (_I64 * len(ne))(*ne))
@@ -247,38 +247,11 @@ def quantize_chunk(ggml_type: int, x: np.ndarray) -> np.ndarray:
 
 
 def mul_mat_repacked(ggml_type: int, w_raw: np.ndarray, x: np.ndarray, threads: int = 1) -> np.ndarray:
-    """ggml_mul_mat(w, x) with w in ggml-cpu's repack buffer (ggml_backend_cpu_repack_buffer_type),
-    as llama.cpp loads weights: a Q4_0/Q4_K matrix with rows % 8 == 0 is repacked into its
-    interleaved layout and runs the gemm/gemv kernels of repack.cpp. w_raw uint8 [N, row_bytes],
-    x f32 [M, K] -> f32 [M, N]."""
-    L = lib()
+    """ggml_mul_mat(w, x) with w in ggml-cpu's repack buffer (Context.repacked), as llama.cpp loads
+    weights: a Q4_0/Q4_K matrix with rows % 8 == 0 is repacked into its interleaved layout and runs
+    the gemm/gemv kernels of repack.cpp. w_raw uint8 [N, row_bytes], x f32 [M, K] -> f32 [M, N]."""
     N, (M, K) = len(w_raw), x.shape
-    buft = _repack_buft()
-    wctx = L.ggml_init(_InitParams(1 << 20, None, True))
-    try:
-        w = L.ggml_new_tensor(wctx, ggml_type, 2, (_I64 * 2)(K, N))
-        buf = L.ggml_backend_alloc_ctx_tensors_from_buft(wctx, buft)
-        if not buf:
-            raise OracleError("repack buffer allocation failed")
-        raw = np.ascontiguousarray(w_raw, np.uint8).tobytes()
-        L.ggml_backend_tensor_set(w, raw, 0, len(raw))
-        ctx = Context()
-        xt = ctx.tensor(TYPE_F32, (K, M), np.ascontiguousarray(x, np.float32))
-        out = ctx.compute(ctx.op("ggml_mul_mat", w, xt), threads=threads, shape=(M, N))
-        L.ggml_backend_buffer_free(buf)
-        return out
-    finally:
-        L.ggml_free(wctx)
-
-
-@functools.cache
-def _repack_buft():
-    L = lib()
-    fn = L._Z35ggml_backend_cpu_repack_buffer_typev
-    fn.restype, fn.argtypes = _P, []
-    L.ggml_backend_alloc_ctx_tensors_from_buft.restype = _P
-    L.ggml_backend_alloc_ctx_tensors_from_buft.argtypes = [_P, _P]
-    L.ggml_backend_tensor_set.argtypes = [_P, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t]
-    L.ggml_backend_buffer_free.argtypes = [_P]
-    L.ggml_new_tensor.restype, L.ggml_new_tensor.argtypes = _P, [_P, _I, _I, ctypes.POINTER(_I64)]
-    return fn()
+    ctx = Context()
+    w = ctx.repacked(ggml_type, (K, N), np.ascontiguousarray(w_raw, np.uint8))
+    xt = ctx.tensor(TYPE_F32, (K, M), np.ascontiguousarray(x, np.float32))
+    return ctx.compute(ctx.op("ggml_mul_mat", w, xt), threads=threads, shape=(M, N))
