@@ -127,8 +127,10 @@ class Builder:
 
     def attn(self, wo: str, q: Node, k: Node, v: Node, kq_scale: float, il: int) -> Node:
         """build_attn with the K/V cache and flash attention: set_rows into the f16 cache,
-        flash_attn_ext over the n_kv cells, reshape "kqv_out-il", then wo."""
+        flash_attn_ext over the n_kv cells, reshape "kqv_out-il", then wo. A sliding-window
+        layer (hp.is_swa) reads its cells through the SWA mask."""
         hp, b = self.hp, self.batch
+        mask = self.kq_mask_swa if hp.is_swa(il) else self.kq_mask
         kv_shape = (b.n_kv, hp.n_head_kv, hp.head_dim)
         k_cache = self.node(Op.SET_ROWS, (self.node(Op.CACHE, (), kv_shape, "f16", layer=il, kind="k"), k,
                                           self.inp_pos), kv_shape, "f16", name=f"cache_k_l{il} (view)",

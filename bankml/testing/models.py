@@ -6,6 +6,9 @@
   a small one (512 embd, 4 layers, 4 heads of 128, 2 K/V heads, tied) and its untied twin;
   a Bonsai-1.7B-shaped one (2048 embd, 28 layers, 16/8 heads, 6144 ff, tied) only on request.
 - A random-weight Llama with GQA 3:1 and head dim 64, untied, F16.
+- Random-weight Gemma 3s shaped like Gemma-3-270M in small (256 embd, 6 layers: 5 sliding-window
+  layers and one global, 2 heads and 1 K/V head of 256, 512 ff, tied), with a 48-token window (to
+  cross it cheaply) or the real 512; F16, and `--pure` Q8_0.
 Random models borrow SmolLM2's BPE vocabulary (Qwen3 ones under the `qwen2` pre-tokenizer).
 """
 from __future__ import annotations
@@ -41,6 +44,7 @@ class RandomShape:
     n_ff: int
     tied: bool
     seed: int
+    n_swa: int = 0          # gemma3: attention.sliding_window
 
 
 SHAPES = {
@@ -48,6 +52,8 @@ SHAPES = {
     "qwen3-small-untied": RandomShape("qwen3", 512, 4, 4, 2, 128, 1536, False, 2),
     "llama-gqa": RandomShape("llama", 384, 4, 6, 2, 64, 1024, False, 3),
     "bonsai-1.7b": RandomShape("qwen3", 2048, 28, 16, 8, 128, 6144, True, 4),
+    "gemma3-tiny-w48": RandomShape("gemma3", 256, 6, 2, 1, 256, 512, True, 5, n_swa=48),
+    "gemma3-tiny-w512": RandomShape("gemma3", 256, 6, 2, 1, 256, 512, True, 5, n_swa=512),
 }
 
 # name -> (how it is made, from what, quantization type)
@@ -63,6 +69,9 @@ MODELS = {
     "qwen3-small-untied-q1_0": ("quantize", "qwen3-small-untied-f16", "Q1_0"),
     "qwen3-small-untied-q2_0": ("quantize", "qwen3-small-untied-f16", "Q2_0"),
     "llama-gqa-f16": ("random", "llama-gqa", None),
+    "gemma3-tiny-w48-f16": ("random", "gemma3-tiny-w48", None),
+    "gemma3-tiny-w48-q8_0": ("quantize", "gemma3-tiny-w48-f16", "Q8_0"),
+    "gemma3-tiny-w512-f16": ("random", "gemma3-tiny-w512", None),
     "bonsai-1.7b-f16": ("random", "bonsai-1.7b", None),
     "bonsai-1.7b-q1_0": ("quantize", "bonsai-1.7b-f16", "Q1_0"),
     "bonsai-1.7b-q2_0": ("quantize", "bonsai-1.7b-f16", "Q2_0"),
@@ -142,7 +151,7 @@ def _write_random(s: RandomShape, dst: Path) -> None:
     w = gguf.GGUFWriter(str(dst), s.arch)
     a = s.arch
     w.add_name(f"bankml random {a}")
-    w.add_context_length(32768 if a == "qwen3" else 8192)
+    w.add_context_length(32768 if a in ("qwen3", "gemma3") else 8192)
     w.add_embedding_length(s.n_embd)
     w.add_block_count(s.n_layer)
     w.add_feed_forward_length(s.n_ff)
@@ -150,8 +159,10 @@ def _write_random(s: RandomShape, dst: Path) -> None:
     w.add_head_count_kv(s.n_head_kv)
     w.add_key_length(s.head_dim)
     w.add_value_length(s.head_dim)
-    w.add_layer_norm_rms_eps(1e-6 if a == "qwen3" else 1e-5)
-    w.add_rope_freq_base(1000000.0 if a == "qwen3" else 10000.0)
+    w.add_layer_norm_rms_eps(1e-6 if a in ("qwen3", "gemma3") else 1e-5)
+    w.add_rope_freq_base(1000000.0 if a in ("qwen3", "gemma3") else 10000.0)
+    if s.n_swa:
+        w.add_sliding_window(s.n_swa)
     if a == "llama":
         w.add_rope_dimension_count(s.head_dim)
         w.add_vocab_size(n_vocab)
@@ -181,10 +192,13 @@ def _write_random(s: RandomShape, dst: Path) -> None:
         w.add_tensor(p + "attn_q.weight", mat(q, s.n_embd))
         w.add_tensor(p + "attn_k.weight", mat(kv, s.n_embd))
         w.add_tensor(p + "attn_v.weight", mat(kv, s.n_embd))
-        if a == "qwen3":
+        if a in ("qwen3", "gemma3"):
             w.add_tensor(p + "attn_q_norm.weight", norm(s.head_dim))
             w.add_tensor(p + "attn_k_norm.weight", norm(s.head_dim))
         w.add_tensor(p + "attn_output.weight", mat(s.n_embd, q))
+        if a == "gemma3":
+            w.add_tensor(p + "post_attention_norm.weight", norm(s.n_embd))
+            w.add_tensor(p + "post_ffw_norm.weight", norm(s.n_embd))
         w.add_tensor(p + "ffn_norm.weight", norm(s.n_embd))
         w.add_tensor(p + "ffn_gate.weight", mat(s.n_ff, s.n_embd))
         w.add_tensor(p + "ffn_up.weight", mat(s.n_ff, s.n_embd))
