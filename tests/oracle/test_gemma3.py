@@ -33,10 +33,10 @@ def _close_models():
     _loaded.clear()
 
 
-def load(name: str, backend: str, llama_threads: int = 2) -> bankml.Model:
-    key = (name, backend, llama_threads)
+def load(name: str, backend: str, llama_threads: int = 2, threads: int = 2) -> bankml.Model:
+    key = (name, backend, llama_threads, threads)
     if key not in _loaded:
-        _loaded[key] = bankml.load(models.path(name), backend=backend, threads=2, llama_threads=llama_threads)
+        _loaded[key] = bankml.load(models.path(name), backend=backend, threads=threads, llama_threads=llama_threads)
     return _loaded[key]
 
 
@@ -52,6 +52,14 @@ def prefill_identical(record, name: str, backend: str, n: int, outputs: str) -> 
 @pytest.mark.parametrize("name", W48)
 def test_llvm_gemma3_prefill_rows_identical(record, name, n, outputs):
     prefill_identical(record, name, "llvm", n, outputs)
+
+
+@pytest.mark.parametrize("threads", [1, 3])
+def test_llvm_gemma3_threads_never_change_the_bits(record, threads):
+    m = load("gemma3-tiny-w48-f16", "llvm", threads=threads)
+    ref = oracle.logits(m.path, tokens(65, 65), threads=2, outputs="all")
+    assert_rows_identical(record, m.session().prefill(tokens(65, 65), outputs="all"), ref,
+                          **prefill_case(m, "gemma3-tiny-w48-f16", 65, "all"))
 
 
 @pytest.mark.parametrize("outputs", ["all", "last"])
