@@ -109,3 +109,14 @@ def test_reference_gemma3_greedy_decodes_past_the_window(record):
     toks, rows = greedy(m, tokens(250, 4), 270)
     ref = oracle.logits(m.path, toks, threads=3, outputs="last", decode_from=250)
     assert_rows_identical(record, rows, ref[1:], **decode_case(m, "gemma3-tiny-w48-q8_0", 250, 270))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("llama_threads", [2, 3])
+def test_llvm_gemma3_real_window_decodes_to_1100_cells(record, llama_threads):
+    """The 512-token window: a 600-token prompt, then decodes to 1,100 cells (split-KV over n_kv
+    768..1280, chunks of ceil(n_kv / llama_threads) cells, the oldest leaving the window)."""
+    m = load("gemma3-tiny-w512-f16", "llvm", llama_threads)
+    toks, rows = greedy(m, tokens(600, 5), 1100)
+    ref = oracle.logits(m.path, toks, threads=llama_threads, outputs="last", decode_from=600)
+    assert_rows_identical(record, rows, ref[1:], **decode_case(m, "gemma3-tiny-w512-f16", 600, 1100))
