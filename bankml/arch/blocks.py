@@ -29,6 +29,7 @@ class Batch:
     n_tokens: int
     n_kv: int          # padded cache cells the attention reads
     n_outputs: int     # rows whose logits are wanted
+    n_kv_swa: int | None = None   # cells the sliding-window layers read from their own cache
 
 
 class Builder:
@@ -41,8 +42,12 @@ class Builder:
         self.inp_tokens = self._input("tokens", (T,), "i32")
         self.inp_pos = self._input("pos", (T,), "i32")
         self.kq_mask = self._input("kq_mask", (T, batch.n_kv), "f16")
-        # iSWA (llama_kv_cache_iswa): the sliding-window layers' mask, built from their own cache
-        self.kq_mask_swa = self._input("kq_mask_swa", (T, batch.n_kv), "f16") if self.hp.n_swa else None
+        # iSWA (llama_kv_cache_iswa): the sliding-window layers' own cache: its cells for this
+        # micro-batch's tokens (find_slot) and its mask
+        self.kq_mask_swa = self.swa_idxs = None
+        if self.hp.n_swa:
+            self.kq_mask_swa = self._input("kq_mask_swa", (T, batch.n_kv_swa), "f16")
+            self.swa_idxs = self._input("swa_idxs", (T,), "i32")
         self.out_ids = self._input("out_ids", (batch.n_outputs,), "i32")
 
     # ---- plumbing ----
@@ -128,15 +133,17 @@ class Builder:
     def attn(self, wo: str, q: Node, k: Node, v: Node, kq_scale: float, il: int) -> Node:
         """build_attn with the K/V cache and flash attention: set_rows into the f16 cache,
         flash_attn_ext over the n_kv cells, reshape "kqv_out-il", then wo. A sliding-window
-        layer (hp.is_swa) reads its cells through the SWA mask."""
+        layer (hp.is_swa) writes and reads its own cache: the cells find_slot gave its tokens,
+        n_kv_swa of them read through the SWA mask."""
         hp, b = self.hp, self.batch
-        mask = self.kq_mask_swa if hp.is_swa(il) else self.kq_mask
-        kv_shape = (b.n_kv, hp.n_head_kv, hp.head_dim)
+        swa = hp.is_swa(il)
+        mask, idxs = (self.kq_mask_swa, self.swa_idxs) if swa else (self.kq_mask, self.inp_pos)
+        kv_shape = (b.n_kv_swa if swa else b.n_kv, hp.n_head_kv, hp.head_dim)
         k_cache = self.node(Op.SET_ROWS, (self.node(Op.CACHE, (), kv_shape, "f16", layer=il, kind="k"), k,
-                                          self.inp_pos), kv_shape, "f16", name=f"cache_k_l{il} (view)",
+                                          idxs), kv_shape, "f16", name=f"cache_k_l{il} (view)",
                             order=fo.SET_ROWS_F16)
         v_cache = self.node(Op.SET_ROWS, (self.node(Op.CACHE, (), kv_shape, "f16", layer=il, kind="v"), v,
-                                          self.inp_pos), kv_shape, "f16", name=f"cache_v_l{il} (view)",
+                                          idxs), kv_shape, "f16", name=f"cache_v_l{il} (view)",
                             order=fo.SET_ROWS_F16)
         fa = self.node(Op.FLASH_ATTN, (q, k_cache, v_cache, mask), q.shape, scale=kq_scale)
         cur = self.cb(self.reshape(fa, (b.n_tokens, hp.n_head * hp.head_dim)), "kqv_out", il)
