@@ -120,3 +120,43 @@ def test_llvm_gemma3_real_window_decodes_to_1100_cells(record, llama_threads):
     toks, rows = greedy(m, tokens(600, 5), 1100)
     ref = oracle.logits(m.path, toks, threads=llama_threads, outputs="last", decode_from=600)
     assert_rows_identical(record, rows, ref[1:], **decode_case(m, "gemma3-tiny-w512-f16", 600, 1100))
+
+
+# ---- llama-server's sliding-window cache (swa_full = false): a ring of PAD256(n_swa + n_ubatch) cells
+
+def ring_identical(record, name: str, backend: str, n_ubatch: int, prompt: int, total: int,
+                   llama_threads: int = 2) -> None:
+    """A prompt in micro-batches of n_ubatch, then decodes to `total` cells, against libllama with
+    swa_full = false (bankml.oracle.swa): the sliding-window cells are reused once the window has
+    left them, so keys sit out of position order and that cache's n_kv stops growing."""
+    from bankml.oracle import swa
+    m = bankml.load(models.path(name), backend=backend, threads=2, llama_threads=llama_threads, n_ubatch=n_ubatch,
+                    swa_full=False)
+    try:
+        t = tokens(total, prompt)
+        s = m.session()
+        rows = np.stack([s.prefill(t[:prompt], outputs="last")[-1]] + [s.decode(x) for x in t[prompt:]])
+        assert s.swa.size == m.kv_size_swa < m.kv_size and s.swa.pos.max() >= s.swa.size   # the ring wrapped
+        ref = swa.logits(m.path, t, decode_from=prompt, threads=llama_threads, n_ubatch=n_ubatch, swa_full=False)
+        assert_rows_identical(record, rows, ref, **decode_case(m, name, prompt, total), swa_full=False,
+                              n_ubatch=n_ubatch)
+    finally:
+        m.close()
+
+
+@pytest.mark.parametrize("llama_threads", [2, 3])
+def test_llvm_gemma3_swa_ring_cache_like_llama_server(record, llama_threads):
+    """Window 48, micro-batches of 64: a ring of 256 cells, wrapped inside the 300-token prompt
+    and again by the decodes (split-KV on the base layers, one_chunk on the 256-cell ring)."""
+    ring_identical(record, "gemma3-tiny-w48-f16", "llvm", 64, 300, 420, llama_threads)
+
+
+def test_reference_gemma3_swa_ring_cache_like_llama_server(record):
+    ring_identical(record, "gemma3-tiny-w48-q8_0", "reference", 64, 200, 280, 3)
+
+
+@pytest.mark.slow
+def test_llvm_gemma3_real_window_ring_cache_to_1100_cells(record):
+    """The real window (512) and micro-batch (512): a ring of 1,024 cells, wrapped by the
+    decodes from 600 to 1,100 cells (split-KV over the ring's 1,024 cells)."""
+    ring_identical(record, "gemma3-tiny-w512-f16", "llvm", 512, 600, 1100, 3)
