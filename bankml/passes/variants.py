@@ -62,7 +62,7 @@ def choose_variant(vs: list[Variant], n_tokens: int, n_kv: int, n_outputs: int,
     if n_kv_swa is not None:
         values["KVS"] = n_kv_swa
     for v in vs:
-        if v.n_kv_swa is not None and not _fits(v.n_kv_swa, n_kv_swa):
+        if v.n_kv_swa is not None and (n_kv_swa is None or not _fits(v.n_kv_swa, n_kv_swa)):
             continue
         if n_tokens == 1 and v.n_tokens == 1 and _fits(v.n_kv, n_kv) and n_outputs <= 1:
             return v, values

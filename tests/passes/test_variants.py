@@ -31,7 +31,8 @@ CASES = [(1, 256, 1, "decode"), (1, 512, 1, "decode-split"), (1, 2048, 1, "decod
 
 @pytest.mark.parametrize("n_tokens,n_kv,n_outputs,name", CASES, ids=[f"{c[3]}-{c[0]}x{c[1]}o{c[2]}" for c in CASES])
 def test_variant_made_concrete_is_the_graph_of_that_size(model, n_tokens, n_kv, n_outputs, name):
-    v, values = choose_variant(model.variants, n_tokens, n_kv, n_outputs)
+    n_kv_swa = model.n_kv_swa_for(n_kv) if model.kv_size_swa else None    # gemma3: its sliding-window cells
+    v, values = choose_variant(model.variants, n_tokens, n_kv, n_outputs, n_kv_swa)
     assert v.name == name
     generic = model.generic_graph(v)
     if n_outputs == 0:      # the concrete graph drops the logits; the variant computes and discards them
