@@ -109,7 +109,7 @@ def ir(model: str, variant: str, n_tokens: int | None, past: int, outputs: str, 
             click.echo("# variants: " + "; ".join(f"{v.name} T={v.n_tokens} KV={v.n_kv} O={v.n_outputs}"
                                                   f"{_range_note(v)}" for v in m.variants))
             v = by_name[variant]
-            g = run_passes(m.build_graph(v.n_tokens, v.n_kv, v.n_outputs), until=after)
+            g = run_passes(m.build_graph(v.n_tokens, v.n_kv, v.n_outputs, v.n_kv_swa), until=after)
         else:
             used = past + n_tokens
             n_kv = m.n_kv(used)
@@ -122,7 +122,7 @@ def ir(model: str, variant: str, n_tokens: int | None, past: int, outputs: str, 
 
 def _range_note(v) -> str:
     from bankml.ir.dims import Dim
-    dims = {d.name: d for d in (v.n_tokens, v.n_kv, v.n_outputs) if isinstance(d, Dim)}
+    dims = {d.name: d for d in (v.n_tokens, v.n_kv, v.n_outputs, v.n_kv_swa) if isinstance(d, Dim)}
     return "".join(f" ({d.name} {d.lo}..{d.hi})" for d in dims.values())
 
 
