@@ -138,8 +138,9 @@ def ring_identical(record, name: str, backend: str, n_ubatch: int, prompt: int, 
         rows = np.stack([s.prefill(t[:prompt], outputs="last")[-1]] + [s.decode(x) for x in t[prompt:]])
         assert s.swa.size == m.kv_size_swa < m.kv_size and s.swa.pos.max() >= s.swa.size   # the ring wrapped
         ref = swa.logits(m.path, t, decode_from=prompt, threads=llama_threads, n_ubatch=n_ubatch, swa_full=False)
-        assert_rows_identical(record, rows, ref, **decode_case(m, name, prompt, total), swa_full=False,
-                              n_ubatch=n_ubatch)
+        case = decode_case(m, name, prompt, total) | {"backend": f"{backend}, SWA ring of {m.kv_size_swa} cells "
+                                                                        f"(ubatch {n_ubatch})"}
+        assert_rows_identical(record, rows, ref, **case, swa_full=False, n_ubatch=n_ubatch)
     finally:
         m.close()
 
