@@ -80,6 +80,8 @@ def info(model: str) -> None:
     click.echo(f"  matrices: {ggml_type_name(p.matrix_type)}; logits from {p.logits_matrix}"
                f"{' (tied)' if hp.tied else ''}")
     click.echo(f"  rope: {hp.rope_type}, base {hp.rope_freq_base}, scale {hp.rope_freq_scale} ({hp.rope_scaling_type})")
+    if hp.n_swa:
+        click.echo(f"  sliding window {hp.n_swa} on layers {' '.join(str(il) for il in range(hp.n_layer) if hp.is_swa(il))}")
     types = {}
     for name, t in p.weight_types.items():
         types.setdefault(ggml_type_name(t), []).append(name)
@@ -116,7 +118,7 @@ def ir(model: str, variant: str, n_tokens: int | None, past: int, outputs: str, 
             click.echo("# variants: " + "; ".join(f"{v.name} T={v.n_tokens} KV={v.n_kv} O={v.n_outputs}"
                                                   f"{_range_note(v)}" for v in m.variants))
             v = by_name[variant]
-            g = run_passes(m.build_graph(v.n_tokens, v.n_kv, v.n_outputs), until=after)
+            g = run_passes(m.build_graph(v.n_tokens, v.n_kv, v.n_outputs, v.n_kv_swa), until=after)
         else:
             used = past + n_tokens
             n_kv = m.n_kv(used)
@@ -129,7 +131,7 @@ def ir(model: str, variant: str, n_tokens: int | None, past: int, outputs: str, 
 
 def _range_note(v) -> str:
     from bankml.ir.dims import Dim
-    dims = {d.name: d for d in (v.n_tokens, v.n_kv, v.n_outputs) if isinstance(d, Dim)}
+    dims = {d.name: d for d in (v.n_tokens, v.n_kv, v.n_outputs, v.n_kv_swa) if isinstance(d, Dim)}
     return "".join(f" ({d.name} {d.lo}..{d.hi})" for d in dims.values())
 
 

@@ -32,7 +32,8 @@ def main() -> None:
     m = bankml.load(path, threads=a.threads)
     T, used = a.tokens, a.past + a.tokens
     n_kv = m.n_kv(used)
-    v, values = choose_variant(m.variants, T, n_kv, 1)
+    n_kv_swa = m.n_kv_swa_for(n_kv) if m.kv_size_swa else None      # a sliding-window cache (gemma3)
+    v, values = choose_variant(m.variants, T, n_kv, 1, n_kv_swa)
     m.prepare(v)
     g, be = m.generic_graph(v), m.runner
     _, cg, bufs = be.compiled[id(g)]
@@ -40,6 +41,10 @@ def main() -> None:
     pos = np.arange(a.past, used, dtype=np.int32)
     mask = np.where(np.arange(n_kv)[None, :] <= pos[:, None], np.float16(0), np.float16(-np.inf)).astype(np.float16)
     inputs = {"tokens": np.zeros(T, np.int32), "pos": pos, "kq_mask": mask, "out_ids": np.asarray([T - 1], np.int32)}
+    if n_kv_swa:
+        cells = np.arange(n_kv_swa)[None, :]        # the cells hold their positions (no wrap yet)
+        window = (cells <= pos[:, None]) & (pos[:, None] - cells < m.hparams.n_swa)
+        inputs |= {"swa_idxs": pos, "kq_mask_swa": np.where(window, np.float16(0), np.float16(-np.inf))}
     bufs.bind(g, cg, m.weight, s.caches, inputs, values)
     per = defaultdict(float)
     total = 0.0

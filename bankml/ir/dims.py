@@ -17,14 +17,15 @@ import math
 from dataclasses import dataclass
 from typing import Callable, Mapping
 
-# The slots of the run-time size vector every generic kernel reads (i64 dims[4]):
-# the three symbolic sizes, and llama.cpp's thread count (split-KV chunks, tiled Q cut).
-DIM_SLOTS = ("T", "KV", "O", "llama_threads")
+# The slots of the run-time size vector every generic kernel reads (i64 dims[5]): the symbolic
+# sizes (KVS: the cells of the sliding-window layers' own cache), and llama.cpp's thread count
+# (split-KV chunks, tiled Q cut), always last.
+DIM_SLOTS = ("T", "KV", "O", "KVS", "llama_threads")
 
 
 @dataclass(frozen=True)
 class Dim:
-    name: str       # "T" | "KV" | "O"
+    name: str       # "T" | "KV" | "O" | "KVS"
     lo: int         # smallest value the graph is valid for
     hi: int         # largest
 

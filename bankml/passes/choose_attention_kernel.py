@@ -26,9 +26,10 @@ def attention_order(n_tokens: int, n_kv: int) -> fo.FloatOrder:
 
 
 def choose_attention_kernel(g: Graph) -> Graph:
-    n_tokens, n_kv, threads = g.meta["n_tokens"], g.meta["n_kv"], g.meta.get("llama_threads", 1)
+    n_tokens, threads = g.meta["n_tokens"], g.meta.get("llama_threads", 1)
 
     def pick(n: Node) -> Node:
+        n_kv = g[n.inputs[1]].shape[0]        # the cells of its cache (a sliding-window layer's own)
         o = decide(attention_order, as_range(n_tokens), as_range(n_kv))
         params = {**n.params, "n_threads": threads} if o is fo.FA_SPLIT else n.params
         return n.replace(order=o, params=params)

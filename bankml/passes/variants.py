@@ -31,27 +31,39 @@ class Variant:
     n_tokens: int | Dim
     n_kv: int | Dim
     n_outputs: int | Dim
+    n_kv_swa: int | Dim | None = None   # the sliding-window cache's cells (KVS), for models with one
 
 
-def variants(n_ubatch: int, kv_size: int) -> list[Variant]:
-    """Every variant a session of this micro-batch size and cache size can run."""
-    out = [Variant("decode", 1, DECODE_KV, 1)]
+def variants(n_ubatch: int, kv_size: int, kv_size_swa: int | None = None) -> list[Variant]:
+    """Every variant a session of this micro-batch size and cache size can run; kv_size_swa:
+    the cells of a sliding-window cache (its split-KV rule decided on its own cell count)."""
+    def kvs(lo: int) -> int | Dim | None:
+        if kv_size_swa is None:
+            return None
+        lo = min(lo, kv_size_swa)
+        return lo if lo == kv_size_swa else Dim("KVS", lo, kv_size_swa)
+    out = [Variant("decode", 1, DECODE_KV, 1, DECODE_KV if kv_size_swa else None)]
     if kv_size >= SPLIT_MIN_KV:
-        out.append(Variant("decode-split", 1, Dim("KV", SPLIT_MIN_KV, kv_size), 1))
+        out.append(Variant("decode-split", 1, Dim("KV", SPLIT_MIN_KV, kv_size), 1, kvs(SPLIT_MIN_KV)))
     for name, lo, hi in (("small", 2, TILE_Q - 1), ("large", TILE_Q, n_ubatch)):
         hi = min(hi, n_ubatch)
         if lo > hi:
             continue
         T, KV = Dim("T", lo, hi), Dim("KV", DECODE_KV, kv_size)
-        out.append(Variant(f"{name}-all", T, KV, T))
-        out.append(Variant(f"{name}-last", T, KV, Dim("O", 0, 1)))
+        out.append(Variant(f"{name}-all", T, KV, T, kvs(DECODE_KV)))
+        out.append(Variant(f"{name}-last", T, KV, Dim("O", 0, 1), kvs(DECODE_KV)))
     return out
 
 
-def choose_variant(vs: list[Variant], n_tokens: int, n_kv: int, n_outputs: int) -> tuple[Variant, dict[str, int]]:
+def choose_variant(vs: list[Variant], n_tokens: int, n_kv: int, n_outputs: int,
+                   n_kv_swa: int | None = None) -> tuple[Variant, dict[str, int]]:
     """The variant that runs a micro-batch of these sizes, and the values of its Dims."""
     values = {"T": n_tokens, "KV": n_kv, "O": n_outputs}
+    if n_kv_swa is not None:
+        values["KVS"] = n_kv_swa
     for v in vs:
+        if v.n_kv_swa is not None and (n_kv_swa is None or not _fits(v.n_kv_swa, n_kv_swa)):
+            continue
         if n_tokens == 1 and v.n_tokens == 1 and _fits(v.n_kv, n_kv) and n_outputs <= 1:
             return v, values
         if isinstance(v.n_tokens, Dim) and _fits(v.n_tokens, n_tokens) and _fits(v.n_kv, n_kv) and (

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bankml.arch.blocks import Batch, Builder
-from bankml.arch.registry import builder_for
+from bankml.arch import registry
 from bankml.backends import BACKENDS, open_backend
 from bankml.errors import BankmlError
 from bankml.gguf import read_gguf
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
 class Model:
     def __init__(self, path, backend: str = "llvm", threads: int = 1, llama_threads: int | None = None,
                  cache_type: str = "f16", n_ubatch: int = 512, n_ctx: int = 4096, gpu: str | int | None = None,
-                 arch: str | None = None):
+                 arch: str | None = None, swa_full: bool = True):
         if backend not in BACKENDS:
             raise BankmlError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
         if cache_type != "f16":
@@ -44,17 +44,26 @@ class Model:
             raise BankmlError("threads, llama_threads, n_ubatch and n_ctx must be positive")
         self.path = Path(path)
         self.gguf = read_gguf(self.path)
-        self.plan = make_plan(self.gguf)
+        spec = registry.lookup(arch) if arch else None
+        declared = spec is not None and spec.tensors is not None   # a full declaration plans the file itself
+        self.plan = make_plan(self.gguf, arch if declared else None)
         self.hparams = self.plan.hparams
         self.backend, self.threads = backend, threads
         self.llama_threads = llama_threads or threads
         self.cache_type, self.n_ubatch, self.n_ctx = cache_type, n_ubatch, n_ctx
         self.gpu = gpu              # Q1_0 decode matvecs: None (BANKML_GPU) | "auto" | "off" | index
         self.kv_size = -(-n_ctx // 256) * 256          # llama-context.cpp: n_ctx padded to 256
+        # llama_kv_cache_iswa: the sliding-window layers' cache, full size (swa_full, as
+        # llama_context_default_params) or PAD256(min(kv_size, n_swa + n_ubatch)) (llama-server)
+        self.swa_full = swa_full
+        self.kv_size_swa = None
+        if self.hparams.n_swa:
+            small = -(-min(self.kv_size, self.hparams.n_swa + n_ubatch) // 256) * 256
+            self.kv_size_swa = self.kv_size if swa_full else small
         self.shapes = {name: t.shape for name, t in self.gguf.tensors.items()}
         self.arch = arch or self.plan.arch          # a registered builder may stand in for the file's
-        self._build = builder_for(self.arch)
-        self.variants = variants(n_ubatch, self.kv_size)
+        self._build = registry.builder_for(self.arch)
+        self.variants = variants(n_ubatch, self.kv_size, self.kv_size_swa)
         self.compile_seconds = 0.0      # time this model spent compiling native code so far (llvm backend)
         self._graphs: dict[str, Graph] = {}         # variant name -> generic graph after the passes
         self._ready: set[str] = set()               # variants the backend has prepared
@@ -69,10 +78,12 @@ class Model:
         """The concrete IR of one micro-batch after every pass."""
         return run_passes(self.build_graph(n_tokens, n_kv, n_outputs))
 
-    def build_graph(self, n_tokens, n_kv, n_outputs) -> Graph:
+    def build_graph(self, n_tokens, n_kv, n_outputs, n_kv_swa=None) -> Graph:
         """The IR of one micro-batch as the architecture file builds it, before passes; sizes
         may be numbers or Dims (a generic graph)."""
-        b = Builder(self.plan, Batch(n_tokens, n_kv, n_outputs), self.shapes)
+        if n_kv_swa is None and self.kv_size_swa:
+            n_kv_swa = self.n_kv_swa_for(n_kv)
+        b = Builder(self.plan, Batch(n_tokens, n_kv, n_outputs, n_kv_swa), self.shapes)
         self._build(b)
         g = b.g
         g.meta["llama_threads"] = self.llama_threads
@@ -83,7 +94,7 @@ class Model:
     def generic_graph(self, v: Variant) -> Graph:
         """The generic graph of a variant after every pass (built once per model)."""
         if v.name not in self._graphs:
-            self._graphs[v.name] = run_passes(self.build_graph(v.n_tokens, v.n_kv, v.n_outputs))
+            self._graphs[v.name] = run_passes(self.build_graph(v.n_tokens, v.n_kv, v.n_outputs, v.n_kv_swa))
         return self._graphs[v.name]
 
     def prepare(self, v: Variant) -> float:
@@ -122,6 +133,11 @@ class Model:
         multiple of 256)."""
         return min(self.kv_size, max(256, -(-used // 256) * 256))
 
+    def n_kv_swa_for(self, n_kv: int) -> int:
+        """The sliding-window cells read beside n_kv base cells while the sequence only grows
+        (the ring's n_kv is min(its size, the base's)); a session computes its own."""
+        return min(self.kv_size_swa, n_kv)
+
     def micro_batches(self, n_tokens: int, outputs: str) -> list[tuple[int, int, list[int]]]:
         """How llama_decode cuts a batch of n_tokens: (start, stop, output rows within it) for
         each micro-batch of n_ubatch tokens; outputs "all" or "last" (the batch's last row)."""
@@ -139,13 +155,15 @@ class Model:
                 for start, stop, rows in self.micro_batches(n_prompt, "last")]
         first, last = n_past + n_prompt + 1, min(n_past + n_prompt + n_predict, self.kv_size)
         need += [(1, self.n_kv(used), 1) for used in {first, last} if n_predict > 0 and used <= self.kv_size]
-        return sum(self.prepare(choose_variant(self.variants, *sizes)[0]) for sizes in need)
+        swa = (lambda n_kv: self.n_kv_swa_for(n_kv)) if self.kv_size_swa else (lambda n_kv: None)  # noqa: E731
+        return sum(self.prepare(choose_variant(self.variants, *sizes, swa(sizes[1]))[0]) for sizes in need)
 
-    def run_ubatch(self, n_tokens: int, n_kv: int, n_outputs: int, inputs: dict, caches: dict, trace=None) -> dict:
+    def run_ubatch(self, n_tokens: int, n_kv: int, n_outputs: int, inputs: dict, caches: dict, trace=None,
+                   n_kv_swa: int | None = None) -> dict:
         """One micro-batch through the variant that takes these sizes."""
         if self.runner is None:
             raise BankmlError(f"{self.path.name}: the model is closed")
-        v, values = choose_variant(self.variants, n_tokens, n_kv, n_outputs)
+        v, values = choose_variant(self.variants, n_tokens, n_kv, n_outputs, n_kv_swa)
         self.prepare(v)
         return self.runner.run(self.generic_graph(v), values, inputs, caches, trace)
 
@@ -193,11 +211,16 @@ class Model:
 
 
 def load(path, backend: str = "llvm", threads: int | None = None, llama_threads: int | None = None,
-         cache_type: str = "f16", n_ubatch: int = 512, n_ctx: int = 4096, gpu: str | int | None = None, arch: str | None = None) -> Model:
+         cache_type: str = "f16", n_ubatch: int = 512, n_ctx: int = 4096, gpu: str | int | None = None, arch: str | None = None,
+         swa_full: bool = True) -> Model:
     """Read and plan a GGUF (refusing what bankml does not reproduce, from the header alone).
 
     `arch` runs the graph of another registered architecture (bankml.arch.registry) on the
-    file's weights, e.g. one defined outside the package (examples/custom_architecture.py).
+    file's weights, e.g. one defined outside the package (examples/custom_architecture.py);
+    when it declares its tensors, plan() checks the file against that declaration.
+    `swa_full` (models with sliding-window layers): llama_context_default_params' full-size
+    SWA cache (True, what the oracle harness runs) or llama-server's and llama-cli's ring of
+    PAD256(n_swa + n_ubatch) cells (False).
     """
     threads = threads or min(4, os.cpu_count() or 1)
-    return Model(path, backend, threads, llama_threads, cache_type, n_ubatch, n_ctx, gpu, arch)
+    return Model(path, backend, threads, llama_threads, cache_type, n_ubatch, n_ctx, gpu, arch, swa_full)

@@ -7,14 +7,18 @@ import numpy as np
 
 from bankml.errors import BankmlError
 from bankml.ir.node import Node
+from bankml.runtime.kv_cells import SwaCells
 
 
 class Session:
     def __init__(self, model):
         self.model = model
         hp = model.hparams
-        shape = (model.kv_size, hp.n_head_kv, hp.head_dim)
-        self.caches = {(il, kind): np.zeros(shape, np.float16) for il in range(hp.n_layer) for kind in "kv"}
+        cells = lambda il: model.kv_size_swa if hp.is_swa(il) else model.kv_size  # noqa: E731
+        self.caches = {(il, kind): np.zeros((cells(il), hp.n_head_kv, hp.head_dim), np.float16)
+                       for il in range(hp.n_layer) for kind in "kv"}
+        # the sliding-window layers' own cells (llama_kv_cache_iswa), where they have a window
+        self.swa = SwaCells(model.kv_size_swa, hp.n_swa) if hp.n_swa else None
         self.n_past = 0
         self.trace: Callable[[int, Node, np.ndarray], None] | None = None   # (ubatch, node, value)
         self._ubatch_index = 0
@@ -42,6 +46,21 @@ class Session:
         overwritten, never read."""
         if not 0 <= n <= self.n_past:
             raise BankmlError(f"truncate({n}): the session holds {self.n_past} cells")
+        self.n_past = n
+        if self.swa is not None:
+            self.swa.remove(n)
+
+    def restore(self, n: int) -> None:
+        """The first n cells of every cache now hold positions 0..n-1 (a saved prompt copied back
+        into them, as llama-server's prompt cache does); the next token goes to position n."""
+        if not 0 <= n <= self.model.kv_size:
+            raise BankmlError(f"restore({n}): the cache has {self.model.kv_size} cells")
+        if self.swa is not None:
+            if self.swa.size != self.model.kv_size:
+                raise BankmlError("restoring saved cells needs the full-size sliding-window cache (swa_full)")
+            self.swa.remove(0)
+            self.swa.pos[:n] = np.arange(n)
+            self.swa.head = n
         self.n_past = n
 
     def _checked(self, tokens) -> list[int]:
@@ -74,9 +93,18 @@ class Session:
         mask = np.where(visible, np.float16(0), np.float16(-np.inf)).astype(np.float16)
         inputs = {"tokens": np.asarray(tokens, np.int64), "pos": pos, "kq_mask": mask,
                   "out_ids": np.asarray(out_ids, np.int64)}
+        n_kv_swa = None
+        if self.swa is not None:
+            # the sliding-window layers' cache: cells by llama.cpp's slot search, its own n_kv,
+            # and its mask (is_masked_swa: p1 - p0 >= n_swa is hidden)
+            idxs = self.swa.find_slot(T)
+            self.swa.apply(idxs, pos)
+            n_kv_swa = self.swa.n_kv()
+            inputs["swa_idxs"] = np.asarray(idxs, np.int32)
+            inputs["kq_mask_swa"] = self.swa.mask(pos, n_kv_swa)
         ub = self._ubatch_index
         trace = (lambda n, v: self.trace(ub, n, v)) if self.trace else None
-        out = m.run_ubatch(T, n_kv, len(out_ids), inputs, self.caches, trace)
+        out = m.run_ubatch(T, n_kv, len(out_ids), inputs, self.caches, trace, n_kv_swa)
         self.n_past = used
         self._ubatch_index += 1
         logits = out.get("logits")

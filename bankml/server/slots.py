@@ -95,8 +95,7 @@ class PromptCache:
         n = len(best.tokens)
         for key, a in best.cells.items():
             slot.session.caches[key][:n] = a
-        slot.session.truncate(0)
-        slot.session.n_past = n
+        slot.session.restore(n)
         slot.tokens = list(best.tokens)
         self.states.remove(best)
 

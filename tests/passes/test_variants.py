@@ -11,7 +11,7 @@ from bankml.passes.variants import choose_variant, variants
 from bankml.testing import models
 
 
-@pytest.fixture(scope="module", params=["smollm2-f16", "qwen3-small-q1_0"])
+@pytest.fixture(scope="module", params=["smollm2-f16", "qwen3-small-q1_0", "gemma3-tiny-w48-q8_0"])
 def model(request):
     m = bankml.load(models.path(request.param), backend="reference", n_ctx=2048)
     yield m
@@ -31,7 +31,8 @@ CASES = [(1, 256, 1, "decode"), (1, 512, 1, "decode-split"), (1, 2048, 1, "decod
 
 @pytest.mark.parametrize("n_tokens,n_kv,n_outputs,name", CASES, ids=[f"{c[3]}-{c[0]}x{c[1]}o{c[2]}" for c in CASES])
 def test_variant_made_concrete_is_the_graph_of_that_size(model, n_tokens, n_kv, n_outputs, name):
-    v, values = choose_variant(model.variants, n_tokens, n_kv, n_outputs)
+    n_kv_swa = model.n_kv_swa_for(n_kv) if model.kv_size_swa else None    # gemma3: its sliding-window cells
+    v, values = choose_variant(model.variants, n_tokens, n_kv, n_outputs, n_kv_swa)
     assert v.name == name
     generic = model.generic_graph(v)
     if n_outputs == 0:      # the concrete graph drops the logits; the variant computes and discards them

@@ -41,7 +41,7 @@ from bankml.ir.node import Node
 from bankml.ir.ops import Op
 from bankml.quants import F16, Q8_0, Q8_1, Q8_K
 
-_IGNORED_PARAMS = ("tensor", "layer", "n_threads")       # n_threads: llama_threads comes in dims[3]
+_IGNORED_PARAMS = ("tensor", "layer", "n_threads")       # n_threads: llama_threads comes in dims[4]
 ALIGN = 64
 
 

@@ -12,7 +12,7 @@ Out f32 [M, n_head, DV]. Head h reads kv head h // (n_head // n_head_kv).
       VKQ = f16(fma(V, vs, VKQ));  S = fma(S, ms, vs)                # glibc expf
   out = r(VKQ * (S == 0 ? 0 : r(1/S))).
 - FA_SPLIT (one row, n_kv >= 512): per head (split over threads), the one_chunk loop over key
-  chunks of ceil(n_kv / llama_threads) (dims[3]), then ggml_flash_attn_ext_reduce_partials in
+  chunks of ceil(n_kv / llama_threads) (dims[4]), then ggml_flash_attn_ext_reduce_partials in
   chunk order (chunks with S_c == 0 skipped):
       Mn = fmaxf(M, M_c); a = expf(M - Mn); b = expf(M_c - Mn)
       VKQ = fma(VKQ, a, r(VKQ_c*b)); S = fma(S, a, r(S_c*b)); M = Mn

@@ -10,8 +10,8 @@ Signature of every kernel function (name: f"k{n.id}_{n.op.value}", linkage inter
     void (i8* out, i8* in_0, ..., i8* in_{k-1}, i64 ith, i64 nth, i64* dims)
 
 - `out` is the node's buffer; `in_j` the buffer of n.inputs[j]; all pointers are i8*.
-- Sizes may be symbolic (bankml.ir.dims.Dim: T, KV, O): their values of this call are
-  dims[Dim.slot] (common.dim / common.size read them), and dims[3] is llama.cpp's thread count.
+- Sizes may be symbolic (bankml.ir.dims.Dim: T, KV, O, KVS): their values of this call are
+  dims[Dim.slot] (common.dim / common.size read them), and dims[4], the last slot, is llama.cpp's thread count.
   A buffer holds the node's shape at these values; the runner allocates it for the largest.
 - Buffers are contiguous, row-major in node.shape (numpy order):
     f32 nodes: float;   f16 nodes (the K/V cache, the KQ mask): half;   i32 inputs (tokens, pos,
@@ -26,7 +26,7 @@ Signature of every kernel function (name: f"k{n.id}_{n.op.value}", linkage inter
 - The kernel computes the share `ith` of `nth` threads (any deterministic split of rows, heads
   or blocks); the graph function puts a barrier between dependent kernels. The bits must not
   depend on nth, and must equal the reference backend's lowering of the same node (the split-KV
-  attention's chunk count comes from llama.cpp's thread count, dims[3], never nth).
+  attention's chunk count comes from llama.cpp's thread count, dims[4], never nth).
 - Float order comes from n.order (FloatOrder) exactly as the reference backend reads it:
   `llvm.fma.*` where it says fma, plain fmul/fadd otherwise, never a fast-math flag.
 """
