@@ -61,9 +61,9 @@ class KvCacheTypes:
         """The cache of types k and v for this head size, or BankmlError naming why not."""
         for kind, t in (("K", k), ("V", v)):
             if t not in CACHE_TYPES:
-                known = "llama.cpp's" if t in LLAMA_TYPES else "not a llama.cpp cache type;"
-                raise BankmlError(f"{kind} cache type {t!r}: {known} bankml reproduces "
-                                  f"{', '.join(CACHE_TYPES)}")
+                why = ("is llama.cpp's but not reproduced by bankml" if t in LLAMA_TYPES else
+                       f"is not a llama.cpp cache type ({', '.join(LLAMA_TYPES)})")
+                raise BankmlError(f"{kind} cache type {t!r} {why}; bankml reproduces {', '.join(CACHE_TYPES)}")
             block = CACHE_TYPES[t][1]
             if head_dim % block:
                 raise BankmlError(f"{kind} cache type {t} with block size {block} does not divide the "
