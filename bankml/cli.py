@@ -112,8 +112,9 @@ def info(model: str, n_ctx: int, cache_type_k: str, cache_type_v: str) -> None:
 @click.option("--after", default=None, help="Stop after this pass (e.g. choose_attention_kernel).")
 @click.option("--dot", "dot_file", type=click.Path(dir_okay=False), default=None, help="Also write Graphviz.")
 @click.option("--spirv", is_flag=True, help="Print the SPIR-V (spirv-dis) of the model's Q1_0 matvec instead.")
+@cache_type_options
 def ir(model: str, variant: str, n_tokens: int | None, past: int, outputs: str, after: str | None,
-       dot_file: str | None, spirv: bool) -> None:
+       dot_file: str | None, spirv: bool, cache_type_k: str, cache_type_v: str) -> None:
     """The IR: the generic graphs a model compiles to (sizes T, KV, O), or with --tokens the
     concrete graph of one micro-batch; one node a line."""
     import bankml
@@ -123,7 +124,7 @@ def ir(model: str, variant: str, n_tokens: int | None, past: int, outputs: str, 
     from bankml.passes.pipeline import run_passes
     if (n_tokens is not None and n_tokens < 1) or past < 0:
         raise click.BadParameter("--tokens must be >= 1 and --past >= 0")
-    with bankml.load(model, backend="reference") as m:
+    with bankml.load(model, backend="reference", cache_type_k=cache_type_k, cache_type_v=cache_type_v) as m:
         if n_tokens is None:
             by_name = {v.name: v for v in m.variants}
             if variant not in by_name:

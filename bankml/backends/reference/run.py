@@ -14,6 +14,7 @@ from bankml.errors import LoweringError
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
+from bankml.ir.order import FWHT
 from bankml.quants import WEIGHT_TYPES
 
 LOWERINGS: dict[Op, Callable] = {}
@@ -153,6 +154,8 @@ def _flash_attn(env, g, n, q, k, v, mask):
 
 @lowers(Op.HADAMARD)
 def _hadamard(env, g, n, x):
+    if n.order != FWHT:
+        raise LoweringError(f"hadamard {n.name or n.id}: no reference lowering for {n.order}")
     return attention_quant.fwht(x, n.params["n"])
 
 
