@@ -333,8 +333,9 @@ def serve(model, host, port, threads, llama_threads, n_ctx, n_slots, queue_size,
 @click.option("--ubatch", "n_ubatch", default=512, show_default=True, help="n_ubatch of the runs to come.")
 @click.option("--list", "list_cache", is_flag=True, help="List the compiled-code cache instead.")
 @click.option("--clear", "clear_cache", is_flag=True, help="Empty the compiled-code cache instead.")
+@cache_type_options
 def compile_cmd(model: str | None, out_dir: str | None, n_ctx: int, n_ubatch: int, list_cache: bool,
-                clear_cache: bool) -> None:
+                clear_cache: bool, cache_type_k: str, cache_type_v: str) -> None:
     """Compile every graph variant of MODEL, so that no run, prompt length or context length
     compiles again (any thread count); the code lands in the compiled-code cache."""
     import bankml
@@ -347,7 +348,8 @@ def compile_cmd(model: str | None, out_dir: str | None, n_ctx: int, n_ubatch: in
     if n_ctx < 1 or n_ubatch < 1:
         raise click.BadParameter("--ctx and --ubatch must be >= 1")
     out = Path(out_dir) if out_dir else compile_cache.compiled_dir(model, bankml.__version__)
-    with bankml.load(model, backend="llvm", threads=1, n_ctx=n_ctx, n_ubatch=n_ubatch) as m:
+    with bankml.load(model, backend="llvm", threads=1, n_ctx=n_ctx, n_ubatch=n_ubatch, cache_type_k=cache_type_k,
+                     cache_type_v=cache_type_v) as m:
         out.mkdir(parents=True, exist_ok=True)
         hits0, t0 = compile_cache.counts["hit"], time.perf_counter()
         with click.progressbar(m.variants, label=f"compiling {len(m.variants)} graphs", file=sys.stderr,
