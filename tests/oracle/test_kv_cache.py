@@ -73,6 +73,19 @@ def test_named_tensors_identical(record, name, kt, vt, backend):
     assert len(rotations) == n_layer * (2 + 2 * (vt != "f16")), sorted(rotations)[:8]
 
 
+@pytest.mark.parametrize("kt,vt", [("q4_0", "q8_0"), ("f16", "q4_0")])
+def test_other_type_pairs_named_tensors_identical(record, kt, vt):
+    """K and V of two quantized types, and an f16 K (no Q/K rotation) with a q4_0 V, on the GQA
+    3:1 Llama: 27 prompt tokens and 3 decodes."""
+    name = "llama-gqa-f16"
+    m = load(name, "llvm", kt, vt)
+    r = diff(m, tokens(30, 30), decode_from=27)
+    record(kind="named_tensors", compared=len(r.compared), identical=sum(c.identical for c in r.compared),
+           missing=len(r.missing), **case(m, name, tokens=27, cells=30))
+    assert r.first_difference is None, r.summary()
+    assert not r.missing, r.missing
+
+
 @pytest.mark.parametrize("kt,vt", CACHES)
 @pytest.mark.parametrize("name", list(HEADS))
 def test_named_tensors_identical_through_a_64_row_micro_batch(record, name, kt, vt):
