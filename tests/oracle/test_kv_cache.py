@@ -156,20 +156,24 @@ def test_reference_greedy_decodes(record):
     assert_rows_identical(record, rows, ref[1:], **case(m, name, kind="decode", tokens=250, cells=262))
 
 
-@pytest.mark.parametrize("name,kt,vt", [("smollm2-q4_1", "q8_0", "q8_0"), ("qwen3-small-q1_0", "q4_0", "q4_0")])
-def test_greedy_64_tokens_equal_llama_server(record, name, kt, vt):
+CHAT = "<|im_start|>user\nName a color.<|im_end|>\n<|im_start|>assistant\n"
+
+
+@pytest.mark.parametrize("name,kt,vt,prompt", [("smollm2-q4_1", "q8_0", "q8_0", "Once upon a time"),
+                                               ("qwen3-small-q1_0", "q4_0", "q4_0", CHAT)],
+                         ids=["smollm2-q4_1-q8_0-q8_0", "qwen3-small-q1_0-q4_0-q4_0-chat"])
+def test_greedy_64_tokens_equal_llama_server(record, name, kt, vt, prompt):
+    """64 greedy tokens, token for token llama-server b11434 started with the same -ctk/-ctv."""
     from bankml.oracle.server import LlamaServer
     from bankml.runtime.generate import GREEDY, generate
     m = load(name, "llvm", kt, vt)
-    prompts = ["Once upon a time", "<|im_start|>user\nName a color.<|im_end|>\n<|im_start|>assistant\n"]
+    ids = m.tokenize(prompt)
     with LlamaServer(m.path, threads=2, extra=("-ctk", kt, "-ctv", vt)) as srv:
-        for i, text in enumerate(prompts):
-            ids = m.tokenize(text)
-            want = srv.completion(ids, 64, temperature=0.0, seed=0)
-            got = list(generate(m, ids, 64, GREEDY, seed=0))
-            record(kind="generate", compared=len(want), identical=sum(a == b for a, b in zip(got, want)),
-                   **case(m, name, prompt=i, tokens=len(ids)))
-            assert got == want, f"prompt {i}"
+        want = srv.completion(ids, 64, temperature=0.0, seed=0)
+    got = list(generate(m, ids, 64, GREEDY, seed=0))
+    record(kind="generate", compared=len(want), identical=sum(a == b for a, b in zip(got, want)),
+           **case(m, name, tokens=len(ids)))
+    assert len(want) == 64 and got == want
 
 
 def test_rotation_off_with_llama_attn_rot_disable(record, monkeypatch):
