@@ -1,4 +1,4 @@
-"""One sequence with its own f16 K/V cache: prefill and decode, micro-batched as llama.cpp does."""
+"""One sequence with its own K/V cache: prefill and decode, micro-batched as llama.cpp does."""
 from __future__ import annotations
 
 from typing import Callable
@@ -14,8 +14,7 @@ class Session:
     def __init__(self, model):
         self.model = model
         hp = model.hparams
-        cells = lambda il: model.kv_size_swa if hp.is_swa(il) else model.kv_size  # noqa: E731
-        self.caches = {(il, kind): np.zeros((cells(il), hp.n_head_kv, hp.head_dim), np.float16)
+        self.caches = {(il, kind): _new_cache(model, kind, model.kv_size_swa if hp.is_swa(il) else model.kv_size)
                        for il in range(hp.n_layer) for kind in "kv"}
         # the sliding-window layers' own cells (llama_kv_cache_iswa), where they have a window
         self.swa = SwaCells(model.kv_size_swa, hp.n_swa) if hp.n_swa else None
@@ -109,3 +108,12 @@ class Session:
         self._ubatch_index += 1
         logits = out.get("logits")
         return None if logits is None or not out_ids else logits[:len(out_ids)]
+
+
+def _new_cache(model, kind: str, cells: int) -> np.ndarray:
+    """One layer's K or V cache: f16 [cells, n_head_kv, head_dim], or for a quantized type the
+    ggml block bytes of each cell's row, uint8 [cells, row_bytes]."""
+    hp, kv = model.hparams, model.kv
+    if (kv.k if kind == "k" else kv.v) == "f16":
+        return np.zeros((cells, hp.n_head_kv, hp.head_dim), np.float16)
+    return np.zeros((cells, kv.row_bytes(kind, hp.n_head_kv * hp.head_dim)), np.uint8)
