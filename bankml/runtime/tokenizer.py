@@ -208,7 +208,7 @@ PRE_TOKENIZERS = {
     "qwen2": (_split_qwen2,),
 }
 # tokenizer.ggml.model values llama.cpp knows (llama_vocab::impl::load) that bankml does not implement
-OTHER_TOKENIZER_MODELS = {"llama": "SentencePiece", "bert": "WordPiece", "t5": "Unigram", "rwkv": "RWKV",
+OTHER_TOKENIZER_MODELS = {"bert": "WordPiece", "t5": "Unigram", "rwkv": "RWKV",
                           "plamo2": "PLaMo-2", "no_vocab": "no vocabulary"}
 _INT_TYPES = (0, 1, 2, 3, 4, 5, 10, 11)     # gguf integer value types, u8 .. i64
 
@@ -219,11 +219,14 @@ def vocab_refusal(metadata: dict, value_types: dict) -> str | None:
     plan() refuses on it, so a model is refused before any weight is read rather than when it
     first tokenizes."""
     kind = metadata.get("tokenizer.ggml.model")
+    if kind == "llama":
+        from bankml.runtime.tokenizer_spm import spm_vocab_refusal
+        return spm_vocab_refusal(metadata, value_types)
     if kind != "gpt2":
         what = "missing" if kind is None else repr(kind)
         if kind in OTHER_TOKENIZER_MODELS:
             what += f" ({OTHER_TOKENIZER_MODELS[kind]})"
-        return f"tokenizer.ggml.model is {what}; bankml implements gpt2 BPE tokenizers"
+        return f"tokenizer.ggml.model is {what}; bankml implements gpt2 BPE and llama SentencePiece tokenizers"
     pre = metadata.get("tokenizer.ggml.pre")
     if pre not in PRE_TOKENIZERS:
         what = "missing (llama.cpp's 'default')" if pre is None else repr(pre)
@@ -457,6 +460,14 @@ def _incomplete_tail(buf: bytes) -> int:
     return 0
 
 
+def _from_gguf(gguf, name: str):
+    """The tokenizer `tokenizer.ggml.model` names: SentencePiece for llama, BPE otherwise."""
+    if gguf.metadata.get("tokenizer.ggml.model") == "llama":
+        from bankml.runtime.tokenizer_spm import SpmTokenizer
+        return SpmTokenizer.from_gguf(gguf, name)
+    return Tokenizer.from_gguf(gguf, name)
+
+
 _cache: "weakref.WeakKeyDictionary[object, Tokenizer]" = weakref.WeakKeyDictionary()
 _path_cache: dict[str, Tokenizer] = {}
 
@@ -467,9 +478,9 @@ def tokenizer_for(model) -> Tokenizer:
         key = str(Path(model).resolve())
         if key not in _path_cache:
             from bankml.gguf import read_gguf
-            _path_cache[key] = Tokenizer.from_gguf(read_gguf(key), name=key)
+            _path_cache[key] = _from_gguf(read_gguf(key), name=key)
         return _path_cache[key]
     tok = _cache.get(model)
     if tok is None:
-        tok = _cache[model] = Tokenizer.from_gguf(model.gguf, name=str(model.path))
+        tok = _cache[model] = _from_gguf(model.gguf, name=str(model.path))
     return tok

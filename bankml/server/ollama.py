@@ -116,7 +116,8 @@ def show(model, model_name: str) -> dict:
     info = {"general.architecture": arch, f"{arch}.block_count": hp.n_layer,
             f"{arch}.embedding_length": hp.n_embd, f"{arch}.attention.head_count": hp.n_head,
             f"{arch}.attention.head_count_kv": hp.n_head_kv, f"{arch}.context_length": model.n_ctx,
-            "tokenizer.ggml.model": "gpt2", "general.vocab_size": hp.n_vocab}
+            "tokenizer.ggml.model": model.gguf.metadata.get("tokenizer.ggml.model", "gpt2"),
+            "general.vocab_size": hp.n_vocab}
     template = model.gguf.metadata.get("tokenizer.chat_template", "") if has_chat_template(model) else ""
     return {"modelfile": f"FROM {model.path}\n", "parameters": "", "template": template, "details": details(model),
             "model_info": info, "capabilities": ["completion"],

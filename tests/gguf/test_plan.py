@@ -204,7 +204,7 @@ def test_refuses_missing_token_list_from_header(tmp_path):
 
 
 @pytest.mark.parametrize("key,value,cause", [
-    ("tokenizer.ggml.model", (STR, "llama"), "tokenizer.ggml.model is 'llama' (SentencePiece); bankml implements gpt2"),
+    ("tokenizer.ggml.model", (STR, "t5"), "tokenizer.ggml.model is 't5' (Unigram); bankml implements gpt2"),
     ("tokenizer.ggml.model", (STR, "bert"), "tokenizer.ggml.model is 'bert' (WordPiece)"),
     ("tokenizer.ggml.model", None, "tokenizer.ggml.model is missing"),
     ("tokenizer.ggml.pre", (STR, "llama-bpe"), "tokenizer.ggml.pre is 'llama-bpe'; bankml implements the qwen2 smollm"),
@@ -214,14 +214,14 @@ def test_refuses_missing_token_list_from_header(tmp_path):
     ("tokenizer.ggml.token_type", None, "key tokenizer.ggml.token_type is missing"),
     ("tokenizer.ggml.token_type", (ARRAY, (I32, [1] * 31)), "tokenizer.ggml.token_type has 31 entries for 32 tokens"),
     ("tokenizer.ggml.tokens", (ARRAY, (I32, [1] * 32)), "key tokenizer.ggml.tokens is missing, empty or not a string"),
-], ids=["spm", "wpm", "no_model", "llama3_pre", "no_pre", "no_merges", "empty_merges", "no_token_types",
+], ids=["ugm", "wpm", "no_model", "llama3_pre", "no_pre", "no_merges", "empty_merges", "no_token_types",
         "short_token_types", "int_tokens"])
 def test_refuses_vocabulary_the_tokenizer_cannot_load_from_header(tmp_path, key, value, cause):
     refused(tmp_path, cause, kv_edit={key: value})
 
 
-@pytest.mark.parametrize("edit", [{"tokenizer.ggml.model": (STR, "llama")},
-                                  {"tokenizer.ggml.pre": (STR, "llama-bpe")}], ids=["spm", "llama3_pre"])
+@pytest.mark.parametrize("edit", [{"tokenizer.ggml.model": (STR, "t5")},
+                                  {"tokenizer.ggml.pre": (STR, "llama-bpe")}], ids=["ugm", "llama3_pre"])
 def test_info_and_load_refuse_an_unloadable_vocabulary_in_one_line(tmp_path, edit):
     import subprocess
     import sys
