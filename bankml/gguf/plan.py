@@ -22,7 +22,9 @@ from bankml.runtime.tokenizer import vocab_refusal
 
 F32, F16, Q4_1, Q8_0, Q1_0, Q2_0 = 0, 1, 3, 8, 41, 42
 Q4_0, Q5_0, Q5_1 = 2, 6, 7
-MATRIX_TYPES = (F16, Q8_0, Q4_1, Q1_0, Q2_0, Q4_0, Q5_0, Q5_1)   # bankml's weight types for layer matrices
+Q4_K, Q6_K = 12, 14
+MATRIX_TYPES = (F16, Q8_0, Q4_1, Q1_0, Q2_0, Q4_0, Q5_0, Q5_1, Q4_K, Q6_K)   # bankml's weight types for layer matrices
+MIXABLE_TYPES = (Q8_0, Q4_K, Q6_K)   # llama-quantize's K-quant mixes (Q4_K_M...): any of these per tensor
 EMBED_TYPES = (F16, Q8_0)                       # token_embd/output may also be one of these
 ROPE_TYPES = {"llama": "norm", "qwen3": "neox"}  # llama-model.cpp `llama_model_rope_type`
 HEAD_DIMS = (64, 128)
@@ -271,10 +273,11 @@ def _check_types(gguf: GGUFFile, keys: _Keys, expected: dict) -> int:
             continue
         if t.ggml_type not in MATRIX_TYPES:
             raise keys.refuse(f"tensor {name} is {t.type_name}; bankml supports {names}")
-        if role == "matrix" and t.ggml_type != matrix_type:
+        mixed = t.ggml_type in MIXABLE_TYPES and matrix_type in MIXABLE_TYPES
+        if role == "matrix" and t.ggml_type != matrix_type and not mixed:
             raise keys.refuse(f"tensor {name} is {t.type_name} but {first} is "
                               f"{ggml_type_name(matrix_type)}; bankml needs one type for all layer matrices")
-        if role == "embed" and t.ggml_type not in (matrix_type, *EMBED_TYPES):
+        if role == "embed" and t.ggml_type not in (matrix_type, *EMBED_TYPES) and not mixed:
             allowed = " ".join(dict.fromkeys(map(ggml_type_name, (matrix_type, *EMBED_TYPES))))
             raise keys.refuse(f"tensor {name} is {t.type_name} with {ggml_type_name(matrix_type)} layers; "
                               f"it must be one of {allowed}")

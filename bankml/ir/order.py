@@ -83,3 +83,12 @@ FA_TILED = FloatOrder("flash_attn_ext_tiled", fma=True, acc="f64", expf="ggml_v_
 # one_chunk per thread chunk of keys, then ggml_flash_attn_ext_reduce_partials
 FA_SPLIT = FloatOrder("flash_attn_ext_split_kv", lanes=8, accs=4, fold="f32x8_reduce", fma=True,
                       f16_at=("q", "v_acc"), expf="glibc")
+
+# ---- K-quants against q8_K activations (backends/reference/matmul_kquants.py spells them out) ----
+# ggml-cpu.c:ggml_compute_forward_mul_mat: tiled/tiled.cpp:tiled_run_microtile_avx2 when src1 has
+# >= 8 columns (ggml_tiled_min_batch), else arch/x86/quants.c:ggml_vec_dot_q{4,6}_K_q8_K
+Q4_K_MUL_MAT = FloatOrder("ggml_vec_dot_q4_K_q8_K|tiled<8", lanes=8, fold="hsum8", fma=True)
+Q6_K_MUL_MAT = FloatOrder("ggml_vec_dot_q6_K_q8_K|tiled<8", lanes=8, fold="hsum8", fma=True)
+# repack.cpp q4_K_8x8_q8_K (rows % 8 == 0): ggml_gemm_q4_K_8x8_q8_K per group of 4 columns,
+# ggml_gemv_q4_K_8x8_q8_K for the rest (arch/x86/repack.cpp)
+Q4_K_REPACK = FloatOrder("ggml_gemm_q4_K_8x8_q8_K|gemv", fma=True)

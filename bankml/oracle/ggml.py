@@ -22,6 +22,7 @@ from bankml.oracle.paths import bin_dir
 TYPE_F32, TYPE_F16, TYPE_Q4_0, TYPE_Q4_1, TYPE_Q8_0, TYPE_I32 = 0, 1, 2, 3, 8, 26
 TYPE_I64, TYPE_Q1_0, TYPE_Q2_0 = 27, 41, 42
 TYPE_Q5_0, TYPE_Q5_1 = 6, 7
+TYPE_Q4_K, TYPE_Q6_K, TYPE_Q8_K = 12, 14, 15
 
 _P = ctypes.c_void_p
 _F = ctypes.c_float
@@ -243,3 +244,41 @@ def quantize_chunk(ggml_type: int, x: np.ndarray) -> np.ndarray:
     fn.restype, fn.argtypes = ctypes.c_size_t, [_I, ctypes.POINTER(_F), _P, _I64, _I64, _I64, _P]
     fn(ggml_type, x.ctypes.data_as(ctypes.POINTER(_F)), out.ctypes.data, 0, rows, n, None)
     return out
+
+
+def mul_mat_repacked(ggml_type: int, w_raw: np.ndarray, x: np.ndarray, threads: int = 1) -> np.ndarray:
+    """ggml_mul_mat(w, x) with w in ggml-cpu's repack buffer (ggml_backend_cpu_repack_buffer_type),
+    as llama.cpp loads weights: a Q4_0/Q4_K matrix with rows % 8 == 0 is repacked into its
+    interleaved layout and runs the gemm/gemv kernels of repack.cpp. w_raw uint8 [N, row_bytes],
+    x f32 [M, K] -> f32 [M, N]."""
+    L = lib()
+    N, (M, K) = len(w_raw), x.shape
+    buft = _repack_buft()
+    wctx = L.ggml_init(_InitParams(1 << 20, None, True))
+    try:
+        w = L.ggml_new_tensor(wctx, ggml_type, 2, (_I64 * 2)(K, N))
+        buf = L.ggml_backend_alloc_ctx_tensors_from_buft(wctx, buft)
+        if not buf:
+            raise OracleError("repack buffer allocation failed")
+        raw = np.ascontiguousarray(w_raw, np.uint8).tobytes()
+        L.ggml_backend_tensor_set(w, raw, 0, len(raw))
+        ctx = Context()
+        xt = ctx.tensor(TYPE_F32, (K, M), np.ascontiguousarray(x, np.float32))
+        out = ctx.compute(ctx.op("ggml_mul_mat", w, xt), threads=threads, shape=(M, N))
+        L.ggml_backend_buffer_free(buf)
+        return out
+    finally:
+        L.ggml_free(wctx)
+
+
+@functools.cache
+def _repack_buft():
+    L = lib()
+    fn = L._Z35ggml_backend_cpu_repack_buffer_typev
+    fn.restype, fn.argtypes = _P, []
+    L.ggml_backend_alloc_ctx_tensors_from_buft.restype = _P
+    L.ggml_backend_alloc_ctx_tensors_from_buft.argtypes = [_P, _P]
+    L.ggml_backend_tensor_set.argtypes = [_P, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_size_t]
+    L.ggml_backend_buffer_free.argtypes = [_P]
+    L.ggml_new_tensor.restype, L.ggml_new_tensor.argtypes = _P, [_P, _I, _I, ctypes.POINTER(_I64)]
+    return fn()

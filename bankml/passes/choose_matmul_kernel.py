@@ -1,7 +1,11 @@
 """vec_dot or llamafile tinyBLAS for each mul_mat, by the rule ggml-cpu uses.
 
 ggml-cpu/ggml-cpu.c:ggml_compute_forward_mul_mat (GGML_USE_LLAMAFILE build):
-  1. ggml_compute_forward_mul_mat_tiled only takes K-quants and IQ types: never ours.
+  0. Q4_K with rows % 8 == 0 is repacked (repack.cpp q4_K_8x8_q8_K) and never reaches here:
+     its order Q4_K_REPACK is gemm per 4 columns, gemv for the rest (matmul_kquants.py).
+  1. ggml_compute_forward_mul_mat_tiled takes K-quants and IQ types with >= 8 columns: for
+     Q4_K and Q6_K the orders Q4_K_MUL_MAT / Q6_K_MUL_MAT hold both this and step 4's vec_dot,
+     which the backends pick by the column count (as ggml does at run time).
   2. llamafile_sgemm with the raw f32 src1 fails for every weight type we run
      (F16 wants an F16 B on AVX2, Q8_0 a Q8_0 B).
   3. src1 is converted to vec_dot_type; llamafile_sgemm is tried again
@@ -28,7 +32,7 @@ from bankml.ir.dims import decide, prod_range
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
-from bankml.quants import F16, Q1_0, Q2_0, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0
+from bankml.quants import F16, Q1_0, Q2_0, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0
 
 _VEC_DOT = {Q8_0: fo.Q8_0_DOT, Q4_1: fo.Q4_1_DOT, Q1_0: fo.Q1_0_DOT, Q2_0: fo.Q2_0_DOT,
             Q4_0: fo.Q4_0_DOT, Q5_0: fo.Q5_0_DOT, Q5_1: fo.Q5_1_DOT}
@@ -41,6 +45,10 @@ def matmul_order(wtype: int, n_rows: int, n_cols: int) -> fo.FloatOrder:
         return fo.F16_TINYBLAS if n_cols >= 2 and n_rows % 4 == 0 else fo.F16_VEC_DOT
     if wtype == Q4_0 and n_rows % 8 == 0:
         return fo.Q4_0_REPACK       # whatever the column count: gemm and gemv give the same bits
+    if wtype == Q4_K:               # repack.cpp:ggml_repack_get_optimal_repack_type (AVX2): q4_K_8x8_q8_K
+        return fo.Q4_K_REPACK if n_rows % 8 == 0 else fo.Q4_K_MUL_MAT
+    if wtype == Q6_K:               # not repacked on AVX2; vec_dot below 8 columns, tiled from 8
+        return fo.Q6_K_MUL_MAT
     if wtype in _VEC_DOT:
         return _VEC_DOT[wtype]      # Q8_0: tinyBLAS_Q0_AVX for n_cols >= 2 gives the same bits
     raise ValueError(f"mul_mat: weight type {wtype} has no float order; bankml runs F16 Q8_0 Q4_1 Q1_0 Q2_0 Q4_0 Q5_0 Q5_1")

@@ -12,11 +12,12 @@ from typing import Callable
 
 import numpy as np
 
-from bankml.quants import f16, q1_0, q2_0, q4_0, q4_1, q5_0, q5_1, q8_0
+from bankml.quants import f16, q1_0, q2_0, q4_0, q4_1, q4_k, q5_0, q5_1, q6_k, q8_0
 from bankml.quants.blocks import Unpacked
 
 F16, Q4_1, Q8_0, Q8_1, Q1_0, Q2_0 = 1, 3, 8, 9, 41, 42
 Q4_0, Q5_0, Q5_1 = 2, 6, 7
+Q4_K, Q6_K, Q8_K = 12, 14, 15
 
 
 @dataclass(frozen=True)
@@ -42,4 +43,6 @@ WEIGHT_TYPES: dict[int, WeightType] = {
     Q4_0: WeightType("Q4_0", Q4_0, q4_0.BLOCK, q4_0.BLOCK_BYTES, Q8_0, q4_0.dequantize, q4_0.unpack),
     Q5_0: WeightType("Q5_0", Q5_0, q5_0.BLOCK, q5_0.BLOCK_BYTES, Q8_0, q5_0.dequantize, q5_0.unpack),
     Q5_1: WeightType("Q5_1", Q5_1, q5_1.BLOCK, q5_1.BLOCK_BYTES, Q8_1, q5_1.dequantize, q5_1.unpack),
+    Q4_K: WeightType("Q4_K", Q4_K, q4_k.BLOCK, q4_k.BLOCK_BYTES, Q8_K, q4_k.dequantize, q4_k.unpack),
+    Q6_K: WeightType("Q6_K", Q6_K, q6_k.BLOCK, q6_k.BLOCK_BYTES, Q8_K, q6_k.dequantize, q6_k.unpack),
 }

@@ -56,6 +56,7 @@ SHAPES = {
     "qwen3-small-untied": RandomShape("qwen3", 512, 4, 4, 2, 128, 1536, False, 2),
     "llama-gqa": RandomShape("llama", 384, 4, 6, 2, 64, 1024, False, 3),
     "bonsai-1.7b": RandomShape("qwen3", 2048, 28, 16, 8, 128, 6144, True, 4),
+    "llama-kq": RandomShape("llama", 512, 2, 8, 2, 64, 1536, False, 5),
 }
 
 # name -> (how it is made, from what, quantization type)
@@ -79,6 +80,10 @@ MODELS = {
     "bonsai-1.7b-f16": ("random", "bonsai-1.7b", None),
     "bonsai-1.7b-q1_0": ("quantize", "bonsai-1.7b-f16", "Q1_0"),
     "bonsai-1.7b-q2_0": ("quantize", "bonsai-1.7b-f16", "Q2_0"),
+    "llama-kq-f16": ("random", "llama-kq", None),
+    "llama-kq-q4_k_m": ("quantize-mix", "llama-kq-f16", "Q4_K_M"),   # llama-quantize's default mix
+    "llama-kq-q4_k": ("quantize", "llama-kq-f16", "Q4_K"),
+    "llama-kq-q6_k": ("quantize", "llama-kq-f16", "Q6_K"),
 }
 ON_REQUEST = {"bonsai-1.7b-f16", "bonsai-1.7b-q1_0", "bonsai-1.7b-q2_0"}
 MIXED = ["gemma3-270m-q4_k_m", "gemma3-vocab-prefix"]     # prepared by default too; types mixed or no tensors
@@ -106,8 +111,8 @@ def _make(name: str, dst: Path) -> None:
             _fetch_gemma3(tmp)
         elif how == "spm_vocab":
             _write_spm_vocab(path(src), tmp)
-        elif how == "quantize":
-            _quantize(path(src), tmp, qtype)
+        elif how in ("quantize", "quantize-mix"):
+            _quantize(path(src), tmp, qtype, pure=how == "quantize")
         else:
             _write_random(SHAPES[src], tmp)
     except BaseException:
@@ -210,11 +215,13 @@ def _write_spm_vocab(src: Path, dst: Path) -> None:
     w.close()
 
 
-def _quantize(src: Path, dst: Path, qtype: str) -> None:
-    """llama-quantize --allow-requantize --pure: every matrix, embeddings included, in one type."""
+def _quantize(src: Path, dst: Path, qtype: str, pure: bool = True) -> None:
+    """llama-quantize --allow-requantize --pure: every matrix, embeddings included, in one type
+    (pure=False: the type's own per-tensor mix, as llama-quantize makes released files)."""
     from bankml.oracle.build import build
     build()
-    cmd = [str(bin_dir() / "llama-quantize"), "--allow-requantize", "--pure", str(src), str(dst), qtype, "2"]
+    cmd = [str(bin_dir() / "llama-quantize"), "--allow-requantize", *(["--pure"] if pure else []),
+           str(src), str(dst), qtype, "2"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:
         raise BankmlError(f"llama-quantize {src.name} -> {qtype} failed: {r.stderr.strip()[-300:]}")

@@ -275,7 +275,7 @@ def test_refuses_mixed_layer_matrix_types_from_header(tmp_path):
 @pytest.mark.parametrize("mtype", [Q4_0_T, Q5_K_T], ids=["Q4_0", "Q5_K"])
 def test_refuses_unsupported_matrix_type_from_header(tmp_path, mtype):
     name = {Q4_0_T: "Q4_0", Q5_K_T: "Q5_K"}[mtype]
-    refused(tmp_path, f"is {name}; bankml supports F16 Q8_0 Q4_1 Q1_0 Q2_0", mtype=mtype, n_ff=512, n_embd=256,
+    refused(tmp_path, f"is {name}; bankml supports F16 Q8_0 Q4_1 Q1_0 Q2_0 Q4_K Q6_K", mtype=mtype, n_ff=512, n_embd=256,
             n_head=4, n_head_kv=2, etype=F16_T)
 
 

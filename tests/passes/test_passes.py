@@ -33,7 +33,9 @@ def test_split_kernel_gets_llama_threads(qwen):
 @pytest.mark.parametrize("wtype,rows,cols,want", [
     (1, 49152, 1, fo.F16_VEC_DOT), (1, 49152, 2, fo.F16_TINYBLAS), (1, 49154, 7, fo.F16_VEC_DOT),
     (8, 576, 1, fo.Q8_0_DOT), (8, 576, 9, fo.Q8_0_DOT), (3, 576, 9, fo.Q4_1_DOT),
-    (41, 512, 9, fo.Q1_0_DOT), (42, 512, 1, fo.Q2_0_DOT)])
+    (41, 512, 9, fo.Q1_0_DOT), (42, 512, 1, fo.Q2_0_DOT),
+    (12, 640, 1, fo.Q4_K_REPACK), (12, 640, 9, fo.Q4_K_REPACK), (12, 36, 9, fo.Q4_K_MUL_MAT),
+    (14, 640, 1, fo.Q6_K_MUL_MAT), (14, 640, 9, fo.Q6_K_MUL_MAT)])
 def test_matmul_path_rule(wtype, rows, cols, want):
     assert matmul_order(wtype, rows, cols) is want
 

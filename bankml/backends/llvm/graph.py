@@ -39,7 +39,7 @@ from bankml.ir.dims import upper
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
-from bankml.quants import F16, Q8_0, Q8_1
+from bankml.quants import F16, Q8_0, Q8_1, Q8_K
 
 _IGNORED_PARAMS = ("tensor", "layer", "n_threads")       # n_threads: llama_threads comes in dims[3]
 ALIGN = 64
@@ -71,6 +71,8 @@ def nbytes(n: Node) -> int:
     """Bytes of a node's buffer (registry.py's layouts)."""
     if n.op is Op.QUANTIZE:
         t, K, M = int(n.params["type"]), n.shape[-1], math.prod(upper(n.shape[:-1]))
+        if t == Q8_K:                     # block_q8_K: 292 bytes per 256 values
+            return M * (K // 256 * 292)
         return M * (2 * K if t == F16 else K // 32 * (34 if t == Q8_0 else 36 if t == Q8_1 else 0))
     size = {"f32": 4, "f16": 2, "i32": 4, "F32": 4}.get(n.dtype)
     if size is None:

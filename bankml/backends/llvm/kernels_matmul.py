@@ -37,7 +37,7 @@ from bankml.ir.dims import prod_range
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
-from bankml.quants import F16, Q8_0, Q8_1, WEIGHT_TYPES
+from bankml.quants import F16, Q4_K, Q6_K, Q8_0, Q8_1, WEIGHT_TYPES
 
 v8i8, v16i8, v32i8 = (ir.VectorType(i8, k) for k in (8, 16, 32))
 v16i16, v8i32 = ir.VectorType(i16, 16), ir.VectorType(i32, 8)
@@ -174,6 +174,9 @@ def define_mul_mat(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     if w.op is not Op.WEIGHT or xq.op is not Op.QUANTIZE:
         raise LoweringError(f"mul_mat {n.name}: llvm wants a weight and a quantize node, got {w.op.value}, {xq.op.value}")
     wtype = int(w.params["ggml_type"])
+    if wtype in (Q4_K, Q6_K):
+        from bankml.backends.llvm.kernels_matmul_kquants import define_mul_mat_kquant
+        return define_mul_mat_kquant(m, g, n)
     if wtype not in WEIGHT_TYPES:
         raise LoweringError(f"mul_mat {n.name}: weight type {wtype} has no llvm kernel")
     wt = WEIGHT_TYPES[wtype]

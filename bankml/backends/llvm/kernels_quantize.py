@@ -20,7 +20,7 @@ from bankml.errors import LoweringError
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
-from bankml.quants import F16, Q8_0, Q8_1
+from bankml.quants import F16, Q8_0, Q8_1, Q8_K
 
 v32f32, v32i32, v32i8 = ir.VectorType(f32, 32), ir.VectorType(i32, 32), ir.VectorType(i8, 32)
 
@@ -28,6 +28,9 @@ v32f32, v32i32, v32i8 = ir.VectorType(f32, 32), ir.VectorType(i32, 32), ir.Vecto
 @kernel(Op.QUANTIZE)
 def define_quantize(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     t = int(n.params["type"])
+    if t == Q8_K:
+        from bankml.backends.llvm.kernels_matmul_kquants import define_quantize_q8_k
+        return define_quantize_q8_k(m, g, n)
     x = g[n.inputs[0]]
     K = x.shape[-1]
     if x.dtype != "f32" or t not in (F16, Q8_0, Q8_1) or (t != F16 and K % 32):

@@ -24,7 +24,7 @@ from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
 from bankml.ir.order import ELEMENTWISE
-from bankml.quants import F16, Q1_0, Q2_0, Q4_1, Q8_0, WEIGHT_TYPES
+from bankml.quants import F16, Q1_0, Q2_0, Q4_1, Q4_K, Q6_K, Q8_0, WEIGHT_TYPES
 
 
 def _start(m, n):
@@ -66,6 +66,9 @@ def _element(b: ir.IRBuilder, gtype: int, row, j):
         return load_h(b, row, b.mul(j, i64(2)))
     if gtype in LEGACY_ELEMENTS:                              # Q4_0, Q5_0, Q5_1
         return LEGACY_ELEMENTS[gtype](b, row, j)
+    if gtype in (Q4_K, Q6_K):
+        from bankml.backends.llvm.kernels_matmul_kquants import kquant_element
+        return kquant_element(b, gtype, row, j)
     bs = WEIGHT_TYPES[gtype].block
     blk, k = b.sdiv(j, i64(bs)), b.srem(j, i64(bs))
     base = b.mul(blk, i64(WEIGHT_TYPES[gtype].block_bytes))

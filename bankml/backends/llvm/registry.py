@@ -16,8 +16,9 @@ Signature of every kernel function (name: f"k{n.id}_{n.op.value}", linkage inter
 - Buffers are contiguous, row-major in node.shape (numpy order):
     f32 nodes: float;   f16 nodes (the K/V cache, the KQ mask): half;   i32 inputs (tokens, pos,
     out_ids): i32;   WEIGHT: the GGUF tensor bytes, rows of row_bytes;   QUANTIZE output: the ggml
-    bytes of its type (F16: half; Q8_0: 34-byte blocks per 32 values; Q8_1: 36-byte blocks), one
-    activation row after another (row_bytes = K/32 * block bytes, or 2K for F16).
+    bytes of its type (F16: half; Q8_0: 34-byte blocks per 32 values; Q8_1: 36-byte blocks;
+    Q8_K: 292-byte block_q8_K per 256), one activation row after another (row_bytes = K/32 * block
+    bytes, K/256 * 292 for Q8_K, or 2K for F16).
 - CACHE buffers are the session's whole f16 cache [kv_size, n_head_kv, head_dim]; SET_ROWS
   writes the rows at positions pos into its input cache and its `out` IS that same cache
   buffer (the runner aliases them), so FLASH_ATTN reads the first n_kv cells of it.

@@ -26,8 +26,10 @@ import numpy as np
 from bankml.errors import LoweringError
 from bankml.floats import f16, f32x8_reduce, hsum8
 from bankml.ir.order import FloatOrder
-from bankml.quants import F16, Q1_0, Q2_0, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, WEIGHT_TYPES
+from bankml.quants import (F16, Q1_0, Q2_0, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0, Q8_1, Q8_K,
+                           WEIGHT_TYPES)
 from bankml.quants.activation import Q8Act, quantize_q8_0, quantize_q8_1
+from bankml.quants.q8_k import Q8KAct, quantize_q8_k
 
 f32, f64 = np.float32, np.float64
 QK = 32                              # the q8 activation block
@@ -41,6 +43,8 @@ def quantize_activation(x: np.ndarray, act_type: int) -> np.ndarray | Q8Act:
     x = np.ascontiguousarray(x, f32)
     if act_type == F16:
         return x.astype(np.float16)
+    if act_type == Q8_K:
+        return quantize_q8_k(x)
     return quantize_q8_1(x) if act_type == Q8_1 else quantize_q8_0(x)
 
 
@@ -52,6 +56,9 @@ def mul_mat(w_raw: np.ndarray, wtype: int, x: np.ndarray | Q8Act, order: FloatOr
     """
     if wtype not in WEIGHT_TYPES:
         raise LoweringError(f"mul_mat: weight type {wtype} has no reference lowering")
+    if wtype in (Q4_K, Q6_K):
+        from bankml.backends.reference.matmul_kquants import mul_mat_kquant
+        return mul_mat_kquant(w_raw, wtype, x, order)
     if order.acc != "f32":
         raise LoweringError(f"mul_mat: order {order.kernel} accumulates in {order.acc}; only f32 is lowered")
     if not isinstance(x, Q8Act) and x.dtype != np.float16:

@@ -1,0 +1,321 @@
+"""Q4_K / Q6_K against q8_K activations, and the q8_K quantization, in the llvm backend.
+
+The same paths and float chains as backends/reference/matmul_kquants.py (read its docstring);
+the column rule too: ggml's tiled kernel from 8 columns, its vec_dot below (Q4_K_MUL_MAT,
+Q6_K_MUL_MAT), and for repacked Q4_K the gemm for columns below M - M % 4, the gemv after
+(Q4_K_REPACK). The integers are made as ggml makes them (vpmaddubsw, then vpmaddwd with ones:
+lane l of a 32-block holds its elements 4l..4l+3), scaled and summed in int32; each output is
+one chain of f32 steps over the super-blocks. One thread takes a contiguous share of rows.
+
+q8_K block (292 bytes): f32 d at 0, 256 int8 at 4, 16 int16 sums of 16 at 260.
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+
+from bankml.backends.llvm.common import f32, for_range, i8, i16, i32, i64, intrinsic, new_function, size, \
+    smin, thread_range, typed
+from bankml.backends.llvm.kernels_matmul import CHUNK_BYTES, alloca, at, block_loop, fma, hsum8, load_h, maddubs, splat, \
+    v16i16, v32i8, v8i32, zero8
+from bankml.backends.llvm.registry import kernel_name, kernel_type
+from bankml.errors import LoweringError
+from bankml.ir import order as fo
+from bankml.quants import Q4_K, Q6_K, WEIGHT_TYPES
+
+Q8K_BYTES = 292
+v4f32, v4i32, v16i32, v16i8 = ir.VectorType(f32, 4), ir.VectorType(i32, 4), ir.VectorType(i32, 16), ir.VectorType(i8, 16)
+v32f32, v32i32 = ir.VectorType(f32, 32), ir.VectorType(i32, 32)
+TILED_MIN_COLS, GEMM_COLS = 8, 4
+TILE_COLS = 4                   # columns sharing one decode of the weights
+
+
+# ---- QUANTIZE to q8_K --------------------------------------------------------------------
+
+def define_quantize_q8_k(m: ir.Module, g, n) -> ir.Function:
+    """quantize_row_q8_K_ref: the first element of largest |x| gives iscale = -127/max."""
+    x = g[n.inputs[0]]
+    K = x.shape[-1]
+    if K % 256:
+        raise LoweringError(f"quantize {n.id}: a q8_K row of {K} is not a multiple of 256")
+    fn, b = new_function(m, kernel_name(n), kernel_type(n))
+    fn.linkage = "internal"
+    out, src, ith, nth, dims = fn.args
+    M = size(b, dims, x.shape[:-1])
+    fabs = intrinsic(m, "llvm.fabs.f32", f32, [f32])
+    rne = intrinsic(m, "llvm.roundeven.v32f32", v32f32, [v32f32])
+    smin = intrinsic(m, "llvm.smin.v32i32", v32i32, [v32i32, v32i32])
+    vsum = intrinsic(m, "llvm.vector.reduce.add.v16i32", i32, [v16i32])
+    lo, hi = thread_range(b, b.mul(M, i64(K // 256)), ith, nth)
+    with for_range(b, lo, hi, name="blk") as ib:
+        xs = typed(b, b.gep(src, [b.mul(ib, i64(1024))]), f32)
+        ob = b.gep(out, [b.mul(ib, i64(Q8K_BYTES))])
+        amax_p, max_p = alloca(b, f32, f32(0.0), "amax"), alloca(b, f32, f32(0.0), "max")
+        with for_range(b, 0, 256, name="j") as j:
+            v = b.load(b.gep(xs, [j]))
+            ax, amax = b.call(fabs, [v]), b.load(amax_p)
+            gt = b.fcmp_ordered(">", ax, amax)
+            b.store(b.select(gt, ax, amax), amax_p)
+            b.store(b.select(gt, v, b.load(max_p)), max_p)
+        nz = b.fcmp_ordered("!=", b.load(amax_p), f32(0.0))
+        iscale = b.select(nz, b.fdiv(f32(-127.0), b.load(max_p)), f32(0.0))
+        b.store(b.select(nz, b.fdiv(f32(1.0), iscale), f32(0.0)), at(b, ob, 0, f32), align=1)
+        for k in range(8):
+            xv = b.load(typed(b, b.gep(xs, [i64(32 * k)]), v32f32), align=4)
+            q = b.fptosi(b.call(rne, [b.fmul(xv, splat(b, iscale, 32))]), v32i32)
+            q = b.trunc(b.call(smin, [q, ir.Constant(v32i32, [127] * 32)]), v32i8)
+            b.store(q, at(b, ob, 4 + 32 * k, v32i8), align=1)
+        for j in range(16):
+            q = b.load(at(b, ob, 4 + 16 * j, v16i8), align=1)
+            b.store(b.trunc(b.call(vsum, [b.sext(q, v16i32)]), i16), at(b, ob, 260 + 2 * j, i16), align=1)
+    b.ret_void()
+    return fn
+
+
+# ---- integer pieces of one super-block -----------------------------------------------------
+
+def _shuf(b, v, idx):
+    return b.shuffle_vector(v, ir.Constant(v.type, ir.Undefined), ir.Constant(ir.VectorType(i32, len(idx)), idx))
+
+
+def _pairs(b, v):
+    """Lane i = v[2i] + v[2i+1]."""
+    n = v.type.count
+    return b.add(_shuf(b, v, list(range(0, n, 2))), _shuf(b, v, list(range(1, n, 2))))
+
+
+def _reduce(b, v):
+    n = v.type.count
+    return b.call(intrinsic(b.module, f"llvm.vector.reduce.add.v{n}i32", i32, [v.type]), [v])
+
+
+def _sum(b, vs):
+    t = vs[0]
+    for v in vs[1:]:
+        t = b.add(t, v)
+    return t
+
+
+class _Weights:
+    """Super-block ib of one weight row, decoded once for a tile of columns: f32 d (and dmin),
+    the codes of each 32-block as bytes, and each 32-block's scales as the i16 vector that
+    vpmaddwd multiplies into the vpmaddubsw pairs (ggml's madd(scale, p16))."""
+
+    def __init__(self, b, wtype, wrow, ib):
+        self.wtype = wtype
+        c15, c4 = ir.Constant(v32i8, [15] * 32), ir.Constant(v32i8, [4] * 32)
+        self.codes, self.scales = [], []
+        if wtype == Q4_K:
+            wb = b.gep(wrow, [b.mul(ib, i64(144))])
+            self.dw, self.dmw = load_h(b, wb, 0), load_h(b, wb, 2)
+            sb = [b.zext(b.load(at(b, wb, 4 + j, i8)), i32) for j in range(12)]
+            six = lambda v: b.shl(b.lshr(v, i32(6)), i32(4))     # noqa: E731
+            sc = [b.and_(sb[j], i32(63)) for j in range(4)] + \
+                 [b.or_(b.and_(sb[j + 4], i32(15)), six(sb[j - 4])) for j in range(4, 8)]
+            mn = [b.and_(sb[j + 4], i32(63)) for j in range(4)] + \
+                 [b.or_(b.lshr(sb[j + 4], i32(4)), six(sb[j])) for j in range(4, 8)]
+            for s in range(8):
+                raw = b.load(at(b, wb, 16 + 32 * (s // 2), v32i8), align=1)
+                self.codes.append(b.and_(raw, c15) if s % 2 == 0 else b.lshr(raw, c4))
+                self.scales.append(splat(b, b.trunc(sc[s], i16), 16))
+            mins = ir.Constant(v8i32, ir.Undefined)
+            for j in range(8):
+                mins = b.insert_element(mins, mn[j], i32(j))
+            self.mins = mins
+        else:
+            wb = b.gep(wrow, [b.mul(ib, i64(210))])
+            self.dw = load_h(b, wb, 208)
+            sc8 = b.load(at(b, wb, 192, v16i8), align=1)
+            self.sc16 = b.sext(sc8, v16i32)
+            sc_h = b.sext(sc8, ir.VectorType(i16, 16))
+            for s in range(8):
+                h, k = s // 4, s % 4
+                ql = b.load(at(b, wb, 64 * h + 32 * (k & 1), v32i8), align=1)
+                lo = b.and_(ql, c15) if k < 2 else b.lshr(ql, c4)
+                qh = b.load(at(b, wb, 128 + 32 * h, v32i8), align=1)
+                hi = b.shl(b.and_(b.lshr(qh, ir.Constant(v32i8, [2 * k] * 32)), ir.Constant(v32i8, [3] * 32)), c4)
+                self.codes.append(b.or_(lo, hi))
+                self.scales.append(_shuf(b, sc_h, [2 * s] * 8 + [2 * s + 1] * 8))
+
+
+class _Ints:
+    """The exact integers of one (weight row, activation column) super-block: `sub` the 8 lanes
+    of each 32-block times its scales, `lanes` ggml's vec_dot lanes (Q6_K: less the 32*bias),
+    `min4` Q4_K's 4 lanes of mins times 32-sums; ad the activation's f32 d."""
+
+    def __init__(self, b, w: _Weights, xrow, ib):
+        xb = b.gep(xrow, [b.mul(ib, i64(Q8K_BYTES))])
+        self.ad = b.load(at(b, xb, 0, f32), align=1)
+        bs16 = b.sext(b.load(at(b, xb, 260, v16i16), align=1), v16i32)
+        madd = intrinsic(b.module, "llvm.x86.avx2.pmadd.wd", v8i32, [v16i16, v16i16])
+        self.sub = [b.call(madd, [maddubs(b, w.codes[s], b.load(at(b, xb, 4 + 32 * s, v32i8), align=1)), w.scales[s]])
+                    for s in range(8)]
+        if w.wtype == Q4_K:
+            self.min4 = _pairs(b, b.mul(_pairs(b, bs16), w.mins))           # <4 x i32>
+            self.lanes = _sum(b, self.sub)
+        else:
+            bias = b.shl(_pairs(b, b.mul(bs16, w.sc16)), ir.Constant(v8i32, [5] * 8))
+            self.lanes = b.sub(_sum(b, self.sub), bias)
+
+
+def _f(b, i):
+    return b.sitofp(i, f32 if isinstance(i.type, ir.IntType) else ir.VectorType(f32, i.type.count))
+
+
+# ---- the float chains: one step per super-block, for each column of a tile ----------------------
+
+class _VecDot:
+    def __init__(self, wtype):
+        self.wtype = wtype
+
+    def init(self):
+        return [zero8()] + ([ir.Constant(v4f32, [0.0] * 4)] if self.wtype == Q4_K else [])
+
+    def step(self, b, w, k, st):
+        out = [fma(b, splat(b, b.fmul(k.ad, w.dw)), _f(b, k.lanes), st[0])]
+        if self.wtype == Q4_K:
+            out.append(fma(b, splat(b, b.fmul(b.fneg(k.ad), w.dmw), 4), _f(b, k.min4), st[1]))
+        return out
+
+    def finish(self, b, st):
+        res = hsum8(b, st[0])
+        if self.wtype == Q4_K:
+            e = [b.extract_element(st[1], i32(i)) for i in range(4)]
+            res = b.fadd(res, b.fadd(b.fadd(e[0], e[2]), b.fadd(e[1], e[3])))
+        return res
+
+
+class _Tiled:
+    def __init__(self, wtype):
+        self.wtype = wtype
+
+    def init(self):
+        return [f32(0.0)]
+
+    def step(self, b, w, k, st):
+        res = b.fmul(w.dw, _f(b, _reduce(b, k.lanes)))
+        if self.wtype == Q4_K:
+            res = fma(b, b.fneg(w.dmw), _f(b, _reduce(b, k.min4)), res)
+        return [fma(b, res, k.ad, st[0])]
+
+    def finish(self, b, st):
+        return st[0]
+
+
+class _Repacked:
+    """gemv (pieces 1) / gemm (pieces 4: one step per 64 elements)."""
+
+    def __init__(self, pieces):
+        self.pieces = pieces
+
+    def init(self):
+        return [f32(0.0), f32(0.0)]
+
+    def step(self, b, w, k, st):
+        acc, accm = st
+        d, dm = b.fmul(w.dw, k.ad), b.fmul(w.dmw, k.ad)
+        for p in range(self.pieces):
+            if self.pieces == 1:
+                s1, s2 = _reduce(b, k.lanes), _reduce(b, k.min4)
+            else:
+                s1 = _reduce(b, b.add(k.sub[2 * p], k.sub[2 * p + 1]))
+                s2 = b.extract_element(k.min4, i32(p))
+            acc = fma(b, _f(b, s1), d, acc)
+            accm = fma(b, _f(b, s2), dm, accm)
+        return [acc, accm]
+
+    def finish(self, b, st):
+        return b.fsub(st[0], st[1])
+
+
+def _tile(b, chain, wtype, K, wrow, xrows):
+    """The outputs of one weight row for len(xrows) columns; the weights decoded once per block."""
+    C, n = len(xrows), len(chain.init())
+
+    def step(ib, st):
+        w = _Weights(b, wtype, wrow, ib)
+        out = []
+        for c, x in enumerate(xrows):
+            out += chain.step(b, w, _Ints(b, w, x, ib), st[c * n:(c + 1) * n])
+        return out
+
+    st = block_loop(b, K // 256, chain.init() * C, step)
+    return [chain.finish(b, st[c * n:(c + 1) * n]) for c in range(C)]
+
+
+def define_mul_mat_kquant(m: ir.Module, g, n) -> ir.Function:
+    w, xq = g[n.inputs[0]], g[n.inputs[1]]
+    wtype = int(w.params["ggml_type"])
+    N, K = w.shape
+    if K % 256 or (wtype, n.order) not in ((Q4_K, fo.Q4_K_REPACK), (Q4_K, fo.Q4_K_MUL_MAT), (Q6_K, fo.Q6_K_MUL_MAT)):
+        raise LoweringError(f"mul_mat {n.name}: {WEIGHT_TYPES[wtype].name} with K = {K} and order "
+                            f"{n.order.describe() if n.order else None} is not lowered")
+    wrb, xrb = WEIGHT_TYPES[wtype].row_bytes(K), K // 256 * Q8K_BYTES
+    fn, b = new_function(m, kernel_name(n), kernel_type(n))
+    fn.linkage = "internal"
+    out, wp, xp, ith, nth, dims = fn.args
+    yp = typed(b, out, f32)
+    M = size(b, dims, n.shape[:-1])
+    lo, hi = thread_range(b, N, ith, nth)
+
+    chunk = max(1, CHUNK_BYTES // wrb)
+
+    def columns(chain, c0, c1):
+        """Columns [c0, c1) through one chain: per chunk of this thread's rows (weights that stay
+        in L2), tiles of 4 columns, then one column at a time."""
+        full = b.add(c0, b.mul(b.sdiv(b.sub(c1, c0), i64(TILE_COLS)), i64(TILE_COLS)))
+        with for_range(b, lo, hi, step=chunk, name="chunk") as r0:
+            r1 = smin(b, b.add(r0, i64(chunk)), hi)
+            for C, start, stop in ((TILE_COLS, c0, full), (1, full, c1)):
+                with for_range(b, start, stop, step=C, name=f"ct{C}") as c:
+                    xrows = [b.gep(xp, [b.mul(b.add(c, i64(j)), i64(xrb))]) for j in range(C)]
+                    with for_range(b, r0, r1, name="row") as r:
+                        res = _tile(b, chain, wtype, K, b.gep(wp, [b.mul(r, i64(wrb))]), xrows)
+                        for j, v in enumerate(res):
+                            b.store(v, b.gep(yp, [b.add(b.mul(b.add(c, i64(j)), i64(N)), r)]))
+
+    if n.order is fo.Q4_K_REPACK:
+        split = b.sub(M, b.srem(M, i64(GEMM_COLS)))           # gemm below, gemv from here
+        columns(_Repacked(4), i64(0), split)
+        columns(_Repacked(1), split, M)
+    else:
+        with b.if_else(b.icmp_signed(">=", M, i64(TILED_MIN_COLS))) as (then, other):
+            with then:
+                columns(_Tiled(wtype), i64(0), M)
+            with other:
+                columns(_VecDot(wtype), i64(0), M)
+    b.ret_void()
+    return fn
+
+
+# ---- GET_ROWS: element j of a Q4_K / Q6_K row (dequantize_row_q4_K / _q6_K, no FMA) ------------
+
+def kquant_element(b: ir.IRBuilder, gtype: int, row, j):
+    blk, k = b.sdiv(j, i64(256)), b.srem(j, i64(256))
+
+    def byte(off):                            # zero-extended i32 of the byte at this block + off
+        return b.zext(b.load(at(b, row, b.add(b.mul(blk, i64(WEIGHT_TYPES[gtype].block_bytes)), off), i8)), i32)
+
+    if gtype == Q4_K:
+        base = b.mul(blk, i64(144))
+        d, dmin = load_h(b, row, base), load_h(b, row, b.add(base, i64(2)))
+        sub = b.sdiv(k, i64(32))
+        low = b.icmp_signed("<", sub, i64(4))
+        s_j, s_j4 = byte(b.add(sub, i64(4))), byte(b.add(sub, i64(8)))
+        s_jm4 = byte(b.add(b.select(low, sub, b.sub(sub, i64(4))), i64(4)))
+        six = lambda v: b.shl(b.lshr(v, i32(6)), i32(4))   # noqa: E731
+        sc = b.select(low, b.and_(s_j, i32(63)), b.or_(b.and_(s_j4, i32(15)), six(s_jm4)))
+        mn = b.select(low, b.and_(s_j4, i32(63)), b.or_(b.lshr(s_j4, i32(4)), six(s_j)))
+        qb = byte(b.add(i64(16), b.add(b.mul(b.sdiv(k, i64(64)), i64(32)), b.srem(k, i64(32)))))
+        q = b.select(b.icmp_signed("<", b.srem(k, i64(64)), i64(32)), b.and_(qb, i32(15)), b.lshr(qb, i32(4)))
+        return b.fsub(b.fmul(b.fmul(d, b.uitofp(sc, f32)), b.uitofp(q, f32)), b.fmul(dmin, b.uitofp(mn, f32)))
+    base = b.mul(blk, i64(210))
+    d = load_h(b, row, b.add(base, i64(208)))
+    h, r = b.sdiv(k, i64(128)), b.srem(k, i64(128))
+    kk, l = b.sdiv(r, i64(32)), b.srem(r, i64(32))
+    qlb = byte(b.add(b.add(b.mul(h, i64(64)), l), b.mul(b.and_(kk, i64(1)), i64(32))))
+    nib = b.select(b.icmp_signed("<", kk, i64(2)), b.and_(qlb, i32(15)), b.lshr(qlb, i32(4)))
+    qhb = byte(b.add(i64(128), b.add(b.mul(h, i64(32)), l)))
+    hi = b.and_(b.lshr(qhb, b.trunc(b.mul(kk, i64(2)), i32)), i32(3))
+    q = b.sub(b.or_(nib, b.shl(hi, i32(4))), i32(32))
+    sc = b.sext(b.load(at(b, row, b.add(base, b.add(i64(192), b.sdiv(k, i64(16)))), i8)), i32)
+    return b.fmul(b.fmul(d, b.sitofp(sc, f32)), b.sitofp(q, f32))
