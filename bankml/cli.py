@@ -80,6 +80,8 @@ def info(model: str) -> None:
     click.echo(f"  matrices: {ggml_type_name(p.matrix_type)}; logits from {p.logits_matrix}"
                f"{' (tied)' if hp.tied else ''}")
     click.echo(f"  rope: {hp.rope_type}, base {hp.rope_freq_base}, scale {hp.rope_freq_scale} ({hp.rope_scaling_type})")
+    if hp.n_swa:
+        click.echo(f"  sliding window {hp.n_swa} on layers {' '.join(str(il) for il in range(hp.n_layer) if hp.is_swa(il))}")
     types = {}
     for name, t in p.weight_types.items():
         types.setdefault(ggml_type_name(t), []).append(name)

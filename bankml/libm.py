@@ -1,4 +1,4 @@
-"""glibc's expf, logf, powf and sincosf over numpy arrays.
+"""glibc's expf, logf, tanhf, powf and sincosf over numpy arrays.
 
 ggml calls these libm functions (GGML_MAP §7, §4); numpy's own exp/sin/cos give other
 bits. A few lines of LLVM IR, JIT-compiled once with llvmlite, loop over an array and
@@ -15,6 +15,7 @@ import numpy as np
 _IR = r"""
 declare float @expf(float)
 declare float @logf(float)
+declare float @tanhf(float)
 declare float @powf(float, float)
 declare void @sincosf(float, float*, float*)
 
@@ -48,6 +49,25 @@ body:
   %px = getelementptr float, float* %x, i64 %i
   %v = load float, float* %px
   %r = call float @logf(float %v)
+  %py = getelementptr float, float* %y, i64 %i
+  store float %r, float* %py
+  %next = add i64 %i, 1
+  br label %loop
+exit:
+  ret void
+}
+
+define void @v_tanhf(float* %x, float* %y, i64 %n) {
+entry:
+  br label %loop
+loop:
+  %i = phi i64 [0, %entry], [%next, %body]
+  %done = icmp sge i64 %i, %n
+  br i1 %done, label %exit, label %body
+body:
+  %px = getelementptr float, float* %x, i64 %i
+  %v = load float, float* %px
+  %r = call float @tanhf(float %v)
   %py = getelementptr float, float* %y, i64 %i
   store float %r, float* %py
   %next = add i64 %i, 1
@@ -97,6 +117,7 @@ def _lib():
     fns = {
         "expf": ctypes.CFUNCTYPE(None, _F32P, _F32P, ctypes.c_int64)(engine.get_function_address("v_expf")),
         "logf": ctypes.CFUNCTYPE(None, _F32P, _F32P, ctypes.c_int64)(engine.get_function_address("v_logf")),
+        "tanhf": ctypes.CFUNCTYPE(None, _F32P, _F32P, ctypes.c_int64)(engine.get_function_address("v_tanhf")),
         "sincosf": ctypes.CFUNCTYPE(None, _F32P, _F32P, _F32P, ctypes.c_int64)(
             engine.get_function_address("v_sincosf")),
         "powf": libm.powf,
@@ -119,6 +140,11 @@ def expf(x) -> np.ndarray:
 def logf(x) -> np.ndarray:
     """glibc logf, elementwise."""
     return _unary("logf", x)
+
+
+def tanhf(x) -> np.ndarray:
+    """glibc tanhf, elementwise (ggml_gelu_f32 calls it to fill the GELU table)."""
+    return _unary("tanhf", x)
 
 
 def sincosf(x) -> tuple[np.ndarray, np.ndarray]:

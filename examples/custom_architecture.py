@@ -1,9 +1,12 @@
-"""An architecture defined outside bankml, run end to end.
+"""An architecture defined outside bankml, registered with its whole declaration, run end to end.
 
 `my_llama` is Llama written out by hand from the DSL's primitives (no `b.ffn`, no `b.qkv`):
-the feed-forward is spelled as three mul_mats and a swiglu node. Registered under its own
-name, it runs SmolLM2 through `bankml.load(..., arch="my_llama")` and its logits are compared
-with the built-in Llama graph (and with llama.cpp when the oracle build is present).
+the feed-forward is spelled as three mul_mats and a swiglu node. Its registration declares
+what plan() checks a file against (bankml/arch/registry.py): the keys its load_arch_hparams
+reads (here one optional key, with llama.cpp's default), the tensors it requires with their
+shapes from the hyper-parameters, the tensors it refuses and why, and its rope type. It runs
+SmolLM2 through `bankml.load(..., arch="my_llama")` (planned by this declaration) and its logits
+are compared with the built-in Llama graph (and with llama.cpp when the oracle build is present).
 
     python examples/custom_architecture.py [MODEL.gguf]
 """
@@ -16,12 +19,31 @@ import numpy as np
 
 import bankml
 from bankml.arch.blocks import Builder
-from bankml.arch.registry import architecture
+from bankml.arch.registry import COMMON_REFUSALS, Key, architecture
 from bankml.ir import order as fo
 from bankml.ir.ops import Op
 
 
-@architecture("my_llama")
+def my_llama_tensors(hp) -> dict:
+    """name -> (ne shape as llama.cpp's create_tensor takes it, role: matrix | embed | norm)."""
+    q, kv = hp.head_dim * hp.n_head, hp.head_dim * hp.n_head_kv
+    out = {"token_embd.weight": ((hp.n_embd, hp.n_vocab), "embed"), "output_norm.weight": ((hp.n_embd,), "norm")}
+    if not hp.tied:
+        out["output.weight"] = ((hp.n_embd, hp.n_vocab), "embed")
+    for il in range(hp.n_layer):
+        p = f"blk.{il}."
+        out |= {p + "attn_norm.weight": ((hp.n_embd,), "norm"), p + "ffn_norm.weight": ((hp.n_embd,), "norm"),
+                p + "attn_q.weight": ((hp.n_embd, q), "matrix"), p + "attn_k.weight": ((hp.n_embd, kv), "matrix"),
+                p + "attn_v.weight": ((hp.n_embd, kv), "matrix"), p + "attn_output.weight": ((q, hp.n_embd), "matrix"),
+                p + "ffn_gate.weight": ((hp.n_embd, hp.n_ff), "matrix"),
+                p + "ffn_up.weight": ((hp.n_embd, hp.n_ff), "matrix"),
+                p + "ffn_down.weight": ((hp.n_ff, hp.n_embd), "matrix")}
+    return out
+
+
+@architecture("my_llama", rope_type="norm", keys=(Key("attention.scale", "f32", default=0.0),),
+              tensors=my_llama_tensors,
+              refuse=COMMON_REFUSALS + ((r"attn_[qk]_norm", "my_llama has no Q/K norms"),))
 def build_my_llama(b: Builder) -> None:
     hp = b.hp
     kq_scale = 1.0 / math.sqrt(hp.head_dim)
@@ -69,6 +91,7 @@ def main() -> int:
     a = mine.session().prefill(ids, outputs="all")
     b = builtin.session().prefill(ids, outputs="all")
     same = np.array_equal(a.view(np.uint32), b.view(np.uint32))
+    print(f"planned as {mine.plan.arch} (attention.scale {mine.hparams.extra['attention.scale']})")
     print(f"my_llama: {len(ids)} prompt tokens, next token {int(a[-1].argmax())}; "
           f"equal to the built-in llama graph: {same}")
     try:

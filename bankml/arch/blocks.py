@@ -41,6 +41,8 @@ class Builder:
         self.inp_tokens = self._input("tokens", (T,), "i32")
         self.inp_pos = self._input("pos", (T,), "i32")
         self.kq_mask = self._input("kq_mask", (T, batch.n_kv), "f16")
+        # iSWA (llama_kv_cache_iswa): the sliding-window layers' mask, built from their own cache
+        self.kq_mask_swa = self._input("kq_mask_swa", (T, batch.n_kv), "f16") if self.hp.n_swa else None
         self.out_ids = self._input("out_ids", (batch.n_outputs,), "i32")
 
     # ---- plumbing ----
@@ -50,8 +52,8 @@ class Builder:
         return self.g.add(n)
 
     def _input(self, name: str, shape, dtype) -> Node:
-        return self.node(Op.INPUT, (), shape, dtype, name=f"inp_{name}" if name != "kq_mask" else
-                         "attn_inp_kq_mask", input=name)
+        return self.node(Op.INPUT, (), shape, dtype, name=f"inp_{name}" if not name.startswith("kq_mask") else
+                         f"attn_inp_{name}", input=name)
 
     def weight(self, tensor: str) -> Node:
         if tensor not in self._weights:
@@ -71,10 +73,21 @@ class Builder:
         self.g.outputs[key] = n.id
 
     # ---- llama-graph.cpp blocks ----
-    def inp_embd(self, tok_embd: str) -> Node:
-        """build_inp_embd: get_rows of the token embeddings, named "embd"."""
+    def inp_embd(self, tok_embd: str, tok_scale: float = 1.0) -> Node:
+        """build_inp_embd: get_rows of the token embeddings, named "embd"; with a tok_scale
+        other than 1 the rows are multiplied by it (llama.cpp: ggml_mul by the input
+        scale_rows, holding tok_scale for every token row: r(x*s), the bits of ggml_scale)
+        and that product is "embd"."""
         w = self.weight(tok_embd)
-        return self.node(Op.GET_ROWS, (w, self.inp_tokens), (self.batch.n_tokens, w.shape[1]), name="embd")
+        rows = (self.batch.n_tokens, w.shape[1])
+        if tok_scale == 1.0:
+            return self.node(Op.GET_ROWS, (w, self.inp_tokens), rows, name="embd")
+        cur = self.node(Op.GET_ROWS, (w, self.inp_tokens), rows)
+        return self.node(Op.SCALE, (cur,), rows, name="embd", order=fo.SCALE, scale=tok_scale)
+
+    def scale(self, x: Node, s: float) -> Node:
+        """ggml_scale(x, s): r(x*s) (an unnamed node, as in llama.cpp)."""
+        return self.node(Op.SCALE, (x,), x.shape, order=fo.SCALE, scale=s)
 
     def norm(self, x: Node, w: str, il: int) -> Node:
         """build_norm(LLM_NORM_RMS): rms_norm ("norm-il") then mul by the weight."""
@@ -100,19 +113,24 @@ class Builder:
             out.append(self.cb(self.reshape(t, (T, heads, hp.head_dim)), nm, il))
         return out[0], out[1], out[2]
 
-    def rope(self, x: Node) -> Node:
-        """ggml_rope_ext with the model's (or YaRN-derived) parameters."""
+    def rope(self, x: Node, freq_base: float | None = None, freq_scale: float | None = None) -> Node:
+        """ggml_rope_ext with the model's (or YaRN-derived) parameters; a layer may pass its own
+        base and scale (llama_model::get_rope_freq_base/_scale for sliding-window layers)."""
         hp = self.hp
+        freq_base = hp.rope_freq_base if freq_base is None else freq_base
+        freq_scale = hp.rope_freq_scale if freq_scale is None else freq_scale
         return self.node(Op.ROPE, (x, self.inp_pos), x.shape, order=fo.ROPE, mode=hp.rope_type,
-                         n_dims=hp.head_dim, n_ctx_orig=hp.yarn_orig_ctx, freq_base=hp.rope_freq_base,
-                         freq_scale=hp.rope_freq_scale, ext_factor=hp.yarn_ext_factor,
+                         n_dims=hp.head_dim, n_ctx_orig=hp.yarn_orig_ctx, freq_base=freq_base,
+                         freq_scale=freq_scale, ext_factor=hp.yarn_ext_factor,
                          attn_factor=hp.yarn_attn_factor, beta_fast=hp.yarn_beta_fast,
                          beta_slow=hp.yarn_beta_slow)
 
     def attn(self, wo: str, q: Node, k: Node, v: Node, kq_scale: float, il: int) -> Node:
         """build_attn with the K/V cache and flash attention: set_rows into the f16 cache,
-        flash_attn_ext over the n_kv cells, reshape "kqv_out-il", then wo."""
+        flash_attn_ext over the n_kv cells, reshape "kqv_out-il", then wo. A sliding-window
+        layer (hp.is_swa) reads its cells through the SWA mask."""
         hp, b = self.hp, self.batch
+        mask = self.kq_mask_swa if hp.is_swa(il) else self.kq_mask
         kv_shape = (b.n_kv, hp.n_head_kv, hp.head_dim)
         k_cache = self.node(Op.SET_ROWS, (self.node(Op.CACHE, (), kv_shape, "f16", layer=il, kind="k"), k,
                                           self.inp_pos), kv_shape, "f16", name=f"cache_k_l{il} (view)",
@@ -120,7 +138,7 @@ class Builder:
         v_cache = self.node(Op.SET_ROWS, (self.node(Op.CACHE, (), kv_shape, "f16", layer=il, kind="v"), v,
                                           self.inp_pos), kv_shape, "f16", name=f"cache_v_l{il} (view)",
                             order=fo.SET_ROWS_F16)
-        fa = self.node(Op.FLASH_ATTN, (q, k_cache, v_cache, self.kq_mask), q.shape, scale=kq_scale)
+        fa = self.node(Op.FLASH_ATTN, (q, k_cache, v_cache, mask), q.shape, scale=kq_scale)
         cur = self.cb(self.reshape(fa, (b.n_tokens, hp.n_head * hp.head_dim)), "kqv_out", il)
         return self.mm(wo, cur)
 
@@ -131,10 +149,14 @@ class Builder:
     def add(self, a: Node, b: Node) -> Node:
         return self.node(Op.ADD, (a, b), a.shape, order=fo.ELEMENTWISE)
 
-    def ffn(self, cur: Node, il: int) -> Node:
-        """build_ffn(LLM_FFN_SILU, LLM_FFN_PAR): up, gate, swiglu(gate, up), down."""
+    def ffn(self, cur: Node, il: int, act: str = "silu") -> Node:
+        """build_ffn(LLM_FFN_SILU or LLM_FFN_GELU, LLM_FFN_PAR): up, gate, swiglu(gate, up) or
+        geglu(gate, up), down."""
         p = f"blk.{il}."
         up = self.cb(self.mm(p + "ffn_up.weight", cur), "ffn_up", il)
         gate = self.cb(self.mm(p + "ffn_gate.weight", cur), "ffn_gate", il)
-        cur = self.cb(self.node(Op.SWIGLU, (gate, up), gate.shape, order=fo.SWIGLU), "ffn_swiglu", il)
+        if act == "gelu":
+            cur = self.cb(self.node(Op.GEGLU, (gate, up), gate.shape, order=fo.GEGLU), "ffn_geglu", il)
+        else:
+            cur = self.cb(self.node(Op.SWIGLU, (gate, up), gate.shape, order=fo.SWIGLU), "ffn_swiglu", il)
         return self.mm(p + "ffn_down.weight", cur)

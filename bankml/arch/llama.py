@@ -4,10 +4,14 @@ from __future__ import annotations
 import math
 
 from bankml.arch.blocks import Builder
-from bankml.arch.registry import architecture
+from bankml.arch.registry import COMMON_REFUSALS, architecture, llama_tensors
+
+REFUSE = COMMON_REFUSALS + (
+    (r"^blk\.\d+\.attn_[qk]_norm\.", "Q/K norms are used by qwen3, not by llama's graph"),
+)
 
 
-@architecture("llama")
+@architecture("llama", rope_type="norm", tensors=llama_tensors, refuse=REFUSE)
 def build_llama(b: Builder) -> None:
     hp = b.hp
     kq_scale = 1.0 / math.sqrt(hp.head_dim) if hp.attention_scale == 0.0 else hp.attention_scale

@@ -4,10 +4,16 @@ from __future__ import annotations
 import math
 
 from bankml.arch.blocks import Builder
-from bankml.arch.registry import architecture
+from bankml.arch.registry import COMMON_REFUSALS, architecture, llama_tensors
 
 
-@architecture("qwen3")
+def qwen3_tensors(hp):
+    """llama's tensors plus the per-head Q/K norms (src/models/qwen3.cpp load_arch_tensors)."""
+    return llama_tensors(hp, lambda il: {"attn_q_norm": ((hp.head_dim,), "norm"),
+                                         "attn_k_norm": ((hp.head_dim,), "norm")})
+
+
+@architecture("qwen3", rope_type="neox", tensors=qwen3_tensors, refuse=COMMON_REFUSALS)
 def build_qwen3(b: Builder) -> None:
     hp = b.hp
 

@@ -1,29 +1,133 @@
-"""Architectures by name. A new one is a Python file that decorates its builder function:
+"""Architectures: one Python module each, registered with everything `plan()` needs.
 
-    @architecture("myarch")
-    def build_myarch(b: Builder) -> None: ...
+An architecture declares, as llama.cpp's `llama_model_<arch>` does in src/models/<arch>.cpp:
 
-`plan()` accepts the architectures the reader knows; `register` lets a user file add one.
+- `keys`: the GGUF hyper-parameters its `load_arch_hparams` reads beyond the common ones
+  (`llama_model_base::load_hparams`, read by plan() for every architecture), each required or
+  optional with llama.cpp's default;
+- `tensors(hp)`: the tensors its `load_arch_tensors` creates, with their shapes from the
+  hyper-parameters and a role (matrix | embed | norm) that decides which weight types they
+  may have;
+- `refuse`: tensors llama.cpp could load for it that bankml does not reproduce, and why;
+- `derive(hp, refuse)`: the hyper-parameters llama.cpp computes from the keys (a Q scale, the
+  sliding-window layers), refusing a value bankml does not reproduce; it returns a dict of
+  HParams fields and `extra` entries;
+- `rope_type` (`llama_model_rope_type`) and `build`, the graph builder (the DSL, blocks.py).
+
+    register(Architecture("myarch", build_myarch, rope_type="neox", keys=(...), tensors=...))
+
+or, for a builder alone that runs on another architecture's plan (`bankml.load(path, arch=...)`):
+
+    @architecture("my_llama")
+    def build_my_llama(b: Builder) -> None: ...
+
+`plan()` accepts every registered architecture whose `tensors` is declared.
 """
 from __future__ import annotations
 
-from typing import Callable
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from bankml.errors import ModelRefused
 
-ARCHITECTURES: dict[str, Callable] = {}
+BUILTIN = ("llama", "qwen3", "gemma3")      # modules of bankml.arch that register themselves
 
 
-def architecture(name: str) -> Callable:
-    def register(fn: Callable) -> Callable:
-        ARCHITECTURES[name] = fn
+@dataclass(frozen=True)
+class Key:
+    """A GGUF key `"{arch}.{name}"` as `ml.get_key` reads it."""
+    name: str                 # after the architecture prefix: "attention.sliding_window"
+    type: str = "u32"         # "u32" | "f32" | "str" | "bool" | "u32_or_array" (one u32 or a per-layer array)
+    default: Any = None       # llama.cpp's value when the key is absent (None: absent stays None)
+    required: bool = False    # get_key(..., required = true): a missing key refuses the file
+
+
+# tensor name -> (ne shape, role); role "matrix" (a layer matrix), "embed" (token_embd/output), "norm" (F32)
+TensorTable = dict[str, tuple[tuple[int, ...], str]]
+
+
+@dataclass(frozen=True)
+class Architecture:
+    name: str
+    build: Callable                                   # build(b: Builder) -> None
+    rope_type: str = "norm"                           # "norm" | "neox" (llama_model_rope_type)
+    keys: tuple[Key, ...] = ()
+    tensors: Callable[[Any], TensorTable] | None = None
+    refuse: tuple[tuple[str, str], ...] = ()          # (tensor name regex, why)
+    derive: Callable[[Any, Callable[[str], Exception]], dict] | None = None
+    doc: str = field(default="", compare=False)
+
+
+ARCHITECTURES: dict[str, Architecture] = {}
+
+
+def register(arch: Architecture) -> Architecture:
+    ARCHITECTURES[arch.name] = arch
+    return arch
+
+
+def architecture(name: str, **declared) -> Callable:
+    """Decorator registering a builder function as `Architecture(name, fn, **declared)`."""
+    def wrap(fn: Callable) -> Callable:
+        register(Architecture(name, fn, **declared))
         return fn
-    return register
+    return wrap
+
+
+def _load_builtins() -> None:
+    for mod in BUILTIN:
+        importlib.import_module(f"bankml.arch.{mod}")
+
+
+def lookup(name: str) -> Architecture | None:
+    """The registered architecture of that name, or None."""
+    _load_builtins()
+    return ARCHITECTURES.get(name)
+
+
+def plannable() -> list[str]:
+    """Architectures plan() accepts (those that declare their tensors)."""
+    _load_builtins()
+    return [n for n, a in ARCHITECTURES.items() if a.tensors is not None]
 
 
 def builder_for(arch: str) -> Callable:
-    import bankml.arch.llama  # noqa: F401  (registers)
-    import bankml.arch.qwen3  # noqa: F401
-    if arch not in ARCHITECTURES:
+    a = lookup(arch)
+    if a is None:
         raise ModelRefused(f"architecture {arch!r} has no graph builder; known: {', '.join(ARCHITECTURES)}")
-    return ARCHITECTURES[arch]
+    return a.build
+
+
+# ---- shared tensor tables (llama.cpp's create_tensor_qkv and the dense FFN) -------------------
+
+def llama_tensors(hp, layer_extra: Callable[[int], dict] | None = None) -> TensorTable:
+    """token_embd, output_norm, output (unless tied) and per layer attn_norm, q/k/v/o, ffn_norm,
+    gate/up/down, as llm_build_llama's load_arch_tensors creates them; `layer_extra(il)` adds
+    {part: (shape, role)} for an architecture's own layer tensors."""
+    q, kv = hp.head_dim * hp.n_head, hp.head_dim * hp.n_head_kv
+    out: TensorTable = {"token_embd.weight": ((hp.n_embd, hp.n_vocab), "embed"),
+                        "output_norm.weight": ((hp.n_embd,), "norm")}
+    if not hp.tied:
+        out["output.weight"] = ((hp.n_embd, hp.n_vocab), "embed")
+    for il in range(hp.n_layer):
+        parts = {"attn_norm": ((hp.n_embd,), "norm"), "attn_q": ((hp.n_embd, q), "matrix"),
+                 "attn_k": ((hp.n_embd, kv), "matrix"), "attn_v": ((hp.n_embd, kv), "matrix"),
+                 "attn_output": ((q, hp.n_embd), "matrix"), "ffn_norm": ((hp.n_embd,), "norm"),
+                 "ffn_gate": ((hp.n_embd, hp.n_ff), "matrix"), "ffn_up": ((hp.n_embd, hp.n_ff), "matrix"),
+                 "ffn_down": ((hp.n_ff, hp.n_embd), "matrix")}
+        if layer_extra is not None:
+            parts |= layer_extra(il)
+        for part, spec in parts.items():
+            out[f"blk.{il}.{part}.weight"] = spec
+    return out
+
+
+# Tensors llama.cpp may load for the llama family that bankml's graphs do not reproduce, and why.
+COMMON_REFUSALS = (
+    (r"\.bias$", "biases are not reproduced by bankml"),
+    (r"^blk\.\d+\.attn_qkv\.", "fused QKV is not reproduced by bankml (needs attn_q/attn_k/attn_v)"),
+    (r"^rope_freqs\.|rope_factors", "rope frequency factors (llama3 rope scaling) are not reproduced by bankml"),
+    (r"_exps\.|_shexp\.|ffn_gate_inp\.", "mixture-of-experts is not reproduced by bankml"),
+    (r"^cls\.", "classifier heads are not reproduced by bankml"),
+)

@@ -1,7 +1,9 @@
 """plan(): what bankml builds for a GGUF, decided from its header alone, or a refusal.
 
-Mirrors llama.cpp b11434: src/llama-model.cpp `llama_model_base::load_hparams`,
-src/models/llama.cpp and src/models/qwen3.cpp (`load_arch_hparams`, `load_arch_tensors`),
+Mirrors llama.cpp b11434: src/llama-model.cpp `llama_model_base::load_hparams` (the keys every
+architecture reads, here), then the registered architecture's own declaration
+(bankml/arch/registry.py: its keys, tensors, refusals, as src/models/<arch>.cpp's
+`load_arch_hparams` and `load_arch_tensors`),
 the rope/yarn defaults of src/llama-context.cpp's `llama_context` constructor (default
 context params), and the loader's rule that every tensor in the file is used. Anything the
 graph would not reproduce, or a vocabulary bankml's tokenizer cannot load, raises `ModelRefused`
@@ -10,11 +12,12 @@ naming the key or tensor, before any weight byte is read.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from bankml.arch import registry
 from bankml.errors import ModelRefused
 from bankml.gguf.reader import (GGML_TYPES, GGUF_ARRAY, GGUF_FLOAT32, GGUF_INT32, GGUF_STRING, GGUF_UINT32,
                                 GGUFFile, ggml_type_name)
@@ -26,11 +29,10 @@ Q4_K, Q6_K = 12, 14
 MATRIX_TYPES = (F16, Q8_0, Q4_1, Q1_0, Q2_0, Q4_0, Q5_0, Q5_1, Q4_K, Q6_K)   # bankml's weight types for layer matrices
 MIXABLE_TYPES = (Q8_0, Q4_K, Q6_K)   # llama-quantize's K-quant mixes (Q4_K_M...): any of these per tensor
 EMBED_TYPES = (F16, Q8_0)                       # token_embd/output may also be one of these
-ROPE_TYPES = {"llama": "norm", "qwen3": "neox"}  # llama-model.cpp `llama_model_rope_type`
-HEAD_DIMS = (64, 128)
+HEAD_DIMS = (64, 128, 256)
 ROPE_SCALING_TYPES = ("none", "linear", "yarn")  # llama.cpp also knows longrope: refused
-LAYER_MATRICES = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
-GGUF_TYPE_NAMES = {GGUF_UINT32: "u32", GGUF_INT32: "i32", GGUF_FLOAT32: "f32", 7: "bool", GGUF_STRING: "str"}
+GGUF_BOOL = 7
+GGUF_TYPE_NAMES = {GGUF_UINT32: "u32", GGUF_INT32: "i32", GGUF_FLOAT32: "f32", GGUF_BOOL: "bool", GGUF_STRING: "str"}
 LLAMA_MAX_LAYERS = 512
 
 
@@ -63,6 +65,12 @@ class HParams:
     rope_attn_factor: float   # rope.scaling.attn_factor, default 1
     attention_scale: float    # f_attention_scale; 0 means 1/sqrt(head_dim)
     tied: bool                # no output.weight: logits use token_embd.weight
+    n_swa: int = 0            # sliding window (llama_hparams::n_swa); 0: no SWA layer
+    swa_layers: tuple[bool, ...] = ()  # per layer: attends through the sliding-window cache (is_swa)
+    extra: dict = field(default_factory=dict, compare=False)  # the architecture's own keys and derived values
+
+    def is_swa(self, il: int) -> bool:
+        return bool(self.swa_layers) and self.swa_layers[il]
 
 
 @dataclass(frozen=True)
@@ -74,21 +82,26 @@ class Plan:
     matrix_type: int              # the one ggml type of every layer matrix
 
 
-def plan(gguf: GGUFFile) -> Plan:
-    """Decide the graph from the header (`load_hparams` + `load_arch_tensors`), or refuse."""
+def plan(gguf: GGUFFile, arch: str | None = None) -> Plan:
+    """Decide the graph from the header (`load_hparams` + `load_arch_tensors`), or refuse.
+
+    `arch` plans the file as another registered architecture (its keys are still read under
+    the file's general.architecture prefix): a user's declaration run on a known file."""
     keys = _Keys(gguf)
-    arch = keys.text("general.architecture", required=True)
-    if arch not in ROPE_TYPES:
-        raise keys.refuse(f"general.architecture is {arch!r}; bankml reproduces {', '.join(ROPE_TYPES)}")
-    hp = _hparams(keys, arch, tied="output.weight" not in gguf.tensors)
+    file_arch = keys.text("general.architecture", required=True)
+    spec = registry.lookup(arch or file_arch)
+    if spec is None or spec.tensors is None:
+        raise keys.refuse(f"general.architecture is {arch or file_arch!r}; bankml reproduces "
+                          f"{', '.join(registry.plannable())} (bankml.arch.registry registers more)")
+    hp = _hparams(keys, file_arch, spec, tied="output.weight" not in gguf.tensors)
+    expected = spec.tensors(hp)
+    _check_tensor_names(gguf, keys, spec, expected)
+    _check_shapes(gguf, keys, expected)
+    matrix_type = _check_types(gguf, keys, expected)
     why = vocab_refusal(gguf.metadata, gguf.value_types)
     if why:
         raise keys.refuse(why)
-    expected = _expected_tensors(arch, hp)
-    _check_tensor_names(gguf, keys, arch, expected)
-    _check_shapes(gguf, keys, expected)
-    matrix_type = _check_types(gguf, keys, expected)
-    return Plan(arch, hp, {t.name: t.ggml_type for t in gguf.tensors.values()},
+    return Plan(spec.name, hp, {t.name: t.ggml_type for t in gguf.tensors.values()},
                 "token_embd.weight" if hp.tied else "output.weight", matrix_type)
 
 
@@ -124,6 +137,25 @@ class _Keys:
         value = self._get(key, (GGUF_FLOAT32,), required)
         return default if value is None else float(value)
 
+    def boolean(self, key: str, default: bool | None = None, required: bool = False) -> bool | None:
+        value = self._get(key, (GGUF_BOOL,), required)
+        return default if value is None else bool(value)
+
+    def declared(self, key: str, k: "registry.Key") -> Any:
+        """A key as an architecture declares it (registry.Key)."""
+        if k.type == "u32_or_array":
+            return self.u32_or_array(key, k.default, k.required)
+        read = {"u32": self.u32, "f32": self.f32, "str": self.text, "bool": self.boolean}[k.type]
+        return read(key, k.default, k.required)
+
+    def u32_or_array(self, key: str, default: Any = None, required: bool = False) -> Any:
+        """`get_arr` or `get_key`: a per-layer array of integers/bools (a tuple), or one u32."""
+        if key in self.gguf.metadata and self.gguf.value_types[key][0] == GGUF_ARRAY:
+            if self.gguf.value_types[key][1] not in (GGUF_UINT32, GGUF_INT32, GGUF_BOOL):
+                raise self.refuse(f"key {key} must be u32 or an array of integers")
+            return tuple(int(v) for v in self.gguf.metadata[key])
+        return self.u32(key, default, required)
+
     def u32_per_layer(self, key: str, n_layer: int, required: bool = False) -> int | None:
         """`get_key_or_arr`: one u32, or one per layer (all equal here, or refused)."""
         if key not in self.gguf.metadata or self.gguf.value_types[key][0] != GGUF_ARRAY:
@@ -136,8 +168,9 @@ class _Keys:
         return int(values[0])
 
 
-def _hparams(keys: _Keys, arch: str, tied: bool) -> HParams:
-    """`load_hparams` for LLM_ARCH_LLAMA / LLM_ARCH_QWEN3, then the context's rope defaults."""
+def _hparams(keys: _Keys, arch: str, spec: "registry.Architecture", tied: bool) -> HParams:
+    """`llama_model_base::load_hparams` (the keys of every architecture), the context's rope
+    defaults, then the architecture's declared keys and `derive` (its `load_arch_hparams`)."""
     k = lambda name: f"{arch}.{name}"  # noqa: E731
     n_ctx_train = keys.u32(k("context_length"), required=True)
     n_embd = keys.u32(k("embedding_length"), required=True)
@@ -171,11 +204,17 @@ def _hparams(keys: _Keys, arch: str, tied: bool) -> HParams:
     if keys.gguf.value_types.get("tokenizer.ggml.tokens") != (GGUF_ARRAY, GGUF_STRING) or not tokens:
         raise keys.refuse("key tokenizer.ggml.tokens is missing, empty or not a string array; it gives n_vocab")
     rope = _rope(keys, arch, n_ctx_train)
-    return HParams(
+    hp = HParams(
         n_vocab=len(tokens), n_embd=n_embd, n_layer=n_layer, n_head=n_head, n_head_kv=n_head_kv,
         head_dim=head_dim, n_ff=n_ff, n_ctx_train=n_ctx_train,
         rms_eps=keys.f32(k("attention.layer_norm_rms_epsilon"), required=True),
-        rope_type=ROPE_TYPES[arch], attention_scale=0.0, tied=tied, **rope)
+        rope_type=spec.rope_type, attention_scale=0.0, tied=tied, **rope)
+    hp.extra.update({key.name: keys.declared(k(key.name), key) for key in spec.keys})
+    if spec.derive is not None:
+        derived = spec.derive(hp, keys.refuse)
+        fields = {n: v for n, v in derived.items() if n in HParams.__dataclass_fields__}
+        hp = replace(hp, **fields, extra={**hp.extra, **{n: v for n, v in derived.items() if n not in fields}})
+    return hp
 
 
 def _rope(keys: _Keys, arch: str, n_ctx_train: int) -> dict[str, Any]:
@@ -208,42 +247,13 @@ def _rope(keys: _Keys, arch: str, n_ctx_train: int) -> dict[str, Any]:
                 yarn_beta_slow=1.0, yarn_log_multiplier=0.0, rope_attn_factor=float(rope_attn_factor))
 
 
-def _expected_tensors(arch: str, hp: HParams) -> dict[str, tuple[tuple[int, ...], str]]:
-    """name -> (ne shape, role) as `load_arch_tensors` creates them; role: matrix | embed | norm."""
-    q, kv = hp.head_dim * hp.n_head, hp.head_dim * hp.n_head_kv
-    out = {"token_embd.weight": ((hp.n_embd, hp.n_vocab), "embed"),
-           "output_norm.weight": ((hp.n_embd,), "norm")}
-    if not hp.tied:
-        out["output.weight"] = ((hp.n_embd, hp.n_vocab), "embed")
-    for il in range(hp.n_layer):
-        shapes = {"attn_norm": (hp.n_embd,), "attn_q": (hp.n_embd, q), "attn_k": (hp.n_embd, kv),
-                  "attn_v": (hp.n_embd, kv), "attn_output": (q, hp.n_embd), "ffn_norm": (hp.n_embd,),
-                  "ffn_gate": (hp.n_embd, hp.n_ff), "ffn_up": (hp.n_embd, hp.n_ff),
-                  "ffn_down": (hp.n_ff, hp.n_embd)}
-        if arch == "qwen3":
-            shapes |= {"attn_q_norm": (hp.head_dim,), "attn_k_norm": (hp.head_dim,)}
-        for part, shape in shapes.items():
-            out[f"blk.{il}.{part}.weight"] = (shape, "matrix" if part in LAYER_MATRICES else "norm")
-    return out
-
-
-# Tensors llama.cpp may load for these archs that bankml's graph does not reproduce, and why.
-UNUSED_TENSORS = [
-    (r"\.bias$", "biases are not reproduced by bankml"),
-    (r"^blk\.\d+\.attn_qkv\.", "fused QKV is not reproduced by bankml (needs attn_q/attn_k/attn_v)"),
-    (r"^rope_freqs\.|rope_factors", "rope frequency factors (llama3 rope scaling) are not reproduced by bankml"),
-    (r"_exps\.|_shexp\.|ffn_gate_inp\.", "mixture-of-experts is not reproduced by bankml"),
-    (r"^blk\.\d+\.attn_[qk]_norm\.", "Q/K norms are used by qwen3, not by llama's graph"),
-    (r"^cls\.", "classifier heads are not reproduced by bankml"),
-]
-
-
-def _check_tensor_names(gguf: GGUFFile, keys: _Keys, arch: str, expected: dict) -> None:
+def _check_tensor_names(gguf: GGUFFile, keys: _Keys, spec: "registry.Architecture", expected: dict) -> None:
     """Every tensor used and every required one present (`done_getting_tensors`)."""
+    arch = spec.name
     for name in gguf.tensors:
         if name in expected:
             continue
-        why = next((why for pat, why in UNUSED_TENSORS if re.search(pat, name)),
+        why = next((why for pat, why in spec.refuse if re.search(pat, name)),
                    f"not used by the {arch} graph")
         raise keys.refuse(f"tensor {name}: {why}")
     for name in expected:

@@ -19,6 +19,8 @@ class Op(Enum):
     SET_ROWS = "set_rows"      # write src1 (rounded to the cache type) into cache src0 at positions src2
     FLASH_ATTN = "flash_attn"  # softmax(q k^T * scale + mask) v: q, k cache, v cache, mask; params kernel
     SWIGLU = "swiglu"          # silu(src0) * src1
+    GEGLU = "geglu"            # gelu(src0) * src1 (ggml's GELU: the f16 table on this build)
+    SCALE = "scale"            # src0 * params scale (ggml_scale, bias 0)
 
 
 VIEWS = frozenset({Op.RESHAPE})
@@ -29,5 +31,5 @@ EFFECTS = frozenset({Op.SET_ROWS})     # writes state: never dead, even when not
 ARITY = {
     Op.INPUT: 0, Op.WEIGHT: 0, Op.CACHE: 0, Op.GET_ROWS: 2, Op.RMS_NORM: 1, Op.MUL: 2, Op.ADD: 2,
     Op.QUANTIZE: 1, Op.MUL_MAT: 2, Op.RESHAPE: 1, Op.ROPE: 2, Op.SET_ROWS: 3, Op.FLASH_ATTN: 4,
-    Op.SWIGLU: 2,
+    Op.SWIGLU: 2, Op.GEGLU: 2, Op.SCALE: 1,
 }

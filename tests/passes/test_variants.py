@@ -11,7 +11,7 @@ from bankml.passes.variants import choose_variant, variants
 from bankml.testing import models
 
 
-@pytest.fixture(scope="module", params=["smollm2-f16", "qwen3-small-q1_0"])
+@pytest.fixture(scope="module", params=["smollm2-f16", "qwen3-small-q1_0", "gemma3-tiny-w48-q8_0"])
 def model(request):
     m = bankml.load(models.path(request.param), backend="reference", n_ctx=2048)
     yield m

@@ -19,7 +19,7 @@ from bankml.errors import LoweringError
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
-from bankml.ir.order import SWIGLU
+from bankml.ir.order import GEGLU, SCALE, SWIGLU
 
 v8i32 = ir.VectorType(i32, 8)
 
@@ -110,3 +110,57 @@ def define_swiglu(m: ir.Module, g: Graph, n: Node) -> ir.Function:
                 b.store(y, b.gep(po, [off]))
     b.ret_void()
     return fn
+
+
+# ---- GEGLU (ggml's GELU f16 table) and SCALE -----------------------------------------------
+
+def _gelu_table(m: ir.Module) -> ir.GlobalVariable:
+    """ggml_table_gelu_f16 (bankml/gelu.py) as a constant [65536 x i16] of the module, once."""
+    name = "ggml_table_gelu_f16"
+    if name in m.globals:
+        return m.globals[name]
+    from bankml.gelu import gelu_table_f16
+    t = ir.ArrayType(ir.IntType(16), 1 << 16)
+    gv = ir.GlobalVariable(m, t, name=name)
+    gv.global_constant, gv.linkage = True, "internal"
+    gv.initializer = ir.Constant(t, [int(v) for v in gelu_table_f16().view("uint16")])
+    return gv
+
+
+def _elementwise(m: ir.Module, n: Node, n_in: int, emit) -> ir.Function:
+    """A kernel over every element of n, split between threads; emit(b, *inputs) -> output."""
+    fn, b = new_function(m, kernel_name(n), kernel_type(n))
+    out, *ins = fn.args[:1 + n_in]
+    ith, nth, dims = fn.args[1 + n_in:]
+    po, pins = typed(b, out, f32), [typed(b, p, f32) for p in ins]
+    lo, hi = thread_range(b, size(b, dims, n.shape), ith, nth)
+    with for_range(b, lo, hi, name="e") as e:
+        b.store(emit(b, *(b.load(b.gep(p, [e])) for p in pins)), b.gep(po, [e]))
+    b.ret_void()
+    return fn
+
+
+@kernel(Op.GEGLU)
+def define_geglu(m: ir.Module, g: Graph, n: Node) -> ir.Function:
+    """ggml_vec_geglu_f32 (GGML_GELU_FP16): x <= -10: 0; x >= 10: r(x*u);
+    else r(f32(table[f16(x)]) * u), as bankml/gelu.py."""
+    if n.order != GEGLU:
+        raise LoweringError(f"llvm backend: geglu lowers only {GEGLU.describe()!r} ({n.name or n.id})")
+    table = _gelu_table(m)
+
+    def emit(b, x, u):
+        idx = b.zext(b.bitcast(b.fptrunc(x, ir.HalfType()), ir.IntType(16)), i64)
+        h = b.load(b.gep(table, [i64(0), idx]))
+        t = b.fpext(b.bitcast(h, ir.HalfType()), f32)
+        y = b.fmul(b.select(b.fcmp_ordered(">=", x, f32(10.0)), x, t), u)
+        return b.select(b.fcmp_ordered("<=", x, f32(-10.0)), f32(0.0), y)
+    return _elementwise(m, n, 2, emit)
+
+
+@kernel(Op.SCALE)
+def define_scale(m: ir.Module, g: Graph, n: Node) -> ir.Function:
+    """ggml_vec_scale_f32: r(x*s)."""
+    if n.order != SCALE:
+        raise LoweringError(f"llvm backend: scale lowers only {SCALE.describe()!r} ({n.name or n.id})")
+    s = f32(float(n.params["scale"]))
+    return _elementwise(m, n, 1, lambda b, x: b.fmul(x, s))

@@ -12,7 +12,8 @@ import numpy as np
 
 from bankml.errors import LoweringError
 from bankml.expf import ggml_v_expf
-from bankml.ir.order import ELEMENTWISE, SWIGLU, FloatOrder
+from bankml import gelu
+from bankml.ir.order import ELEMENTWISE, GEGLU, SCALE, SWIGLU, FloatOrder
 from bankml.libm import expf
 
 f32 = np.float32
@@ -40,3 +41,16 @@ def add(a: np.ndarray, b: np.ndarray, order: FloatOrder = ELEMENTWISE) -> np.nda
     """r(a+b), b broadcast (binary-ops.cpp:apply_binary_op<op_add>)."""
     _check(order, ELEMENTWISE, "add")
     return (np.asarray(a, f32) + np.asarray(b, f32)).astype(f32)
+
+
+def geglu(gate: np.ndarray, up: np.ndarray, order: FloatOrder = GEGLU) -> np.ndarray:
+    """gelu(gate) * up (ggml_vec_geglu_f32 with GGML_GELU_FP16, bankml/gelu.py): the gate rounded
+    to f16 indexes ggml's GELU table; gates <= -10 give 0 and gates >= 10 give r(gate*up)."""
+    _check(order, GEGLU, "geglu")
+    return gelu.geglu(gate, up)
+
+
+def scale(x: np.ndarray, s: float, order: FloatOrder = SCALE) -> np.ndarray:
+    """r(x*s) (ggml_vec_scale_f32)."""
+    _check(order, SCALE, "scale")
+    return (np.asarray(x, f32) * f32(s)).astype(f32)

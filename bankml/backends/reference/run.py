@@ -147,3 +147,13 @@ def _flash_attn(env, g, n, q, k, v, mask):
 @lowers(Op.SWIGLU)
 def _swiglu(env, g, n, gate, up):
     return glu.swiglu(gate, up, n.order)
+
+
+@lowers(Op.GEGLU)
+def _geglu(env, g, n, gate, up):
+    return glu.geglu(gate, up, n.order)
+
+
+@lowers(Op.SCALE)
+def _scale(env, g, n, x):
+    return glu.scale(x, n.params["scale"], n.order)

@@ -1,4 +1,4 @@
-"""llvm SWIGLU kernel (ggml_v_expf in IR, glibc expf tail) against the reference, bit for bit."""
+"""llvm SWIGLU (ggml_v_expf in IR, glibc expf tail), GEGLU and SCALE kernels against the reference, bit for bit."""
 from __future__ import annotations
 
 import numpy as np
@@ -8,12 +8,12 @@ from llvmlite import ir
 from bankml.backends.llvm import kernels_glu  # noqa: F401  (registers the kernel)
 from bankml.backends.llvm.jit import call_kernel, compile_module
 from bankml.backends.llvm.registry import define, kernel_name
-from bankml.backends.reference.glu import swiglu
+from bankml.backends.reference.glu import geglu, scale, swiglu
 from bankml.expf import ggml_v_expf
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
-from bankml.ir.order import SWIGLU
+from bankml.ir.order import GEGLU, SCALE, SWIGLU
 
 
 
@@ -60,3 +60,42 @@ def test_v_expf_bits_equal_numpy_ggml_v_expf():
     call_kernel(eng, name, out, [x, np.ones_like(x)], 0, 1)
     want = (x / (np.float32(1) + ggml_v_expf((np.float32(0) - x).astype(np.float32)))).astype(np.float32)
     assert np.array_equal(out.view(np.uint32), want.view(np.uint32))
+
+
+def _one_node(op, order, shape, n_in, **params):
+    g = Graph()
+    for i in range(n_in):
+        g.add(Node(i, Op.INPUT, (), shape, "f32"))
+    n = g.add(Node(n_in, op, tuple(range(n_in)), shape, "f32", None, order, params))
+    m = ir.Module()
+    define(m, g, n)
+    return compile_module(m), kernel_name(n)
+
+
+@pytest.mark.parametrize("shape", [(7, 2048), (1, 512), (3, 13)], ids=str)
+def test_geglu_bits_equal_reference_for_any_nth(shape):
+    """Gates over the whole f16 table, the +-10 cut-offs (both sides), +-0 and +-inf."""
+    eng, name = _one_node(Op.GEGLU, GEGLU, shape, 2)
+    rng = np.random.default_rng(shape[-1])
+    gate = (rng.standard_normal(shape) * rng.choice([0.5, 4, 12], size=shape)).astype(np.float32)
+    edge = np.array([10.0, -10.0, 9.999, -9.999, 10.001, -10.001, 0.0, -0.0, np.inf, -np.inf, 65520.0], np.float32)
+    gate.reshape(-1)[:min(edge.size, gate.size)] = edge[:gate.size]
+    up = rng.standard_normal(shape).astype(np.float32)
+    want = geglu(gate, up)
+    for nth in (1, 2, 3):
+        out = np.full(shape, np.nan, np.float32)
+        for ith in range(nth):
+            call_kernel(eng, name, out, [gate, up], ith, nth)
+        assert np.array_equal(out.view(np.uint32), want.view(np.uint32)), f"nth={nth}"
+
+
+def test_scale_bits_equal_reference_for_any_nth():
+    shape = (5, 2, 256)
+    eng, name = _one_node(Op.SCALE, SCALE, shape, 1, scale=0.0625)
+    x = (np.random.default_rng(3).standard_normal(shape) * 1e3).astype(np.float32)
+    want = scale(x, 0.0625)
+    for nth in (1, 3):
+        out = np.full(shape, np.nan, np.float32)
+        for ith in range(nth):
+            call_kernel(eng, name, out, [x], ith, nth)
+        assert np.array_equal(out.view(np.uint32), want.view(np.uint32)), f"nth={nth}"
