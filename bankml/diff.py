@@ -45,11 +45,14 @@ def _comparable(name: str) -> bool:
 
 
 def diff(model, tokens, outputs: str = "all", decode_from: int | None = None, names=None,
-         llama_threads: int = 2, backend: str = "llvm") -> DiffResult:
-    """Compare every named tensor (or those in `names`) of a prefill (+ decodes) with llama.cpp."""
+         llama_threads: int = 2, backend: str = "llvm", cache_type: str = "f16",
+         cache_type_k: str | None = None, cache_type_v: str | None = None) -> DiffResult:
+    """Compare every named tensor (or those in `names`) of a prefill (+ decodes) with llama.cpp,
+    both with the same K/V cache types."""
     from bankml.runtime.model import Model
     m = model if isinstance(model, Model) else Model(model, backend=backend, threads=llama_threads,
-                                                      llama_threads=llama_threads)
+                                                      llama_threads=llama_threads, cache_type=cache_type,
+                                                      cache_type_k=cache_type_k, cache_type_v=cache_type_v)
     tokens = list(tokens)
     decode_from = decode_from or len(tokens)
     ours: list[tuple[int, str, str, np.ndarray]] = []
@@ -64,7 +67,8 @@ def diff(model, tokens, outputs: str = "all", decode_from: int | None = None, na
         sess.decode(t)
 
     theirs = oracle.tensors(m.path, tokens, names=names, threads=m.llama_threads, n_ubatch=m.n_ubatch,
-                            outputs=outputs, decode_from=decode_from, n_ctx=m.n_ctx)
+                            outputs=outputs, decode_from=decode_from, n_ctx=m.n_ctx,
+                            cache_type_k=m.cache_type_k, cache_type_v=m.cache_type_v)
     result = DiffResult()
     seen: dict[tuple[int, str], int] = {}
     for ub, name, op, value in ours:

@@ -3,7 +3,7 @@ feels (the first logits of a prompt length never run before, the steadiness of a
 
     python bench/run.py [--backend llvm] [--threads 2] [--reps 2] [--models smollm2-q4_1,...]
                         [--rows pp,tg,fresh,long] [--fresh-lengths 5] [--long-tokens 1100]
-                        [--seed S] [--write-docs]
+                        [--seed S] [--write-docs] [-ctk q8_0 -ctv q8_0]
 
 For each model, bankml and the oracle build's `llama-bench` run interleaved on the same
 machine with the same thread count; every bankml measurement runs in its own child process.
@@ -43,6 +43,9 @@ one embedding row, the K/V cells its attention reads) over that bandwidth.
 
 Peak memory: each process's max RSS, bankml's with the cache llama-bench gives the same test
 (n_ctx = the test's tokens: 512 for pp512/tg128, depth + 512 for the depth rows).
+
+-ctk/--cache-type-k, -ctv/--cache-type-v: the K/V cache types (f16, q8_0, q4_0) of every row, on both
+sides (llama-bench -ctk/-ctv); rows of a quantized cache are labelled "model [K/V]".
 
 --write-docs rewrites docs/PERFORMANCE.md above its KEEP line (the command, the date and one
 table per kind of row); the hand-written notes below that line stay.
@@ -93,10 +96,20 @@ def _child(cmd: list[str], env: dict | None = None) -> tuple[str, float]:
     return out, usage.ru_maxrss / 1024
 
 
+CACHE = {"cache_type_k": "f16", "cache_type_v": "f16"}     # this run's K/V cache types (-ctk/-ctv)
+
+
+def labelled(name: str) -> str:
+    """A model's row label: "model [K/V]" with a quantized cache."""
+    k, v = CACHE["cache_type_k"], CACHE["cache_type_v"]
+    return name if (k, v) == ("f16", "f16") else f"{name} [{k}/{v}]"
+
+
 def llama_bench(path: Path, threads: int, reps: int, prompt: int, gen: int) -> dict:
     """llama-bench's avg tokens/s per test, keyed as it names them ("pp512", "tg128"), and its peak RSS."""
     cmd = [str(bin_dir() / "llama-bench"), "-m", str(path), "-p", str(prompt), "-n", str(gen),
-           "-t", str(threads), "-r", str(reps), "-o", "json"]
+           "-t", str(threads), "-r", str(reps), "-o", "json", "-ctk", CACHE["cache_type_k"],
+           "-ctv", CACHE["cache_type_v"]]
     stdout, rss = _child(cmd)
     out = {"rss_mb": rss}
     for row in json.loads(stdout):
@@ -109,7 +122,8 @@ def llama_bench(path: Path, threads: int, reps: int, prompt: int, gen: int) -> d
 
 def bankml_bench(path: Path, backend: str, threads: int, reps: int, pp: bool = True, tg: bool = True) -> dict:
     """Warm throughput: pp512 and tg128 tokens/s, best of reps, after a warm-up that compiles."""
-    m = bankml.load(path, backend=backend, threads=threads, n_ctx=512 if pp else 128)   # as llama-bench's
+    m = bankml.load(path, backend=backend, threads=threads, n_ctx=512 if pp else 128,
+                    **CACHE)   # as llama-bench's
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, m.hparams.n_vocab, 512).tolist()
     m.session().prefill(prompt[:8], outputs="last")             # warm-up (and compile, for llvm)
@@ -137,7 +151,7 @@ def fresh_prompt(path: Path, backend: str, threads: int, lengths: list[int], see
     compiled) and warm_up() (start-up, timed apart); else the first prefill meets whatever
     compile or load its graph needs. `compiled`: how many objects this process compiled."""
     t0 = time.perf_counter()
-    m = bankml.load(path, backend=backend, threads=threads)
+    m = bankml.load(path, backend=backend, threads=threads, **CACHE)
     if warm:
         m.compile()
         m.warm_up()
@@ -157,7 +171,7 @@ def long_decode(path: Path, backend: str, threads: int, n: int, seed: int) -> di
     """n decode steps of fixed random ids after an untimed 1-token prompt, in a process started
     as a server starts (load, compile() from the disk cache), no other warm-up: tokens/s
     over all steps, the median and the slowest step (seconds) and where the slowest was."""
-    m = bankml.load(path, backend=backend, threads=threads, n_ctx=max(4096, n + 1))
+    m = bankml.load(path, backend=backend, threads=threads, n_ctx=max(4096, n + 1), **CACHE)
     m.compile()                             # started as a server starts: every graph ready (disk cache),
     m.warm_up()                             # one warm-up decode
     ids = np.random.default_rng(seed).integers(0, m.hparams.n_vocab, n + 1).tolist()
@@ -178,7 +192,7 @@ def bankml_child(path: Path, a: argparse.Namespace, test: str, n: int | str = 0,
     """One bankml measurement in its own process, so its memory and peak RSS are its own."""
     cmd = [sys.executable, __file__, "--one", str(path), "--one-test", test, "--n", str(n),
            "--backend", a.backend, "--threads", str(a.threads), "--reps", str(a.reps), "--seed", str(a.seed),
-           "--rows", a.rows]
+           "--rows", a.rows, "-ctk", a.cache_type_k, "-ctv", a.cache_type_v]
     stdout, rss = _child(cmd, env)
     return {**json.loads(stdout), "rss_mb": rss}
 
@@ -264,7 +278,7 @@ def fresh_lengths(seed: int, k: int) -> list[int]:
 def depth_bench(path: Path, backend: str, threads: int, reps: int, depth: int, seed: int) -> dict:
     """pp512 and tg128 after `depth` cells, as llama-bench -d: the cache filled once, untimed,
     and the session truncated back to those cells before every timed run; best of reps."""
-    m = bankml.load(path, backend=backend, threads=threads, n_ctx=depth + 512)   # llama-bench's n_ctx
+    m = bankml.load(path, backend=backend, threads=threads, n_ctx=depth + 512, **CACHE)   # llama-bench's n_ctx
     m.compile()
     m.warm_up()
     ids = np.random.default_rng(seed).integers(0, m.hparams.n_vocab, depth + 512).tolist()
@@ -461,6 +475,8 @@ def main() -> None:
     ap.add_argument("--depth-models", default=",".join(DEPTH_MODELS), help="depth: for these of --models")
     ap.add_argument("--seed", type=int, help="draws the fresh lengths and all token ids (default: a new one)")
     ap.add_argument("--write-docs", action="store_true")
+    ap.add_argument("-ctk", "--cache-type-k", default="f16", help="K cache type (llama-bench's -ctk)")
+    ap.add_argument("-ctv", "--cache-type-v", default="f16", help="V cache type (llama-bench's -ctv)")
     ap.add_argument("--one", help=argparse.SUPPRESS)         # internal: one bankml measurement, print JSON
     ap.add_argument("--one-test", default="pptg", choices=["pptg", "fresh", "cold", "long", "depth", "bandwidth"], help=argparse.SUPPRESS)
     ap.add_argument("--n", default="0", help=argparse.SUPPRESS)
@@ -472,6 +488,7 @@ def main() -> None:
         ap.error(f"--fresh-lengths must be 1..{FRESH_MAX - FRESH_MIN + 1} and --long-tokens at least 1")
     if a.seed is None:
         a.seed = int(np.random.default_rng().integers(2**31))
+    CACHE.update(cache_type_k=a.cache_type_k, cache_type_v=a.cache_type_v)
     if a.one:
         print(json.dumps(run_one(a)))
         return
@@ -484,6 +501,7 @@ def main() -> None:
     bw = bandwidth_row(a) if {"tg", "long", "depth"} & set(rows) else None
     for name in a.models.split(","):
         path = models.path(name)
+        name = labelled(name)
         if "pp" in rows or "tg" in rows:
             results += report(throughput_rows(name, path, a, rows))
         if "fresh" in rows:

@@ -14,8 +14,10 @@ from bankml.ir import order as fo
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
+from bankml.quants.kv_cache import KvCacheTypes
 
 _ACT_DTYPE = "f32"
+_SET_ROWS = {"f16": fo.SET_ROWS_F16, "q8_0": fo.SET_ROWS_Q8_0, "q4_0": fo.SET_ROWS_Q4_0}
 
 
 def tensor_name(name: str, il: int) -> str:
@@ -31,9 +33,19 @@ class Batch:
     n_outputs: int     # rows whose logits are wanted
 
 
+# Where llama.cpp's graph puts a layer's nodes (src/models/*.cpp, llama-graph.cpp:build_attn): nodes of
+# layer il start at 4 + il * (layer size) (embd, and the mixed-batch get_rows, dup and set_rows come
+# first); per arch: nodes up to Q's rope, nodes of K's chain (mul_mat .. rope). Unnamed nodes are named
+# "node_<index>" by ggml, which is how the eval callback reports the Hadamard rotations.
+_GGML_LAYOUT = {"llama": (5, 3), "qwen3": (7, 5)}
+_GGML_ATTN, _GGML_TAIL = 11, 9          # cache writes and views .. flash_attn_ext; wo .. l_out
+
+
 class Builder:
-    def __init__(self, plan: Plan, batch: Batch, shapes: dict[str, tuple[int, ...]]):
+    def __init__(self, plan: Plan, batch: Batch, shapes: dict[str, tuple[int, ...]],
+                 kv: KvCacheTypes | None = None):
         self.plan, self.hp, self.batch, self.shapes = plan, plan.hparams, batch, shapes
+        self.kv = kv or KvCacheTypes()
         self.g = Graph(meta={"arch": plan.arch, "n_tokens": batch.n_tokens, "n_kv": batch.n_kv,
                              "n_outputs": batch.n_outputs})
         self._weights: dict[str, Node] = {}
@@ -126,21 +138,50 @@ class Builder:
                          beta_slow=hp.yarn_beta_slow)
 
     def attn(self, wo: str, q: Node, k: Node, v: Node, kq_scale: float, il: int) -> Node:
-        """build_attn with the K/V cache and flash attention: set_rows into the f16 cache,
-        flash_attn_ext over the n_kv cells, reshape "kqv_out-il", then wo. A sliding-window
-        layer (hp.is_swa) reads its cells through the SWA mask."""
-        hp, b = self.hp, self.batch
+        """build_attn with the K/V cache and flash attention: the Hadamard rotations of a quantized
+        cache (Q and K by rot_k, V by rot_v), set_rows into the cache, flash_attn_ext over the n_kv
+        cells, reshape "kqv_out-il", V's rotation undone (the same transform), then wo. A
+        sliding-window layer (hp.is_swa) reads its cells through the SWA mask."""
+        hp, b, kv = self.hp, self.batch, self.kv
         mask = self.kq_mask_swa if hp.is_swa(il) else self.kq_mask
+        if kv.rot_k:
+            q = self.hadamard(q, kv.rot_k, self._ggml_name(il, "q"))
+        if kv.rot_v:
+            v = self.hadamard(v, kv.rot_v, self._ggml_name(il, "v"))
+        if kv.rot_k:
+            k = self.hadamard(k, kv.rot_k, self._ggml_name(il, "k"))
         kv_shape = (b.n_kv, hp.n_head_kv, hp.head_dim)
-        k_cache = self.node(Op.SET_ROWS, (self.node(Op.CACHE, (), kv_shape, "f16", layer=il, kind="k"), k,
-                                          self.inp_pos), kv_shape, "f16", name=f"cache_k_l{il} (view)",
-                            order=fo.SET_ROWS_F16)
-        v_cache = self.node(Op.SET_ROWS, (self.node(Op.CACHE, (), kv_shape, "f16", layer=il, kind="v"), v,
-                                          self.inp_pos), kv_shape, "f16", name=f"cache_v_l{il} (view)",
-                            order=fo.SET_ROWS_F16)
-        fa = self.node(Op.FLASH_ATTN, (q, k_cache, v_cache, mask), q.shape, scale=kq_scale)
+        caches = []
+        for kind, x, typ in (("k", k, kv.k), ("v", v, kv.v)):
+            cache = self.node(Op.CACHE, (), kv_shape, typ, layer=il, kind=kind)
+            caches.append(self.node(Op.SET_ROWS, (cache, x, self.inp_pos), kv_shape, typ,
+                                    name=f"cache_{kind}_l{il} (view)", order=_SET_ROWS[typ]))
+        fa = self.node(Op.FLASH_ATTN, (q, caches[0], caches[1], mask), q.shape, scale=kq_scale)
         cur = self.cb(self.reshape(fa, (b.n_tokens, hp.n_head * hp.head_dim)), "kqv_out", il)
+        if kv.rot_v:
+            cur = self.hadamard(cur, kv.rot_v, self._ggml_name(il, "kqv"))
         return self.mm(wo, cur)
+
+    def hadamard(self, x: Node, n: int, name: str | None) -> Node:
+        """llama_mul_mat_hadamard (src/llama-impl.h): rows of n values times the Walsh-Hadamard
+        matrix, which ggml-cpu computes as ggml_compute_forward_fwht (mul_mat's Hadamard hint)."""
+        return self.node(Op.HADAMARD, (x,), x.shape, name=name, order=fo.FWHT, n=n)
+
+    def _ggml_name(self, il: int, which: str) -> str | None:
+        """ggml's name of the Hadamard mul_mat of Q, V, K or kqv_out in layer il ("node_<index>"),
+        counted as build_attn adds nodes: Q's chain (and its rotation: reshape_2d, mul_mat,
+        reshape_4d), V's, K's, the cache writes and flash_attn_ext, kqv_out (and its rotation)."""
+        layout = _GGML_LAYOUT.get(self.plan.arch)
+        if layout is None:
+            return None
+        q_chain, k_chain = layout
+        rk, rv = 3 * bool(self.kv.rot_k), 3 * bool(self.kv.rot_v)
+        at = {"q": q_chain + 1}
+        at["v"] = q_chain + rk + 2 + 1
+        at["k"] = q_chain + rk + 2 + rv + k_chain + 1
+        at["kqv"] = q_chain + rk + 2 + rv + k_chain + rk + _GGML_ATTN + 1 + 1
+        per_layer = q_chain + rk + 2 + rv + k_chain + rk + _GGML_ATTN + 1 + rv + _GGML_TAIL
+        return f"node_{4 + il * per_layer + at[which]}"
 
     def get_rows(self, x: Node, ids: Node) -> Node:
         """ggml_get_rows of f32 rows: the output rows through the last layer (inp_out_ids)."""

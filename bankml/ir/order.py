@@ -79,6 +79,13 @@ SCALE = FloatOrder("ggml_vec_scale_f32")
 # ggml-cpu/ops.cpp:ggml_compute_forward_set_rows -> ggml_cpu_fp32_to_fp16
 SET_ROWS_F16 = FloatOrder("ggml_compute_forward_set_rows", f16_at=("dst",))
 
+# ggml_compute_forward_set_rows -> quantize_row_q8_0 (AVX2, as the q8_0 activations) / quantize_row_q4_0_ref
+SET_ROWS_Q8_0 = FloatOrder("set_rows_quantize_row_q8_0", f16_at=("d",))
+SET_ROWS_Q4_0 = FloatOrder("set_rows_quantize_row_q4_0_ref", f16_at=("d",))
+# ggml-cpu/ops.cpp:ggml_compute_forward_fwht (mul_mat with GGML_HINT_SRC0_IS_HADAMARD): y = r(x * r(1/sqrtf(n))),
+# then butterflies of len 1, 2, 4, ...: (u, v) -> (r(u+v), r(u-v)) (the SIMD fma(v, -1, u) is r(u-v))
+FWHT = FloatOrder("ggml_compute_forward_fwht")
+
 # ---- flash_attn_ext (GGML_MAP §5) -------------------------------------------------------------
 # ggml_compute_forward_flash_attn_ext_f16_one_chunk: Q to f16, f16 V accumulator, glibc expf
 FA_REFERENCE = FloatOrder("flash_attn_ext_f16_one_chunk", lanes=8, accs=4, fold="f32x8_reduce", fma=True,
@@ -97,3 +104,16 @@ Q6_K_MUL_MAT = FloatOrder("ggml_vec_dot_q6_K_q8_K|tiled<8", lanes=8, fold="hsum8
 # repack.cpp q4_K_8x8_q8_K (rows % 8 == 0): ggml_gemm_q4_K_8x8_q8_K per group of 4 columns,
 # ggml_gemv_q4_K_8x8_q8_K for the rest (arch/x86/repack.cpp)
 Q4_K_REPACK = FloatOrder("ggml_gemm_q4_K_8x8_q8_K|gemv", fma=True)
+
+# one_chunk over a quantized cache: the only kernel ggml runs when K or V is not f16 (no tiled, no
+# split-KV). A q8_0/q4_0 K: Q through quantize_row_q8_0, K.Q by the K type's vec_dot (one 8-lane fma
+# accumulator over blocks, hsum8); an f16 K: Q rounded to f16, ggml_vec_dot_f16. An f16 V: the f16
+# accumulator (rounded every key); a q8_0/q4_0 V: each row dequantized (ggml-base to_float) into an
+# f32 accumulator by ggml_vec_mad_f32 (fma) and ggml_vec_scale_f32.
+FA_REFERENCE_QK = FloatOrder("flash_attn_ext_f16_one_chunk", lanes=8, fold="hsum8", fma=True,
+                             f16_at=("act_d", "v_acc"), expf="glibc")        # K q8_0/q4_0, V f16
+FA_REFERENCE_QKV = FloatOrder("flash_attn_ext_f16_one_chunk", lanes=8, fold="hsum8", fma=True,
+                              f16_at=("act_d",), expf="glibc")               # K and V q8_0/q4_0
+FA_REFERENCE_QV = FloatOrder("flash_attn_ext_f16_one_chunk", lanes=8, accs=4, fold="f32x8_reduce", fma=True,
+                             f16_at=("q",), expf="glibc")                    # K f16, V q8_0/q4_0
+FA_QUANT_CACHE = (FA_REFERENCE_QK, FA_REFERENCE_QKV, FA_REFERENCE_QV)

@@ -44,6 +44,12 @@ def _call(args: list[str]) -> None:
         raise OracleError(f"bankml-oracle {args[0]} failed: {r.stderr.strip().splitlines()[-1:]}")
 
 
+def cache_arg(cache_type: str = "f16", cache_type_k: str | None = None, cache_type_v: str | None = None) -> str:
+    """The harness's cache argument: one type for K and V, or "K,V" (llama.cpp's -ctk/-ctv)."""
+    k, v = cache_type_k or cache_type, cache_type_v or cache_type
+    return k if k == v else f"{k},{v}"
+
+
 def _decode_args(mode, model, tokens, out, threads, n_ubatch, outputs, decode_from, cache_type, n_ctx):
     if outputs not in ("all", "last"):
         raise ValueError("outputs must be 'all' or 'last'")
@@ -56,16 +62,18 @@ def _decode_args(mode, model, tokens, out, threads, n_ubatch, outputs, decode_fr
 
 
 def logits(model, tokens, threads: int = 2, n_ubatch: int = 512, outputs: str = "all",
-           decode_from: int | None = None, cache_type: str = "f16", n_ctx: int = 4096) -> np.ndarray:
+           decode_from: int | None = None, cache_type: str = "f16", n_ctx: int = 4096,
+           cache_type_k: str | None = None, cache_type_v: str | None = None) -> np.ndarray:
     """llama.cpp's logits rows, exactly as llama_decode gives them.
 
     The first `decode_from` tokens (default: all) go in one llama_decode with the rows that
     `outputs` asks for; each remaining token then gets its own llama_decode and one row.
+    cache_type sets the K and V cache types; cache_type_k / cache_type_v one of them.
     """
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.bin"
         _call(_decode_args("logits", model, tokens, out, threads, n_ubatch, outputs, decode_from,
-                           cache_type, n_ctx))
+                           cache_arg(cache_type, cache_type_k, cache_type_v), n_ctx))
         raw = out.read_bytes()
     n_rows, n_vocab = struct.unpack_from("<ii", raw)
     return np.frombuffer(raw, np.float32, offset=8).reshape(n_rows, n_vocab).copy()
@@ -73,7 +81,8 @@ def logits(model, tokens, threads: int = 2, n_ubatch: int = 512, outputs: str = 
 
 def tensors(model, tokens, names=None, threads: int = 2, n_ubatch: int = 512, outputs: str = "all",
             decode_from: int | None = None, cache_type: str = "f16",
-            n_ctx: int = 4096) -> dict[str, list[OracleTensor]]:
+            n_ctx: int = 4096, cache_type_k: str | None = None,
+            cache_type_v: str | None = None) -> dict[str, list[OracleTensor]]:
     """Every named tensor of llama.cpp's graph through the eval callback, keyed by name.
 
     A name can appear several times (Qcur-0 is the mul_mat, its reshape and the RoPE output;
@@ -84,7 +93,7 @@ def tensors(model, tokens, names=None, threads: int = 2, n_ubatch: int = 512, ou
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "out.bin"
         _call(_decode_args("tensors", model, tokens, out, threads, n_ubatch, outputs, decode_from,
-                           cache_type, n_ctx))
+                           cache_arg(cache_type, cache_type_k, cache_type_v), n_ctx))
         raw = memoryview(out.read_bytes())
     pos = 0
 

@@ -2,11 +2,12 @@
 // It runs one request and writes its answer as little-endian binary records, read by
 // bankml/oracle/__init__.py. Struct layouts stay on the C side, where llama.h defines them.
 //
-//   bankml-oracle logits    MODEL TOKENS OUT threads n_ubatch outputs(all|last) decode_from cache(f16|q8_0) n_ctx
-//   bankml-oracle tensors   MODEL TOKENS OUT threads n_ubatch outputs(all|last) decode_from cache(f16|q8_0) n_ctx
+//   bankml-oracle logits    MODEL TOKENS OUT threads n_ubatch outputs(all|last) decode_from cache n_ctx
+//   bankml-oracle tensors   MODEL TOKENS OUT threads n_ubatch outputs(all|last) decode_from cache n_ctx
 //   bankml-oracle tokenize  MODEL TEXT   OUT add_special parse_special
 //   bankml-oracle pieces    MODEL OUT                              (every token's piece, special=true)
 //
+// cache: the K and V cache type (f16, q8_0, q4_0, ...: -ctk/-ctv), or K,V for two types (q8_0,f16).
 // TOKENS: int32 token ids. logits OUT: int32 n_rows, int32 n_vocab, then f32 rows.
 // tensors OUT: per tensor: int32 name_len, name, int32 op_len, op, int32 ubatch, int32 type,
 //              int64 ne[4], int64 n_bytes, data (contiguous, type F32/F16/I32/I64 as in ggml).
@@ -83,6 +84,20 @@ static bool cb_eval(struct ggml_tensor * t, bool ask, void * ud) {
     return true;
 }
 
+// a cache type by llama.cpp's name (common/arg.cpp kv_cache_types)
+static enum ggml_type cache_type(const char * name, size_t len) {
+    static const struct { const char * name; enum ggml_type type; } types[] = {
+        {"f32", GGML_TYPE_F32}, {"f16", GGML_TYPE_F16}, {"bf16", GGML_TYPE_BF16}, {"q8_0", GGML_TYPE_Q8_0},
+        {"q4_0", GGML_TYPE_Q4_0}, {"q4_1", GGML_TYPE_Q4_1}, {"iq4_nl", GGML_TYPE_IQ4_NL},
+        {"q5_0", GGML_TYPE_Q5_0}, {"q5_1", GGML_TYPE_Q5_1},
+    };
+    for (size_t i = 0; i < sizeof(types) / sizeof(types[0]); i++) {
+        if (strlen(types[i].name) == len && strncmp(types[i].name, name, len) == 0) return types[i].type;
+    }
+    die("unknown cache type");
+    return GGML_TYPE_F16;
+}
+
 static struct llama_model * load(const char * path) {
     struct llama_model_params mp = llama_model_default_params();
     mp.n_gpu_layers = 0;
@@ -112,7 +127,9 @@ static int run_decode(int argc, char ** argv, bool dump) {
     cp.n_threads = threads;
     cp.n_threads_batch = threads;
     cp.no_perf = true;
-    cp.type_k = cp.type_v = strcmp(argv[9], "q8_0") == 0 ? GGML_TYPE_Q8_0 : GGML_TYPE_F16;
+    const char * comma = strchr(argv[9], ',');
+    cp.type_k = cache_type(argv[9], comma ? (size_t) (comma - argv[9]) : strlen(argv[9]));
+    cp.type_v = comma ? cache_type(comma + 1, strlen(comma + 1)) : cp.type_k;
     if (dump) { cp.cb_eval = cb_eval; cp.cb_eval_user_data = &d; }
     struct llama_context * ctx = llama_init_from_model(model, cp);
     if (!ctx) die("cannot create context");

@@ -3,7 +3,9 @@
 ggml-cpu/ops.cpp:ggml_compute_forward_flash_attn_ext_f16: split-KV when one query row
 (neq1 == 1) reads 512 or more cells (nek1 >= 512), with one chunk of keys per llama.cpp
 thread; tiled when the micro-batch has GGML_FA_TILE_Q (64) rows or more; otherwise the
-one_chunk reference kernel.
+one_chunk reference kernel. The split-KV and tiled kernels need K and V of one type, f16 (or
+f32): over a quantized cache (K or V q8_0/q4_0) every micro-batch runs one_chunk, with the
+order of its K and V types (attention_order_quant).
 """
 from __future__ import annotations
 
@@ -25,10 +27,20 @@ def attention_order(n_tokens: int, n_kv: int) -> fo.FloatOrder:
     return fo.FA_REFERENCE
 
 
+def attention_order_quant(k_type: str, v_type: str) -> fo.FloatOrder:
+    """one_chunk over a cache of these types (not both f16)."""
+    if k_type == "f16":
+        return fo.FA_REFERENCE_QV
+    return fo.FA_REFERENCE_QK if v_type == "f16" else fo.FA_REFERENCE_QKV
+
+
 def choose_attention_kernel(g: Graph) -> Graph:
     n_tokens, n_kv, threads = g.meta["n_tokens"], g.meta["n_kv"], g.meta.get("llama_threads", 1)
 
     def pick(n: Node) -> Node:
+        k_type, v_type = g[n.inputs[1]].dtype, g[n.inputs[2]].dtype
+        if (k_type, v_type) != ("f16", "f16"):
+            return n.replace(order=attention_order_quant(k_type, v_type))
         o = decide(attention_order, as_range(n_tokens), as_range(n_kv))
         params = {**n.params, "n_threads": threads} if o is fo.FA_SPLIT else n.params
         return n.replace(order=o, params=params)

@@ -26,6 +26,7 @@ from bankml.gguf.plan import plan as make_plan
 from bankml.ir.graph import Graph
 from bankml.passes.pipeline import run_passes
 from bankml.passes.variants import Variant, choose_variant, variants
+from bankml.quants.kv_cache import KvCacheTypes
 from bankml.runtime import compile_cache
 
 if TYPE_CHECKING:
@@ -35,11 +36,9 @@ if TYPE_CHECKING:
 class Model:
     def __init__(self, path, backend: str = "llvm", threads: int = 1, llama_threads: int | None = None,
                  cache_type: str = "f16", n_ubatch: int = 512, n_ctx: int = 4096, gpu: str | int | None = None,
-                 arch: str | None = None):
+                 arch: str | None = None, cache_type_k: str | None = None, cache_type_v: str | None = None):
         if backend not in BACKENDS:
             raise BankmlError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-        if cache_type != "f16":
-            raise BankmlError(f"cache_type {cache_type!r} is not reproduced yet; bankml supports f16")
         if threads < 1 or (llama_threads is not None and llama_threads < 1) or n_ubatch < 1 or n_ctx < 1:
             raise BankmlError("threads, llama_threads, n_ubatch and n_ctx must be positive")
         self.path = Path(path)
@@ -50,7 +49,11 @@ class Model:
         self.hparams = self.plan.hparams
         self.backend, self.threads = backend, threads
         self.llama_threads = llama_threads or threads
-        self.cache_type, self.n_ubatch, self.n_ctx = cache_type, n_ubatch, n_ctx
+        self.n_ubatch, self.n_ctx = n_ubatch, n_ctx
+        # the K/V cache's types (-ctk/-ctv; cache_type sets both), refused here if not reproduced
+        self.kv = KvCacheTypes.of(cache_type_k or cache_type, cache_type_v or cache_type, self.hparams.head_dim)
+        self.cache_type_k, self.cache_type_v = self.kv.k, self.kv.v
+        self.cache_type = self.kv.k if self.kv.k == self.kv.v else f"{self.kv.k},{self.kv.v}"
         self.gpu = gpu              # Q1_0 decode matvecs: None (BANKML_GPU) | "auto" | "off" | index
         self.kv_size = -(-n_ctx // 256) * 256          # llama-context.cpp: n_ctx padded to 256
         self.shapes = {name: t.shape for name, t in self.gguf.tensors.items()}
@@ -74,7 +77,7 @@ class Model:
     def build_graph(self, n_tokens, n_kv, n_outputs) -> Graph:
         """The IR of one micro-batch as the architecture file builds it, before passes; sizes
         may be numbers or Dims (a generic graph)."""
-        b = Builder(self.plan, Batch(n_tokens, n_kv, n_outputs), self.shapes)
+        b = Builder(self.plan, Batch(n_tokens, n_kv, n_outputs), self.shapes, self.kv)
         self._build(b)
         g = b.g
         g.meta["llama_threads"] = self.llama_threads
@@ -118,6 +121,11 @@ class Model:
         buffers touched, so the first request does not pay for it. Changes no state."""
         s = self.session()
         s.decode(self.hparams.n_vocab - 1)
+
+    def cache_bytes(self) -> int:
+        """Bytes of one session's K/V cache: kv_size cells of every layer's K and V rows."""
+        hp = self.hparams
+        return self.kv_size * self.kv.cell_bytes(hp.n_layer, hp.n_head_kv, hp.head_dim)
 
     def n_kv(self, used: int) -> int:
         """Cells the attention reads when `used` cells are filled (llama_kv_cache::get_n_kv: a
@@ -195,12 +203,17 @@ class Model:
 
 
 def load(path, backend: str = "llvm", threads: int | None = None, llama_threads: int | None = None,
-         cache_type: str = "f16", n_ubatch: int = 512, n_ctx: int = 4096, gpu: str | int | None = None, arch: str | None = None) -> Model:
+         cache_type: str = "f16", n_ubatch: int = 512, n_ctx: int = 4096, gpu: str | int | None = None, arch: str | None = None,
+         cache_type_k: str | None = None, cache_type_v: str | None = None) -> Model:
     """Read and plan a GGUF (refusing what bankml does not reproduce, from the header alone).
+
+    cache_type sets the K and V cache types ("f16", "q8_0", "q4_0"); cache_type_k/cache_type_v set
+    one of them (llama.cpp's -ctk/-ctv). A quantized cache rotates as b11434 does (kv_cache.py).
 
     `arch` runs the graph of another registered architecture (bankml.arch.registry) on the
     file's weights, e.g. one defined outside the package (examples/custom_architecture.py);
     when it declares its tensors, plan() checks the file against that declaration.
     """
     threads = threads or min(4, os.cpu_count() or 1)
-    return Model(path, backend, threads, llama_threads, cache_type, n_ubatch, n_ctx, gpu, arch)
+    return Model(path, backend, threads, llama_threads, cache_type, n_ubatch, n_ctx, gpu, arch, cache_type_k,
+                 cache_type_v)

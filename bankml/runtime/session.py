@@ -1,4 +1,4 @@
-"""One sequence with its own f16 K/V cache: prefill and decode, micro-batched as llama.cpp does."""
+"""One sequence with its own K/V cache: prefill and decode, micro-batched as llama.cpp does."""
 from __future__ import annotations
 
 from typing import Callable
@@ -13,8 +13,7 @@ class Session:
     def __init__(self, model):
         self.model = model
         hp = model.hparams
-        shape = (model.kv_size, hp.n_head_kv, hp.head_dim)
-        self.caches = {(il, kind): np.zeros(shape, np.float16) for il in range(hp.n_layer) for kind in "kv"}
+        self.caches = {(il, kind): _new_cache(model, kind) for il in range(hp.n_layer) for kind in "kv"}
         self.n_past = 0
         self.trace: Callable[[int, Node, np.ndarray], None] | None = None   # (ubatch, node, value)
         self._ubatch_index = 0
@@ -87,3 +86,12 @@ class Session:
         self._ubatch_index += 1
         logits = out.get("logits")
         return None if logits is None or not out_ids else logits[:len(out_ids)]
+
+
+def _new_cache(model, kind: str) -> np.ndarray:
+    """One layer's K or V cache: f16 [kv_size, n_head_kv, head_dim], or for a quantized type the
+    ggml block bytes of each cell's row, uint8 [kv_size, row_bytes]."""
+    hp, kv = model.hparams, model.kv
+    if (kv.k if kind == "k" else kv.v) == "f16":
+        return np.zeros((model.kv_size, hp.n_head_kv, hp.head_dim), np.float16)
+    return np.zeros((model.kv_size, kv.row_bytes(kind, hp.n_head_kv * hp.head_dim)), np.uint8)

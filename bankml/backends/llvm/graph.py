@@ -34,6 +34,7 @@ from bankml.backends.llvm import jit, registry
 from bankml.backends.llvm import (kernels_attention, kernels_glu, kernels_matmul, kernels_matmul_f16,  # noqa: F401
                                   kernels_matmul_q, kernels_norm, kernels_quantize, kernels_rope, kernels_rows)
 from bankml.backends.llvm import kernels_matmul_legacy, kernels_matmul_repack  # noqa: F401
+from bankml.backends.llvm import kernels_attention_quant  # noqa: F401  (HADAMARD; quantized-cache hooks)
 from bankml.backends.llvm.common import i8p, i64, intrinsic, new_function, void
 from bankml.ir.dims import upper
 from bankml.ir.graph import Graph

@@ -46,7 +46,7 @@ from bankml.ir.dims import Dim, upper
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
-from bankml.ir.order import FA_REFERENCE, FA_SPLIT, FA_TILED
+from bankml.ir.order import FA_QUANT_CACHE, FA_REFERENCE, FA_SPLIT, FA_TILED
 
 v8f16 = ir.VectorType(f16, 8)
 v8i16 = ir.VectorType(i16, 8)
@@ -429,6 +429,9 @@ def _q_tiles(e: _Emit, q_tile) -> None:
 
 @kernel(Op.FLASH_ATTN)
 def define_flash_attn(m: ir.Module, g: Graph, n: Node) -> ir.Function:
+    if n.order in FA_QUANT_CACHE:                  # a quantized K/V cache: kernels_attention_quant.py
+        from bankml.backends.llvm.kernels_attention_quant import define_flash_attn_quant
+        return define_flash_attn_quant(m, g, n)
     if n.order not in (FA_REFERENCE, FA_SPLIT, FA_TILED):
         raise LoweringError(f"llvm backend: no flash_attn kernel for "
                             f"{n.order.describe() if n.order else None!r} ({n.name or n.id})")

@@ -135,6 +135,9 @@ def define_mul(m: ir.Module, g: Graph, n: Node) -> ir.Function:
 @kernel(Op.SET_ROWS)
 def define_set_rows(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     cache, vals, pos = (g[i] for i in n.inputs)
+    if cache.dtype in ("q8_0", "q4_0"):            # a quantized cache: kernels_attention_quant.py
+        from bankml.backends.llvm.kernels_attention_quant import define_set_rows_quant
+        return define_set_rows_quant(m, g, n)
     if cache.dtype != "f16" or vals.dtype != "f32":
         raise LoweringError(f"set_rows {n.name or n.id}: only f32 rows into an f16 cache have an llvm kernel")
     row = math.prod(cache.shape[1:])

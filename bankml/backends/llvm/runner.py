@@ -135,7 +135,10 @@ class _Buffers:
 def _checked(n: Node, a: np.ndarray) -> np.ndarray:
     if not (isinstance(a, np.ndarray) and a.flags.c_contiguous):
         raise BankmlError(f"{n.params.get('tensor') or n.op.value}: the llvm backend needs a C-contiguous array")
-    if n.op is Op.CACHE and (a.dtype != np.float16 or a.shape[1:] != n.shape[1:] or a.shape[0] < upper(n.shape)[0]):
+    if n.op is Op.CACHE and n.dtype != "f16":       # a quantized cache: [kv_size, row_bytes] block bytes
+        if a.dtype != np.uint8 or a.ndim != 2 or a.shape[0] < upper(n.shape)[0]:
+            raise BankmlError(f"cache {n.params}: {a.dtype}{list(a.shape)} does not fit {n.dtype} rows")
+    elif n.op is Op.CACHE and (a.dtype != np.float16 or a.shape[1:] != n.shape[1:] or a.shape[0] < upper(n.shape)[0]):
         raise BankmlError(f"cache {n.params}: {a.dtype}{list(a.shape)} does not fit {list(upper(n.shape))} f16")
     return a
 

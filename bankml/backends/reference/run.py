@@ -9,11 +9,12 @@ from typing import Callable
 
 import numpy as np
 
-from bankml.backends.reference import attention, glu, matmul, norm, rope
+from bankml.backends.reference import attention, attention_quant, glu, matmul, norm, rope
 from bankml.errors import LoweringError
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
+from bankml.ir.order import FWHT
 from bankml.quants import WEIGHT_TYPES
 
 LOWERINGS: dict[Op, Callable] = {}
@@ -135,13 +136,27 @@ def _rope(env, g, n, x, pos):
 
 @lowers(Op.SET_ROWS)
 def _set_rows(env, g, n, cache, values, pos):
-    cache[pos] = values.astype(np.float16)          # ggml_cpu_fp32_to_fp16: RNE
+    if n.dtype == "f16":
+        cache[pos] = values.astype(np.float16)      # ggml_cpu_fp32_to_fp16: RNE
+    else:                                           # a quantized cache: quantize_row_q8_0 / _q4_0_ref
+        cache[pos] = attention_quant.quantize_rows(values.reshape(len(pos), -1), n.dtype)
     return cache[: n.shape[0]]
 
 
 @lowers(Op.FLASH_ATTN)
 def _flash_attn(env, g, n, q, k, v, mask):
+    kn, vn = g[n.inputs[1]], g[n.inputs[2]]
+    if (kn.dtype, vn.dtype) != ("f16", "f16"):
+        return attention_quant.flash_attn_quant(q, k, v, kn.dtype, vn.dtype, kn.shape[1], mask, n.params["scale"],
+                                                n.order)
     return attention.flash_attn(q, k, v, mask, n.params["scale"], n.order, n.params.get("n_threads", 1))
+
+
+@lowers(Op.HADAMARD)
+def _hadamard(env, g, n, x):
+    if n.order != FWHT:
+        raise LoweringError(f"hadamard {n.name or n.id}: no reference lowering for {n.order}")
+    return attention_quant.fwht(x, n.params["n"])
 
 
 @lowers(Op.SWIGLU)

@@ -1,0 +1,176 @@
+"""A quantized K/V cache, identical to llama.cpp b11434 with the same `-ctk/-ctv`: every named tensor
+(the Hadamard rotations included, as ggml names them: node_<index>), every logits row across the
+64-row and 512-row edges, decodes to 1,100 cells at llama_threads 2 and 3, and 64 greedy tokens
+against llama-server; on SmolLM2 (head 64: K and V rotated by 64) and the small Qwen3 (head 128:
+K by 128, V by 64). q8_0/q8_0, q4_0/q4_0 and q8_0 K with an f16 V, as the issue asks."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import bankml
+from bankml import oracle
+from bankml.diff import diff
+from bankml.testing import models
+
+pytestmark = pytest.mark.oracle
+
+CACHES = [("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q8_0", "f16")]
+HEADS = {"smollm2-q8_0": 64, "qwen3-small-q1_0": 128}
+
+
+def tokens(n: int, seed: int) -> list[int]:
+    return np.random.default_rng(seed).integers(0, 49152, n).tolist()
+
+
+def assert_rows_identical(record, ours, ref, **what) -> None:
+    bad = list(range(len(ref)))
+    if ours.shape == ref.shape:
+        bad = [i for i, (a, b) in enumerate(zip(oracle.sha256_rows(ours), oracle.sha256_rows(ref))) if a != b]
+    record(compared=len(ref), identical=len(ref) - len(bad), **what)
+    assert ours.shape == ref.shape
+    assert not bad, f"{len(bad)}/{len(ref)} rows differ, first {bad[:5]}"
+
+
+_loaded: dict = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_models():
+    yield
+    for m in _loaded.values():
+        m.close()
+    _loaded.clear()
+
+
+def load(name, backend, kt, vt, llama_threads=2, threads=2) -> bankml.Model:
+    key = (name, backend, kt, vt, llama_threads, threads)
+    if key not in _loaded:
+        _loaded[key] = bankml.load(models.path(name), backend=backend, threads=threads, llama_threads=llama_threads,
+                                   cache_type_k=kt, cache_type_v=vt)
+    return _loaded[key]
+
+
+def case(m, name, **what) -> dict:
+    return dict(model=name, backend=m.backend, cache_type_k=m.cache_type_k, cache_type_v=m.cache_type_v,
+                threads=m.threads, llama_threads=m.llama_threads, **what)
+
+
+@pytest.mark.parametrize("backend", ["llvm", "reference"])
+@pytest.mark.parametrize("kt,vt", CACHES)
+@pytest.mark.parametrize("name", list(HEADS))
+def test_named_tensors_identical(record, name, kt, vt, backend):
+    """7 prompt tokens, then 2 decodes: every named tensor of every micro-batch, the rotations
+    (ggml's node_<index> mul_mats) among them."""
+    m = load(name, backend, kt, vt)
+    r = diff(m, tokens(9, 3), decode_from=7)
+    record(kind="named_tensors", compared=len(r.compared), identical=sum(c.identical for c in r.compared),
+           missing=len(r.missing), **case(m, name, tokens=7, cells=9))
+    assert r.first_difference is None, r.summary()
+    assert not r.missing, r.missing
+    n_layer = m.hparams.n_layer
+    rotations = {c.name for c in r.compared if c.name.startswith("node_") and c.op == "hadamard"}
+    assert len(rotations) == n_layer * (2 + 2 * (vt != "f16")), sorted(rotations)[:8]
+
+
+@pytest.mark.parametrize("kt,vt", CACHES)
+@pytest.mark.parametrize("name", list(HEADS))
+def test_named_tensors_identical_through_a_64_row_micro_batch(record, name, kt, vt):
+    """64 rows: where an f16 cache takes the tiled kernel, a quantized one still runs one_chunk."""
+    m = load(name, "llvm", kt, vt)
+    r = diff(m, tokens(64, 64))
+    record(kind="named_tensors", compared=len(r.compared), identical=sum(c.identical for c in r.compared),
+           missing=len(r.missing), **case(m, name, tokens=64))
+    assert r.first_difference is None, r.summary()
+    assert not r.missing, r.missing
+
+
+@pytest.mark.parametrize("n,outputs", [(65, "last"), (600, "all")])
+@pytest.mark.parametrize("kt,vt", CACHES)
+@pytest.mark.parametrize("name", list(HEADS))
+def test_llvm_prefill_rows_identical_across_the_edges(record, name, kt, vt, n, outputs):
+    """65 rows (the last one's logits) past the tiled kernel's 64; 600 = 512 + 88 rows in two
+    micro-batches. (7 rows and decodes: the named-tensor tests.)"""
+    m = load(name, "llvm", kt, vt)
+    ref = oracle.logits(m.path, tokens(n, n), threads=2, outputs=outputs, cache_type_k=kt, cache_type_v=vt)
+    assert_rows_identical(record, m.session().prefill(tokens(n, n), outputs=outputs), ref,
+                          **case(m, name, kind="prefill", tokens=n, outputs=outputs))
+
+
+@pytest.mark.parametrize("kt,vt", [("q4_0", "q4_0"), ("q8_0", "f16")])
+def test_reference_prefill_rows_identical(record, kt, vt):
+    name = "qwen3-small-q1_0"
+    m = load(name, "reference", kt, vt)
+    ref = oracle.logits(m.path, tokens(65, 65), threads=2, cache_type_k=kt, cache_type_v=vt)
+    assert_rows_identical(record, m.session().prefill(tokens(65, 65), outputs="all"), ref,
+                          **case(m, name, kind="prefill", tokens=65, outputs="all"))
+
+
+def greedy(m, prompt, total):
+    s = m.session()
+    row = s.prefill(prompt, outputs="last")[-1]
+    toks, rows = list(prompt), []
+    while len(toks) < total:
+        toks.append(int(np.argmax(row)))
+        row = s.decode(toks[-1])
+        rows.append(row)
+    return toks, np.stack(rows)
+
+
+DECODES = [("smollm2-q8_0", "q8_0", "q8_0", 2), ("smollm2-q8_0", "q8_0", "q8_0", 3),
+           ("qwen3-small-q1_0", "q4_0", "q4_0", 2), ("qwen3-small-q1_0", "q4_0", "q4_0", 3),
+           ("qwen3-small-q1_0", "q8_0", "f16", 3), ("smollm2-q8_0", "q8_0", "f16", 2)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name,kt,vt,llama_threads", DECODES)
+def test_llvm_greedy_decodes_to_1100_cells(record, name, kt, vt, llama_threads):
+    """A 600-token prompt, then one llama_decode per token to 1,100 cells (n_kv 768 .. 1,280,
+    where an f16 cache would split the keys by llama_threads)."""
+    m = load(name, "llvm", kt, vt, llama_threads=llama_threads)
+    toks, rows = greedy(m, tokens(600, 11), 1100)
+    ref = oracle.logits(m.path, toks, threads=llama_threads, outputs="last", decode_from=600,
+                        cache_type_k=kt, cache_type_v=vt)
+    assert_rows_identical(record, rows, ref[1:], **case(m, name, kind="decode", tokens=600, cells=1100))
+
+
+def test_reference_greedy_decodes(record):
+    """The reference backend through decodes into 512 padded cells (where an f16 cache splits)."""
+    name = "qwen3-small-q1_0"
+    m = load(name, "reference", "q8_0", "q8_0", llama_threads=3)
+    toks, rows = greedy(m, tokens(250, 5), 262)
+    ref = oracle.logits(m.path, toks, threads=3, outputs="last", decode_from=250, cache_type="q8_0")
+    assert_rows_identical(record, rows, ref[1:], **case(m, name, kind="decode", tokens=250, cells=262))
+
+
+@pytest.mark.parametrize("name,kt,vt", [("smollm2-q4_1", "q8_0", "q8_0"), ("qwen3-small-q1_0", "q4_0", "q4_0")])
+def test_greedy_64_tokens_equal_llama_server(record, name, kt, vt):
+    from bankml.oracle.server import LlamaServer
+    from bankml.runtime.generate import GREEDY, generate
+    m = load(name, "llvm", kt, vt)
+    prompts = ["Once upon a time", "<|im_start|>user\nName a color.<|im_end|>\n<|im_start|>assistant\n"]
+    with LlamaServer(m.path, threads=2, extra=("-ctk", kt, "-ctv", vt)) as srv:
+        for i, text in enumerate(prompts):
+            ids = m.tokenize(text)
+            want = srv.completion(ids, 64, temperature=0.0, seed=0)
+            got = list(generate(m, ids, 64, GREEDY, seed=0))
+            record(kind="generate", compared=len(want), identical=sum(a == b for a, b in zip(got, want)),
+                   **case(m, name, prompt=i, tokens=len(ids)))
+            assert got == want, f"prompt {i}"
+
+
+def test_rotation_off_with_llama_attn_rot_disable(record, monkeypatch):
+    """LLAMA_ATTN_ROT_DISABLE=1 (read by bankml at load and by llama.cpp): no rotation, same bits."""
+    monkeypatch.setenv("LLAMA_ATTN_ROT_DISABLE", "1")
+    name = "qwen3-small-q1_0"
+    m = bankml.load(models.path(name), threads=2, llama_threads=2, cache_type="q8_0")
+    try:
+        assert (m.kv.rot_k, m.kv.rot_v) == (0, 0)
+        r = diff(m, tokens(9, 4), decode_from=7)
+    finally:
+        m.close()
+    record(kind="named_tensors", compared=len(r.compared), identical=sum(c.identical for c in r.compared),
+           missing=len(r.missing), model=name, backend="llvm", cache_type_k="q8_0", cache_type_v="q8_0",
+           rotation="disabled")
+    assert r.first_difference is None, r.summary()
+    assert not r.missing and not any(c.name.startswith("node_") for c in r.compared)
