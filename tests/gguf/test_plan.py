@@ -9,7 +9,7 @@ from gguf_fixtures import (ARRAY, BOOL, F16_T, F32, F32_T, I32, Q1_0_T, Q2_0_T, 
 from bankml.errors import ModelRefused
 from bankml.gguf import GGUFFile, plan, read_gguf
 
-Q4_0_T, Q5_K_T = 2, 13
+IQ4_NL_T, Q5_K_T = 20, 13
 
 
 def planned(tmp_path, **kw):
@@ -273,10 +273,10 @@ def test_refuses_mixed_layer_matrix_types_from_header(tmp_path):
             retype={"blk.1.ffn_down.weight": Q8_0_T})
 
 
-@pytest.mark.parametrize("mtype", [Q4_0_T, Q5_K_T], ids=["Q4_0", "Q5_K"])
+@pytest.mark.parametrize("mtype", [IQ4_NL_T, Q5_K_T], ids=["IQ4_NL", "Q5_K"])
 def test_refuses_unsupported_matrix_type_from_header(tmp_path, mtype):
-    name = {Q4_0_T: "Q4_0", Q5_K_T: "Q5_K"}[mtype]
-    refused(tmp_path, f"is {name}; bankml supports F16 Q8_0 Q4_1 Q1_0 Q2_0 Q4_K Q6_K", mtype=mtype, n_ff=512, n_embd=256,
+    name = {IQ4_NL_T: "IQ4_NL", Q5_K_T: "Q5_K"}[mtype]
+    refused(tmp_path, f"is {name}; bankml supports F16 Q8_0 Q4_1 Q1_0 Q2_0 Q4_0 Q5_0 Q5_1 Q4_K Q6_K", mtype=mtype, n_ff=512, n_embd=256,
             n_head=4, n_head_kv=2, etype=F16_T)
 
 
