@@ -100,7 +100,7 @@ def info(model: str, n_ctx: int, cache_type_k: str, cache_type_v: str) -> None:
     kv = KvCacheTypes.of(cache_type_k, cache_type_v, hp.head_dim)
     click.echo(f"{model}: {p.arch}, {hp.n_layer} layers, {hp.n_embd} embd, {hp.n_head}/{hp.n_head_kv} heads of "
                f"{hp.head_dim}, {hp.n_ff} ff, {hp.n_vocab} vocab")
-    click.echo(f"  matrices: {ggml_type_name(p.matrix_type)}; logits from {p.logits_matrix}"
+    click.echo(f"  matrices: {' '.join(map(ggml_type_name, p.matrix_types))}; logits from {p.logits_matrix}"
                f"{' (tied)' if hp.tied else ''}")
     click.echo(f"  rope: {hp.rope_type}, base {hp.rope_freq_base}, scale {hp.rope_freq_scale} ({hp.rope_scaling_type})")
     if hp.n_swa:
@@ -408,7 +408,8 @@ def _plan_json(m) -> dict:
     for name, t in p.weight_types.items():
         types.setdefault(ggml_type_name(t), []).append(name)
     return {"model": str(m.path), "bankml": bankml.__version__, "arch": p.arch, "hparams": asdict(p.hparams),
-            "matrix_type": ggml_type_name(p.matrix_type), "logits_matrix": p.logits_matrix, "weight_types": types}
+            "matrix_type": ggml_type_name(p.matrix_type),
+            "matrix_types": [ggml_type_name(t) for t in p.matrix_types], "logits_matrix": p.logits_matrix, "weight_types": types}
 
 
 def _spirv(model: str) -> None:
