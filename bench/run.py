@@ -75,7 +75,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bandwidth import read_bandwidth  # noqa: E402
 
 DEFAULT_MODELS = ["smollm2-q4_1", "smollm2-f16", "smollm2-q8_0", "smollm2-q2_0", "bonsai-1.7b-q1_0",
-                  "bonsai-1.7b-q2_0"]
+                  "bonsai-1.7b-q2_0", "gemma3-270m-q4_k_m"]
 ROWS = ("pp", "tg", "fresh", "long", "depth")
 DEPTH_MODELS = ["smollm2-q4_1", "bonsai-1.7b-q1_0"]
 DOC = Path(__file__).resolve().parent.parent / "docs" / "PERFORMANCE.md"
