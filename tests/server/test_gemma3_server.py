@@ -1,11 +1,12 @@
 """`bankml serve` against llama-server b11434 on the real Gemma-3-270M Q4_K_M file.
 
-Both servers as test_oracle_server.py runs them (-np 1 --jinja, one thread each), llama-server
-with --swa-full: the full-size sliding-window cache bankml reproduces, under which llama-server
-makes no context checkpoints and processes each prompt as one batch. Its default
-(swa_full=false) differs even for short prompts: it splits the prompt before user messages and
-4 (and 4 + n_ubatch) tokens before its end to make checkpoints, and takes the prompt cache from
-a checkpoint; bankml does not reproduce that (docs/ARCHITECTURES.md, "The SWA cache").
+Both servers as test_oracle_server.py runs them (-np 1 --jinja, one thread each). By default
+(swa_full=false) llama-server makes context checkpoints for this sliding-window model: it
+decodes a prompt in batches that end before user messages and 4 (and 4 + n_ubatch) tokens
+before the end, and keeps a later prompt's prefix only through a checkpoint; bankml serve does
+the same (server/checkpoints.py). Its sliding-window cache of 1,024 cells is a ring that
+bankml does not reproduce, so those requests stay below 1,024 cells; past them both servers
+run --swa-full (the full-size cache, no checkpoints). docs/ARCHITECTURES.md, "The SWA cache".
 
 The file has no tokenizer.chat_template: both servers render ChatML.
 """
@@ -32,6 +33,13 @@ PROMPTS = [
 @pytest.fixture(scope="module")
 def pair():
     with BankmlServer(NAME, "--llama-threads", "1", threads=1) as ours, \
+            LlamaServer(models.path(NAME), threads=1) as theirs:
+        yield ours, theirs
+
+
+@pytest.fixture(scope="module")
+def pair_full():
+    with BankmlServer(NAME, "--llama-threads", "1", "--swa-full", threads=1) as ours, \
             LlamaServer(models.path(NAME), threads=1, extra=("--swa-full",)) as theirs:
         yield ours, theirs
 
@@ -45,8 +53,8 @@ def compare(ours, theirs, path, body):
 @pytest.mark.oracle
 @pytest.mark.server
 def test_gemma3_270m_chat_equals_llama_server(pair, record):
-    """A 3-turn greedy conversation and a seeded one through ChatML (the later turns from the
-    prompt cache): the same text, tokens, finish reasons, usage and cache counts."""
+    """A 3-turn greedy conversation and a seeded one through ChatML (the later turns from a
+    checkpoint): the same text, tokens, finish reasons, usage and cache counts."""
     ours, theirs = pair
     n = 0
     for kw in ({"temperature": 0}, {"seed": 610, "temperature": 0.8}):
@@ -59,28 +67,6 @@ def test_gemma3_270m_chat_equals_llama_server(pair, record):
         assert third["usage"]["prompt_tokens"] < 1024
         n += 1
     record(kind="server", model=NAME, compared=n, identical=n)
-
-
-LONG = " ".join(f"Item {i}: the {w} is {c}." for i, (w, c) in enumerate(
-    [(w, c) for w in ("sky", "sea", "grass", "sun", "snow", "rose", "coal", "sand") for c in
-     ("blue", "green", "white", "red")]))
-
-
-@pytest.mark.oracle
-@pytest.mark.server
-@pytest.mark.slow
-def test_gemma3_270m_conversation_past_the_window_equals_llama_server(pair, record):
-    """A greedy 3-turn conversation of long user messages that passes 1,024 cells (twice the
-    window, and llama-server's default ring size): later turns from the prompt cache, the
-    sliding-window layers masking cells 512 positions back."""
-    ours, theirs = pair
-    messages = [user("Read this list. " + LONG)]
-    for follow in ["Repeat the list backwards. " + LONG, "Which items are blue? " + LONG]:
-        got = compare(ours, theirs, *chat(messages, max_tokens=N, temperature=0))
-        messages += [{"role": "assistant", "content": got["text"]}, user(follow)]
-    third = compare(ours, theirs, *chat(messages, max_tokens=N, temperature=0))
-    assert third["usage"]["prompt_tokens"] > 1024 and third["cache"][0] > 512, third
-    record(kind="server", model=NAME, compared=3, identical=3)
 
 
 @pytest.mark.oracle
@@ -96,3 +82,25 @@ def test_gemma3_270m_generations_equal_llama_server(pair, record):
         compare(ours, theirs, *cmpl(p, max_tokens=N, seed=1000 + i, temperature=0.8, stream=i % 2 == 1))
         n += 2
     record(kind="server", model=NAME, compared=n, identical=n)
+
+
+LONG = " ".join(f"Item {i}: the {w} is {c}." for i, (w, c) in enumerate(
+    [(w, c) for w in ("sky", "sea", "grass", "sun", "snow", "rose", "coal", "sand") for c in
+     ("blue", "green", "white", "red")]))
+
+
+@pytest.mark.oracle
+@pytest.mark.server
+@pytest.mark.slow
+def test_gemma3_270m_conversation_past_the_window_equals_llama_server_swa_full(pair_full, record):
+    """--swa-full on both: a greedy 3-turn conversation of long user messages that passes 1,024
+    cells (twice the window, and the default ring's size): later turns from the prompt cache,
+    the sliding-window layers masking cells 512 positions back."""
+    ours, theirs = pair_full
+    messages = [user("Read this list. " + LONG)]
+    for follow in ["Repeat the list backwards. " + LONG, "Which items are blue? " + LONG]:
+        got = compare(ours, theirs, *chat(messages, max_tokens=N, temperature=0))
+        messages += [{"role": "assistant", "content": got["text"]}, user(follow)]
+    third = compare(ours, theirs, *chat(messages, max_tokens=N, temperature=0))
+    assert third["usage"]["prompt_tokens"] > 1024 and third["cache"][0] > 512, third
+    record(kind="server", model=NAME, compared=3, identical=3)
