@@ -58,6 +58,8 @@ def mul_mat_kquant(w_raw: np.ndarray, wtype: int, x: np.ndarray | Q8KAct, order:
     paths = column_paths(wtype, order, M)
     N = w_raw.shape[0]
     out = np.empty((M, N), f32)
+    if M == 0:                  # no column: a micro-batch without outputs past the last layer's out_ids
+        return out
     step = max(8, _TEMP_ELEMS // (M * K // 4))
     for r0 in range(0, N, step):
         r1 = min(N, r0 + step)
