@@ -75,9 +75,10 @@ def test_reference_gemma3_270m_prefill_rows_identical(record, n, outputs):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("n", [600, 1100])
-def test_reference_gemma3_270m_past_the_window(record, n):
-    prefill_identical(record, "reference", n, "last")
+def test_reference_gemma3_270m_past_the_window(record):
+    """600 tokens (512 + 88): the first micro-batch has no output, so the last layer's FFN
+    mat-muls (after out_ids) have no column; the second crosses the window."""
+    prefill_identical(record, "reference", 600, "last")
 
 
 @pytest.mark.parametrize("backend,n", [("llvm", 7), ("llvm", 65), ("reference", 7)])
