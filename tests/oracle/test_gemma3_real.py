@@ -116,15 +116,6 @@ def greedy(m: bankml.Model, prompt: list[int], total: int) -> tuple[list[int], n
     return toks, np.stack(rows)
 
 
-@pytest.mark.parametrize("llama_threads", [2, 3])
-def test_llvm_gemma3_270m_decodes_across_split_kv(record, llama_threads):
-    """A 250-token prompt, decodes to 270 cells: split-KV from 257 cells (n_kv 512)."""
-    m = load("llvm", llama_threads)
-    toks, rows = greedy(m, tokens(250, 250), 270)
-    ref = oracle.logits(m.path, toks, threads=llama_threads, outputs="last", decode_from=250)
-    assert_rows_identical(record, rows, ref[1:], **decode_case(m, NAME, 250, 270))
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("llama_threads", [2, 3])
 def test_llvm_gemma3_270m_decodes_to_1100_cells(record, llama_threads):
