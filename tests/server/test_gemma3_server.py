@@ -104,3 +104,21 @@ def test_gemma3_270m_conversation_past_the_window_equals_llama_server_swa_full(p
     third = compare(ours, theirs, *chat(messages, max_tokens=N, temperature=0))
     assert third["usage"]["prompt_tokens"] > 1024 and third["cache"][0] > 512, third
     record(kind="server", model=NAME, compared=3, identical=3)
+
+
+@pytest.mark.oracle
+@pytest.mark.server
+@pytest.mark.slow
+def test_gemma3_270m_conversation_past_512_below_1024_cells_equals_llama_server(pair, record):
+    """The default server past the 512 window but below its 1,024-cell ring: the third turn's
+    prefix is past pos_min_thold, so llama-server keeps it without a checkpoint."""
+    ours, theirs = pair
+    half = LONG[:len(LONG) // 2]
+    messages = [user("Read this list. " + LONG)]
+    for follow in ["Now this one. " + half, "Which items are blue?"]:
+        got = compare(ours, theirs, *chat(messages, max_tokens=N, temperature=0))
+        messages += [{"role": "assistant", "content": got["text"]}, user(follow)]
+    third = compare(ours, theirs, *chat(messages, max_tokens=N, temperature=0))
+    assert 512 < third["usage"]["prompt_tokens"] and third["usage"]["total_tokens"] < 1024, third
+    assert third["cache"][0] > 512, third
+    record(kind="server", model=NAME, compared=3, identical=3)
