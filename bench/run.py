@@ -30,6 +30,20 @@ process started as a server starts (load, compile); the prompt's prefill is not 
 all steps, the median and the slowest step and their ratio. llama.cpp: `llama-bench -p 0 -n N
 -r 1` tokens/s (after its one-token warm-up). Ratio bankml/llama.cpp tokens/s.
 
+depth: pp512 and tg128 with 2,048 cells already in the cache (`llama-bench -d 2048`), for the
+--depth-models: llama-bench fills the cache untimed (a prompt of that many tokens) and
+restores that state before every repetition; bankml fills it once, untimed, and truncates the
+session back to those cells before every timed prompt or generation (the same cells again).
+Both size the cache to the test (n_ctx = depth + 512). Best of --reps, ratio as pp/tg.
+
+bandwidth: the machine's read bandwidth with --threads threads, measured in the same run
+(bench/bandwidth.py); each decode row (tg128, tg128 @ d2048, long) is printed as a percentage of
+its bound: bankml's tokens/s times the bytes a decode step reads (every matrix it multiplies,
+one embedding row, the K/V cells its attention reads) over that bandwidth.
+
+Peak memory: each process's max RSS, bankml's with the cache llama-bench gives the same test
+(n_ctx = the test's tokens: 512 for pp512/tg128, depth + 512 for the depth rows).
+
 -ctk/--cache-type-k, -ctv/--cache-type-v: the K/V cache types (f16, q8_0, q4_0) of every row, on both
 sides (llama-bench -ctk/-ctv); rows of a quantized cache are labelled "model [K/V]".
 
@@ -57,9 +71,13 @@ from bankml.oracle.paths import bin_dir
 from bankml.runtime import compile_cache
 from bankml.testing import models
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bandwidth import read_bandwidth  # noqa: E402
+
 DEFAULT_MODELS = ["smollm2-q4_1", "smollm2-f16", "smollm2-q8_0", "smollm2-q2_0", "bonsai-1.7b-q1_0",
-                  "bonsai-1.7b-q2_0"]
-ROWS = ("pp", "tg", "fresh", "long")
+                  "bonsai-1.7b-q2_0", "gemma3-270m-q4_k_m"]
+ROWS = ("pp", "tg", "fresh", "long", "depth")
+DEPTH_MODELS = ["smollm2-q4_1", "bonsai-1.7b-q1_0"]
 DOC = Path(__file__).resolve().parent.parent / "docs" / "PERFORMANCE.md"
 KEEP = "<!-- bench/run.py --write-docs rewrites everything above this line and keeps what follows -->"
 FRESH_MIN, FRESH_MAX = 20, 400
@@ -104,7 +122,8 @@ def llama_bench(path: Path, threads: int, reps: int, prompt: int, gen: int) -> d
 
 def bankml_bench(path: Path, backend: str, threads: int, reps: int, pp: bool = True, tg: bool = True) -> dict:
     """Warm throughput: pp512 and tg128 tokens/s, best of reps, after a warm-up that compiles."""
-    m = bankml.load(path, backend=backend, threads=threads, **CACHE)
+    m = bankml.load(path, backend=backend, threads=threads, n_ctx=512 if pp else 128,
+                    **CACHE)   # as llama-bench's
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, m.hparams.n_vocab, 512).tolist()
     m.session().prefill(prompt[:8], outputs="last")             # warm-up (and compile, for llvm)
@@ -185,6 +204,10 @@ def run_one(a: argparse.Namespace) -> dict:
         return fresh_prompt(path, a.backend, a.threads, lengths, a.seed, warm=a.one_test == "fresh")
     if a.one_test == "long":
         return long_decode(path, a.backend, a.threads, int(a.n), a.seed)
+    if a.one_test == "depth":
+        return depth_bench(path, a.backend, a.threads, a.reps, int(a.n), a.seed)
+    if a.one_test == "bandwidth":
+        return {"gb_s": read_bandwidth(a.threads)}
     return bankml_bench(path, a.backend, a.threads, a.reps, pp="pp" in rows, tg="tg" in rows)
 
 
@@ -248,6 +271,117 @@ def fresh_lengths(seed: int, k: int) -> list[int]:
     """k distinct prompt lengths in FRESH_MIN..FRESH_MAX, drawn from seed."""
     rng = np.random.default_rng(seed)
     return sorted(int(n) for n in rng.choice(np.arange(FRESH_MIN, FRESH_MAX + 1), size=k, replace=False))
+
+
+# ---- depth rows (llama-bench -d) and the bandwidth bound of decode rows ----
+
+def depth_bench(path: Path, backend: str, threads: int, reps: int, depth: int, seed: int) -> dict:
+    """pp512 and tg128 after `depth` cells, as llama-bench -d: the cache filled once, untimed,
+    and the session truncated back to those cells before every timed run; best of reps."""
+    m = bankml.load(path, backend=backend, threads=threads, n_ctx=depth + 512, **CACHE)   # llama-bench's n_ctx
+    m.compile()
+    m.warm_up()
+    ids = np.random.default_rng(seed).integers(0, m.hparams.n_vocab, depth + 512).tolist()
+    s = m.session()
+    s.prefill(ids[:depth], outputs="last")
+    out = {"pp512": 0.0, "tg128": 0.0}
+    for _ in range(reps):
+        s.truncate(depth)
+        t0 = time.perf_counter()
+        s.prefill(ids[depth:], outputs="last")
+        out["pp512"] = max(out["pp512"], 512 / (time.perf_counter() - t0))
+        s.truncate(depth)
+        tok = int(ids[depth])
+        t0 = time.perf_counter()
+        for _ in range(128):
+            tok = int(np.argmax(s.decode(tok)))
+        out["tg128"] = max(out["tg128"], 128 / (time.perf_counter() - t0))
+    return out
+
+
+def depth_rows(name: str, path: Path, a: argparse.Namespace) -> list[dict]:
+    ours = bankml_child(path, a, "depth", a.depth)
+    cmd = [str(bin_dir() / "llama-bench"), "-m", str(path), "-p", "512", "-n", "128", "-d", str(a.depth),
+           "-t", str(a.threads), "-r", str(a.reps), "-o", "json"]
+    stdout, rss = _child(cmd)
+    theirs = {(f"tg{r['n_gen']}" if r["n_gen"] else f"pp{r['n_prompt']}"): r["avg_ts"] for r in json.loads(stdout)}
+    return [{"model": name, "kind": "depth", "test": f"{t} @ d{a.depth}", "unit": "tok/s", "bankml": ours[t],
+             "llama": theirs[t], "ratio": ours[t] / theirs[t], "note": f"n_ctx {a.depth + 512}",
+             "rss": (ours["rss_mb"], rss), "n_kv_from": a.depth} for t in ("pp512", "tg128")]
+
+
+def bandwidth_row(a: argparse.Namespace) -> float:
+    gb_s = bankml_child(Path("-"), a, "bandwidth")["gb_s"]
+    print(f"read bandwidth, {a.threads} threads (bench/bandwidth.py): {gb_s:.1f} GB/s", flush=True)
+    return gb_s
+
+
+def decode_bytes(path: Path) -> tuple[int, int]:
+    """Bytes one decode step reads: (fixed, per K/V cell): every matrix it multiplies, one row of
+    each matrix it only gathers from (the embedding), the norms; the K and V cells its attention
+    reads, per cell."""
+    from bankml.ir.ops import Op
+    from bankml.quants import WEIGHT_TYPES
+    with bankml.load(path, backend="reference") as m:
+        g = m.graph(1, 256, 1)
+    users = g.users()
+    fixed = per_cell = 0
+    for n in g:
+        if n.op is Op.WEIGHT:
+            t = int(n.params["ggml_type"])
+            size = 4 * int(np.prod(n.shape)) if t == 0 else WEIGHT_TYPES[t].row_bytes(n.shape[-1]) * n.shape[0]
+            gathered = all(g[u].op is Op.GET_ROWS for u in users.get(n.id, []))
+            fixed += size // n.shape[0] if gathered else size
+        elif n.op is Op.CACHE:
+            per_cell += 2 * int(np.prod(n.shape)) // 256
+    return fixed, per_cell
+
+
+def report_bounds(results: list[dict], gb_s: float, a: argparse.Namespace) -> list[dict]:
+    """Each decode row against its bound: bytes a step reads at the cells it reads / bandwidth."""
+    out = []
+    per_model = {}
+    for r in [r for r in results if r["test"].startswith(("tg", "long"))]:
+        path = models.path(r["model"])
+        if r["model"] not in per_model:
+            per_model[r["model"]] = decode_bytes(path)
+        fixed, per_cell = per_model[r["model"]]
+        first = r.get("n_kv_from", 1 if r["kind"] == "long" else 0) + 1
+        steps = r["n"] if r["kind"] == "long" else 128
+        kv_size = -(-(first + steps) // 256) * 256
+        cells = [min(kv_size, max(256, -(-used // 256) * 256)) for used in range(first, first + steps)]
+        nbytes = fixed + per_cell * float(np.mean(cells))
+        bound = gb_s * 1e9 / nbytes
+        b = {"model": r["model"], "kind": "bound", "test": r["test"], "mb": nbytes / 1e6, "bound": bound,
+             "bankml_pct": 100 * r["bankml"] / bound, "llama_pct": 100 * r["llama"] / bound, "gb_s": gb_s}
+        print(f"{b['model']:20} {b['test']:14} {b['mb']:8.1f} MB/token, bound {bound:8.2f} tok/s: "
+              f"bankml {b['bankml_pct']:5.1f}%, llama.cpp {b['llama_pct']:5.1f}%", flush=True)
+        out.append(b)
+    return out
+
+
+def depth_and_bound_md(rows: list[dict], a: argparse.Namespace) -> str:
+    lines = []
+    if mine := [r for r in rows if r["kind"] == "depth"]:
+        lines += [f"## Depth {a.depth}", "",
+                  f"pp512 and tg128 with {a.depth} cells already in the cache (`llama-bench -d {a.depth}`; the "
+                  "cache is filled untimed and restored before every repetition). Best of "
+                  f"{a.reps}; both sized to the test (n_ctx {a.depth + 512}).", "",
+                  "| model | test | bankml tok/s | llama.cpp tok/s | ratio | bankml max RSS (MB) | "
+                  "llama-bench max RSS (MB) |", "|---|---|---|---|---|---|---|"] + [
+                  f"| {r['model']} | {r['test']} | {r['bankml']:.2f} | {r['llama']:.2f} | {r['ratio']:.3f} | "
+                  f"{r['rss'][0]:.0f} | {r['rss'][1]:.0f} |" for r in mine] + [""]
+    if mine := [r for r in rows if r["kind"] == "bound"]:
+        lines += ["## Decode against the bandwidth bound", "",
+                  f"Read bandwidth of this machine with {a.threads} threads, measured in the same run "
+                  f"(bench/bandwidth.py): {mine[0]['gb_s']:.1f} GB/s. Bound: that bandwidth over the bytes "
+                  "one decode step reads (matrices, one embedding row, norms, the K/V cells read, averaged "
+                  "over the steps).", "",
+                  "| model | test | MB per token | bound tok/s | bankml % of bound | llama.cpp % of bound |",
+                  "|---|---|---|---|---|---|"] + [
+                  f"| {r['model']} | {r['test']} | {r['mb']:.1f} | {r['bound']:.2f} | {r['bankml_pct']:.1f} | "
+                  f"{r['llama_pct']:.1f} |" for r in mine] + [""]
+    return "\n".join(lines)
 
 
 # ---- output ----
@@ -337,12 +471,14 @@ def main() -> None:
     ap.add_argument("--rows", default=",".join(ROWS), help="which rows to run, of " + ",".join(ROWS))
     ap.add_argument("--fresh-lengths", type=int, default=5, help="fresh: how many prompt lengths")
     ap.add_argument("--long-tokens", type=int, default=1100, help="long: how many decode steps")
+    ap.add_argument("--depth", type=int, default=2048, help="depth: cells in the cache before pp512/tg128")
+    ap.add_argument("--depth-models", default=",".join(DEPTH_MODELS), help="depth: for these of --models")
     ap.add_argument("--seed", type=int, help="draws the fresh lengths and all token ids (default: a new one)")
     ap.add_argument("--write-docs", action="store_true")
     ap.add_argument("-ctk", "--cache-type-k", default="f16", help="K cache type (llama-bench's -ctk)")
     ap.add_argument("-ctv", "--cache-type-v", default="f16", help="V cache type (llama-bench's -ctv)")
     ap.add_argument("--one", help=argparse.SUPPRESS)         # internal: one bankml measurement, print JSON
-    ap.add_argument("--one-test", default="pptg", choices=["pptg", "fresh", "cold", "long"], help=argparse.SUPPRESS)
+    ap.add_argument("--one-test", default="pptg", choices=["pptg", "fresh", "cold", "long", "depth", "bandwidth"], help=argparse.SUPPRESS)
     ap.add_argument("--n", default="0", help=argparse.SUPPRESS)
     a = ap.parse_args()
     rows = a.rows.split(",")
@@ -362,6 +498,7 @@ def main() -> None:
           (f", fresh prompt lengths {lengths}" if "fresh" in rows else ""))
     print_header()
     results = []
+    bw = bandwidth_row(a) if {"tg", "long", "depth"} & set(rows) else None
     for name in a.models.split(","):
         path = models.path(name)
         name = labelled(name)
@@ -371,8 +508,12 @@ def main() -> None:
             results += report(fresh_rows(name, path, a, lengths))
         if "long" in rows:
             results += report(long_rows(name, path, a))
+        if "depth" in rows and name in a.depth_models.split(","):
+            results += report(depth_rows(name, path, a))
+    if bw is not None:
+        results += report_bounds(results, bw, a)
     if a.write_docs:
-        write_docs(DOC, markdown(results, a, command_line(a.seed)))
+        write_docs(DOC, markdown(results, a, command_line(a.seed)) + "\n" + depth_and_bound_md(results, a))
 
 
 if __name__ == "__main__":

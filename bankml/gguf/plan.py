@@ -26,9 +26,7 @@ from bankml.runtime.tokenizer import vocab_refusal
 F32, F16, Q4_1, Q8_0, Q1_0, Q2_0 = 0, 1, 3, 8, 41, 42
 Q4_0, Q5_0, Q5_1 = 2, 6, 7
 Q4_K, Q6_K = 12, 14
-MATRIX_TYPES = (F16, Q8_0, Q4_1, Q1_0, Q2_0, Q4_0, Q5_0, Q5_1, Q4_K, Q6_K)   # bankml's weight types for layer matrices
-MIXABLE_TYPES = (Q8_0, Q4_K, Q6_K)   # llama-quantize's K-quant mixes (Q4_K_M...): any of these per tensor
-EMBED_TYPES = (F16, Q8_0)                       # token_embd/output may also be one of these
+MATRIX_TYPES = (F16, Q8_0, Q4_1, Q1_0, Q2_0, Q4_0, Q5_0, Q5_1, Q4_K, Q6_K)   # bankml's weight types, any per tensor
 HEAD_DIMS = (64, 128, 256)
 ROPE_SCALING_TYPES = ("none", "linear", "yarn")  # llama.cpp also knows longrope: refused
 GGUF_BOOL = 7
@@ -79,7 +77,8 @@ class Plan:
     hparams: HParams
     weight_types: dict[str, int]  # tensor name -> ggml type, file order
     logits_matrix: str            # "output.weight" or "token_embd.weight" when tied
-    matrix_type: int              # the one ggml type of every layer matrix
+    matrix_type: int              # the most common type of the matrices (llama.cpp's guessed file type)
+    matrix_types: tuple[int, ...] = ()  # every type of the matrices, most common first (each tensor has its own)
 
 
 def plan(gguf: GGUFFile, arch: str | None = None) -> Plan:
@@ -97,12 +96,12 @@ def plan(gguf: GGUFFile, arch: str | None = None) -> Plan:
     expected = spec.tensors(hp)
     _check_tensor_names(gguf, keys, spec, expected)
     _check_shapes(gguf, keys, expected)
-    matrix_type = _check_types(gguf, keys, expected)
+    matrix_types = _check_types(gguf, keys, expected)
     why = vocab_refusal(gguf.metadata, gguf.value_types)
     if why:
         raise keys.refuse(why)
     return Plan(spec.name, hp, {t.name: t.ggml_type for t in gguf.tensors.values()},
-                "token_embd.weight" if hp.tied else "output.weight", matrix_type)
+                "token_embd.weight" if hp.tied else "output.weight", matrix_types[0], matrix_types)
 
 
 class _Keys:
@@ -270,11 +269,14 @@ def _check_shapes(gguf: GGUFFile, keys: _Keys, expected: dict) -> None:
             raise keys.refuse(f"tensor {name} has shape {list(got)}, hparams give {list(shape)}")
 
 
-def _check_types(gguf: GGUFFile, keys: _Keys, expected: dict) -> int:
-    """One matrix type for all layers; token_embd/output that type, F16 or Q8_0; F32 norms."""
+def _check_types(gguf: GGUFFile, keys: _Keys, expected: dict) -> tuple[int, ...]:
+    """Each matrix (embeddings and output too) one of bankml's weight types, whole blocks per row;
+    F32 norms. Types mix per tensor as llama-quantize's mixes (Q4_K_M...) make them: every mul_mat
+    quantizes its activation to its own weight's vec_dot type (passes/share_quantized_activations).
+    Returns the matrices' types, most common first (ties in file order), as llama.cpp's
+    `llama_model_loader` guesses the file type from the most common tensor type."""
     names = " ".join(map(ggml_type_name, MATRIX_TYPES))
-    first = next(n for n, (_, role) in expected.items() if role == "matrix")
-    matrix_type = gguf.tensors[first].ggml_type
+    counts: dict[int, int] = {}
     for name, (shape, role) in expected.items():
         t = gguf.tensors[name]
         if role == "norm" and t.ggml_type != F32:
@@ -283,16 +285,9 @@ def _check_types(gguf: GGUFFile, keys: _Keys, expected: dict) -> int:
             continue
         if t.ggml_type not in MATRIX_TYPES:
             raise keys.refuse(f"tensor {name} is {t.type_name}; bankml supports {names}")
-        mixed = t.ggml_type in MIXABLE_TYPES and matrix_type in MIXABLE_TYPES
-        if role == "matrix" and t.ggml_type != matrix_type and not mixed:
-            raise keys.refuse(f"tensor {name} is {t.type_name} but {first} is "
-                              f"{ggml_type_name(matrix_type)}; bankml needs one type for all layer matrices")
-        if role == "embed" and t.ggml_type not in (matrix_type, *EMBED_TYPES) and not mixed:
-            allowed = " ".join(dict.fromkeys(map(ggml_type_name, (matrix_type, *EMBED_TYPES))))
-            raise keys.refuse(f"tensor {name} is {t.type_name} with {ggml_type_name(matrix_type)} layers; "
-                              f"it must be one of {allowed}")
         block = GGML_TYPES[t.ggml_type][1]
         if shape[0] % block:
             raise keys.refuse(f"tensor {name} rows of {shape[0]} are not a multiple of the "
                               f"{t.type_name} block ({block})")
-    return matrix_type
+        counts[t.ggml_type] = counts.get(t.ggml_type, 0) + 1
+    return tuple(sorted(counts, key=lambda t: -counts[t]))

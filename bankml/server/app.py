@@ -34,10 +34,10 @@ PUBLIC = {"/health", "/v1/health"}
 
 class Server:
     def __init__(self, model, n_slots: int = 1, queue_size: int = 16, api_key: str | None = None,
-                 cache_ram_mib: int = 8192):
+                 cache_ram_mib: int = 8192, swa_full: bool = False):
         self.model = model
         self.name = model.path.name
-        self.pool = SlotPool(model, n_slots, queue_size, cache_ram_mib)
+        self.pool = SlotPool(model, n_slots, queue_size, cache_ram_mib, swa_full)
         self.workers = {s.id: ThreadPoolExecutor(1, thread_name_prefix=f"bankml-slot-{s.id}") for s in self.pool.slots}
         self.api_key = api_key
         self.started = time.time()
@@ -164,6 +164,7 @@ async def _openai(request: Request, chat: bool):
         if chat:
             messages = openai.chat_messages(body)
             prompt = await run_in_threadpool(openai.chat_prompt, srv.model, messages)
+            fields["user_starts"] = openai.user_starts(srv.model, prompt)
         else:
             prompt = await run_in_threadpool(openai.completion_prompt, srv.model, body)
         events = await srv.generate(prompt, fields)
@@ -230,6 +231,8 @@ async def _ollama(request: Request, kind: str):
         stream = ollama.streaming(body)
         build = ollama.chat_ids if kind == "chat" else ollama.generate_ids
         prompt = await run_in_threadpool(build, srv.model, body)
+        if kind == "chat":
+            fields["user_starts"] = openai.user_starts(srv.model, prompt)
         events = await srv.generate(prompt, fields)
     except BadRequest as e:
         return JSONResponse(ollama.error_body(str(e)), status_code=e.status)
@@ -304,8 +307,9 @@ async def server_error(request: Request, exc):
     return JSONResponse(openai.error_body(str(exc), 500, "server_error"), status_code=500)
 
 
-def make_app(model, n_slots: int = 1, queue_size: int = 16, api_key: str | None = None, cache_ram_mib: int = 8192):
-    server = Server(model, n_slots, queue_size, api_key, cache_ram_mib)
+def make_app(model, n_slots: int = 1, queue_size: int = 16, api_key: str | None = None, cache_ram_mib: int = 8192,
+             swa_full: bool = False):
+    server = Server(model, n_slots, queue_size, api_key, cache_ram_mib, swa_full)
     routes = [
         Route("/health", health), Route("/v1/health", health),
         Route("/v1/models", models), Route("/models", models), Route("/slots", slots),

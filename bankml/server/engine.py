@@ -18,6 +18,7 @@ from typing import Callable
 
 from bankml.runtime.sampler import LLAMA_DEFAULT_SEED, Sampler, SamplerParams
 from bankml.runtime.tokenizer import tokenizer_for
+from bankml.server import checkpoints as ckpt
 from bankml.server.slots import Slot, prefix_state
 
 
@@ -28,6 +29,7 @@ class Job:
     params: SamplerParams = SamplerParams()
     seed: int = LLAMA_DEFAULT_SEED
     stop: list[str] = field(default_factory=list)
+    user_starts: frozenset = frozenset()    # a chat prompt's user-message starts (message_spans)
     cache_prompt: bool = True
 
 
@@ -75,7 +77,13 @@ def run_job(model, slot: Slot, job: Job, on_text: Callable[[str, int], None] = l
     rest = job.prompt[n_cached:]
     sampler = Sampler(job.params, job.seed)
     t0 = time.perf_counter()
-    row = sess.prefill(rest, outputs="last")[-1]
+    if slot.n_swa:                      # llama-server's checkpoint batches (server/checkpoints.py)
+        slot.n_tasks += 1
+        for start, stop in ckpt.batches(n_cached, len(job.prompt), set(job.user_starts), slot.checkpoints,
+                                        slot.n_tasks):
+            row = sess.prefill(job.prompt[start:stop], outputs="last")[-1]
+    else:
+        row = sess.prefill(rest, outputs="last")[-1]
     slot.tokens = list(job.prompt)
     t1 = time.perf_counter()
     out: list[int] = []

@@ -96,10 +96,22 @@ def _digest(path) -> str:
     return h.hexdigest()
 
 
-def details(model) -> dict:
+# general.file_type (include/llama.h llama_ftype) as ollama names it; the types bankml runs
+FILE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 14: "Q4_K_S",
+              15: "Q4_K_M", 18: "Q6_K", 40: "Q1_0", 41: "Q2_0"}
+
+
+def quantization_level(model) -> str:
+    """The header's general.file_type (Q4_K_M for a per-tensor mix), else the most common matrix type."""
     from bankml.gguf.reader import ggml_type_name
+    ftype = model.gguf.metadata.get("general.file_type")
+    return FILE_TYPES.get(int(ftype), ggml_type_name(model.plan.matrix_type)) if ftype is not None \
+        else ggml_type_name(model.plan.matrix_type)
+
+
+def details(model) -> dict:
     return {"parent_model": "", "format": "gguf", "family": model.plan.arch, "families": [model.plan.arch],
-            "parameter_size": "", "quantization_level": ggml_type_name(model.plan.matrix_type)}
+            "parameter_size": "", "quantization_level": quantization_level(model)}
 
 
 def tags(model, model_name: str) -> dict:

@@ -75,6 +75,17 @@ def chat_prompt(model, messages: list[dict], add_generation_prompt: bool = True)
     return model.tokenize(text, add_special=True, parse_special=True)
 
 
+def user_starts(model, prompt: list[int]) -> frozenset:
+    """Where the chat prompt's user messages start (llama-server's message_spans, from the
+    template autoparser's user_start): for ChatML (a file without a template) "<|im_start|>user".
+    Another template's delimiter is not derived: no spans (server/checkpoints.py)."""
+    from bankml.runtime.chat import has_chat_template
+    from bankml.server.checkpoints import user_starts as starts
+    if not model.hparams.n_swa or has_chat_template(model):
+        return frozenset()
+    return frozenset(starts(prompt, model.tokenize("<|im_start|>user", add_special=False, parse_special=True)))
+
+
 def completion_prompt(model, body: dict) -> list[int]:
     """A /v1/completions prompt: a string, or a list of token ids (one prompt only)."""
     if "prompt" not in body:

@@ -28,6 +28,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from bankml.runtime.chat import common_prefix
+from bankml.server import checkpoints as ckpt
 
 SLOT_PROMPT_SIMILARITY = 0.1        # common/common.h: slot_prompt_similarity
 CACHE_RAM_MIB = 8192                # common/common.h: cache_ram_mib
@@ -42,6 +43,7 @@ class SavedPrompt:
     """server_prompt_cache_state: the ids and the cells (K/V rows) of one saved slot."""
     tokens: list[int]
     cells: dict                      # (layer, "k"|"v") -> f16 array [n_tokens, n_head_kv, head_dim]
+    checkpoints: list = field(default_factory=list)   # the slot's context checkpoints (server_prompt)
 
     def size(self) -> int:
         return sum(a.nbytes for a in self.cells.values())
@@ -61,7 +63,7 @@ class PromptCache:
     def n_tokens(self) -> int:
         return sum(len(s.tokens) for s in self.states)
 
-    def save(self, tokens: list[int], sess) -> None:
+    def save(self, tokens: list[int], sess, checkpoints: list | None = None) -> None:
         """slot.prompt_save then server_prompt_cache::alloc."""
         if not tokens:
             return
@@ -69,7 +71,7 @@ class PromptCache:
             return                                  # already in the cache
         n = len(tokens)
         cells = {key: a[:n].copy() for key, a in sess.caches.items()}
-        new = SavedPrompt(list(tokens), cells)
+        new = SavedPrompt(list(tokens), cells, list(checkpoints or []))
         if self.limit_size and new.size() > self.limit_size:
             return
         self.states = deque(s for s in self.states if common_prefix(s.tokens, tokens) != len(s.tokens))
@@ -97,6 +99,7 @@ class PromptCache:
             slot.session.caches[key][:n] = a
         slot.session.restore(n)
         slot.tokens = list(best.tokens)
+        slot.checkpoints = list(best.checkpoints)
         self.states.remove(best)
 
     def update(self) -> None:
@@ -116,10 +119,15 @@ class Slot:
     tokens: list[int] = field(default_factory=list)     # the ids in the session's cells, in order
     busy: bool = False
     t_last_used: float = -1.0
+    n_swa: int = 0                  # the model's window when llama-server's checkpoints apply (swa_full=false)
+    checkpoints: list = field(default_factory=list)     # server/checkpoints.py
+    n_tasks: int = 0
 
     def keep_for(self, prompt: list[int], cache_prompt: bool = True) -> int:
         """How many cells a prompt keeps (llama-server's n_past), at least one token left to compute."""
         n = common_prefix(self.tokens, prompt) if cache_prompt else 0
+        if self.n_swa:
+            n = ckpt.keep(n, len(prompt), self.n_swa, self.checkpoints)
         if n == len(prompt) and n > 0:
             n -= 1
         return n
@@ -128,9 +136,11 @@ class Slot:
 class SlotPool:
     """--parallel slots over one model, and a bounded FIFO of requests waiting for one."""
 
-    def __init__(self, model, n_slots: int = 1, queue_size: int = 16, cache_ram_mib: int = CACHE_RAM_MIB):
+    def __init__(self, model, n_slots: int = 1, queue_size: int = 16, cache_ram_mib: int = CACHE_RAM_MIB,
+                 swa_full: bool = False):
         self.model = model
-        self.slots = [Slot(i, model.session()) for i in range(n_slots)]
+        n_swa = 0 if swa_full else model.hparams.n_swa
+        self.slots = [Slot(i, model.session(), n_swa=n_swa) for i in range(n_slots)]
         self.queue_size = queue_size
         self.cache = PromptCache(cache_ram_mib, model.n_ctx) if cache_ram_mib != 0 else None
         self.waiting: deque[asyncio.Future] = deque()
@@ -196,7 +206,7 @@ class SlotPool:
                         t_last, ret = s.t_last_used, s
                 update_cache = True
             if update_cache and self.cache is not None:
-                self.cache.save(ret.tokens, ret.session)
+                self.cache.save(ret.tokens, ret.session, ret.checkpoints)
                 self.cache.load(ret, prompt)
                 self.cache.update()
             ret.busy = True

@@ -14,6 +14,8 @@
 - Random-weight Gemma 3s shaped like Gemma-3-270M in small (256 embd, 6 layers: 5 sliding-window
   layers and one global, 2 heads and 1 K/V head of 256, 512 ff, tied), with a 48-token window (to
   cross it cheaply) or the real 512; F16, and `--pure` Q8_0.
+- llama-kq-mixed: the random llama-kq in Q5_0 with `--tensor-type` overrides (Q5_1 k and up,
+  Q6_K v, Q4_K gate, Q8_0 embeddings): one input read by q8_0, q8_1 and q8_K mat-muls.
 Random models borrow SmolLM2's BPE vocabulary (Qwen3 ones under the `qwen2` pre-tokenizer).
 """
 from __future__ import annotations
@@ -96,6 +98,10 @@ MODELS = {
     "llama-kq-q4_k_m": ("quantize-mix", "llama-kq-f16", "Q4_K_M"),   # llama-quantize's default mix
     "llama-kq-q4_k": ("quantize", "llama-kq-f16", "Q4_K"),
     "llama-kq-q6_k": ("quantize", "llama-kq-f16", "Q6_K"),
+    # one input quantized three ways: attn_norm to q8_0 (Q5_0 q), q8_1 (Q5_1 k) and q8_K (Q6_K v),
+    # ffn_norm to q8_1 (Q5_1 up) and q8_K (repacked Q4_K gate); Q8_0 embeddings, Q5_0 output
+    "llama-kq-mixed": ("quantize-types", "llama-kq-f16",
+                       "Q5_0 attn_k=q5_1 attn_v=q6_k ffn_up=q5_1 ffn_gate=q4_k token_embd=q8_0"),
 }
 ON_REQUEST = {"bonsai-1.7b-f16", "bonsai-1.7b-q1_0", "bonsai-1.7b-q2_0"}
 MIXED = ["gemma3-270m-q4_k_m", "gemma3-vocab-prefix", "smollm2-vocab-specials"]     # prepared by default too; types mixed or no tensors
@@ -127,6 +133,9 @@ def _make(name: str, dst: Path) -> None:
             _write_vocab(path(src), tmp, {})
         elif how in ("quantize", "quantize-mix"):
             _quantize(path(src), tmp, qtype, pure=how == "quantize")
+        elif how == "quantize-types":
+            base, *overrides = qtype.split()
+            _quantize(path(src), tmp, base, extra=[a for o in overrides for a in ("--tensor-type", o)])
         else:
             _write_random(SHAPES[src], tmp)
     except BaseException:
@@ -228,12 +237,13 @@ def _write_vocab(src: Path, dst: Path, flip: dict) -> None:
     w.close()
 
 
-def _quantize(src: Path, dst: Path, qtype: str, pure: bool = True) -> None:
+def _quantize(src: Path, dst: Path, qtype: str, pure: bool = True, extra: list[str] = ()) -> None:
     """llama-quantize --allow-requantize --pure: every matrix, embeddings included, in one type
-    (pure=False: the type's own per-tensor mix, as llama-quantize makes released files)."""
+    (pure=False: the type's own per-tensor mix, as llama-quantize makes released files; extra:
+    more options, --tensor-type PATTERN=TYPE overrides)."""
     from bankml.oracle.build import build
     build()
-    cmd = [str(bin_dir() / "llama-quantize"), "--allow-requantize", *(["--pure"] if pure else []),
+    cmd = [str(bin_dir() / "llama-quantize"), "--allow-requantize", *(["--pure"] if pure else []), *extra,
            str(src), str(dst), qtype, "2"]
     r = subprocess.run(cmd, capture_output=True, text=True)
     if r.returncode != 0:

@@ -7,6 +7,8 @@ from gguf_fixtures import (ARRAY, BOOL, F16_T, F32, F32_T, I32, Q1_0_T, Q2_0_T, 
                            real_models, write_model)
 
 from bankml.errors import ModelRefused
+
+Q5_0_T, Q4_K_T, Q6_K_T = 6, 12, 14
 from bankml.gguf import GGUFFile, plan, read_gguf
 
 IQ4_NL_T, Q5_K_T = 20, 13
@@ -268,9 +270,11 @@ def test_refuses_longrope_from_header(tmp_path):
             kv_edit={"llama.rope.scaling.type": (STR, "longrope")})
 
 
-def test_refuses_mixed_layer_matrix_types_from_header(tmp_path):
-    refused(tmp_path, "tensor blk.1.ffn_down.weight is Q8_0 but blk.0.attn_q.weight is F16",
-            retype={"blk.1.ffn_down.weight": Q8_0_T})
+def test_plans_matrix_types_mixed_per_tensor(tmp_path):
+    """Real files mix types per tensor (llama-quantize's Q4_K_M...): each matrix keeps its own."""
+    p = planned(tmp_path, retype={"blk.1.ffn_down.weight": Q8_0_T, "output.weight": Q4_1_T})
+    assert p.weight_types["blk.1.ffn_down.weight"] == Q8_0_T and p.weight_types["blk.0.ffn_down.weight"] == F16_T
+    assert p.matrix_type == F16_T and set(p.matrix_types) == {F16_T, Q8_0_T, Q4_1_T}
 
 
 @pytest.mark.parametrize("mtype", [IQ4_NL_T, Q5_K_T], ids=["IQ4_NL", "Q5_K"])
@@ -280,9 +284,9 @@ def test_refuses_unsupported_matrix_type_from_header(tmp_path, mtype):
             n_head=4, n_head_kv=2, etype=F16_T)
 
 
-def test_refuses_q1_0_token_embd_with_q4_1_layers_from_header(tmp_path):
-    refused(tmp_path, "tensor token_embd.weight is Q1_0 with Q4_1 layers; it must be one of Q4_1 F16 Q8_0",
-            mtype=Q4_1_T, etype=Q1_0_T)
+def test_plans_q1_0_token_embd_with_q4_1_layers(tmp_path):
+    p = planned(tmp_path, mtype=Q4_1_T, etype=Q1_0_T)
+    assert p.matrix_type == Q4_1_T and p.weight_types["token_embd.weight"] == Q1_0_T
 
 
 def test_refuses_f32_output_from_header(tmp_path):
@@ -303,7 +307,7 @@ class Untouchable:
 
 REFUSED = {
     "bias": dict(add=[("blk.0.attn_q.bias", (128,), F32_T)]),
-    "mixed_types": dict(retype={"blk.1.ffn_down.weight": Q8_0_T}),
+    "f16_norm": dict(retype={"blk.0.attn_norm.weight": F16_T}),
     "wrong_shape": dict(reshape={"blk.0.attn_k.weight": (128, 128)}),
     "other_arch": dict(kv_edit={"general.architecture": (STR, "gemma")}),
 }
@@ -329,13 +333,10 @@ TYPE_IN_NAME = {"f16": F16_T, "q8_0": Q8_0_T, "q4_1": Q4_1_T, "q1_0": Q1_0_T, "q
 def test_plans_real_model(path):
     if path is None:
         pytest.skip("no real GGUF models found")
-    if path.name == "gemma3-270m-q4_k_m.gguf":
-        # gemma3 is planned up to its weight types: Q5_0/Q4_K/Q6_K are not run yet (issue 14's
-        # type work); once they are, this file plans like the others
-        with pytest.raises(ModelRefused, match=r"tensor blk\.0\.attn_q\.weight is Q5_0; bankml supports"):
-            plan(read_gguf(path))
-        return
     p = plan(read_gguf(path))
+    if path.name == "gemma3-270m-q4_k_m.gguf":       # 81 Q5_0, 27 Q4_K, 10 Q8_0, 9 Q6_K matrices
+        assert p.arch == "gemma3" and p.matrix_types == (Q5_0_T, Q4_K_T, Q8_0_T, Q6_K_T)
+        assert p.weight_types["blk.0.attn_v.weight"] == Q8_0_T and p.weight_types["blk.0.ffn_down.weight"] == Q6_K_T
     suffix = path.stem.rsplit("-", 1)[-1].rsplit(".", 1)[-1].lower()
     if suffix in TYPE_IN_NAME:
         assert p.matrix_type == TYPE_IN_NAME[suffix]

@@ -161,29 +161,63 @@ def _q4_1(b, K, wrows, cols):
             for r in range(R)]
 
 
+_BYTE_SHUF = ir.Constant(v32i8, [j // 8 for j in range(32)])          # byte j of the expansion: bits byte j/8
+_BIT_MASKS = ir.Constant(v32i8, [1 << (j % 8) for j in range(32)])     # ... and its bit j%8
+_SAT_7F = ir.Constant(v32i8, [0x7F] * 32)
+_MINUS_ONES16 = ir.Constant(v16i16, [-1] * 16)
+
+
+def q1_0_neg_signs(b, word):
+    """The 32 bits of one Q1_0 sub-block (i32) as sign bytes for vpsignb: negative where the
+    bit is set, positive where it is clear, as ggml's AVX2 expansion (broadcast, vpshufb of the
+    bytes, vpand with the bit masks) followed by one saturating add of 0x7F (bit set: 0x7F + 2^j
+    >= 0x80 stays >= 0x80; clear: 0x7F), which replaces ggml's compare, xor and subtract."""
+    v = b.bitcast(splat(b, word), v32i8)
+    pshufb = intrinsic(b.module, "llvm.x86.avx2.pshuf.b", v32i8, [v32i8, v32i8])
+    t = b.and_(b.call(pshufb, [v, _BYTE_SHUF]), _BIT_MASKS)
+    return b.call(intrinsic(b.module, "llvm.uadd.sat.v32i8", v32i8, [v32i8, v32i8]), [t, _SAT_7F])
+
+
+def q1_0_sums(b, aq, neg):
+    """Lane l = sum over 4l..4l+3 of (+a where the bit is set, -a where clear), exact: vpsignb
+    makes -(+-a), vpmaddubsw with ones the pair sums, vpmaddwd with -1 the negated quad sums."""
+    pairs = maddubs(b, ONES, psign(b, aq, neg))
+    madd = intrinsic(b.module, "llvm.x86.avx2.pmadd.wd", ir.VectorType(i32, 8), [v16i16, v16i16])
+    return b.call(madd, [pairs, _MINUS_ONES16])
+
+
 def _q1_0(b, K, wrows, cols):
+    """One column (decode): sub-block by sub-block, each activation block loaded once for the R
+    rows. Several columns (one row): the row's bits expanded once, column by column. Every
+    (row, column) keeps ggml's float chain; the orders only keep the live vectors in registers."""
     R, C = len(wrows), len(cols.x)
-    plus, minus = ir.Constant(v32i8, [1] * 32), ir.Constant(v32i8, [-1] * 32)
+    v8f = ir.VectorType(f32, 8)
+
+    def word(w, wb, k):
+        return b.load(at(b, w, b.add(wb, i64(2 + 4 * k)), i32), align=1)
 
     def step(ib, accs):
         wb, xb = b.mul(ib, i64(18)), b.mul(ib, i64(4 * 34))
-        wd, sgn = [], []
-        for w in wrows:
-            wd.append(splat(b, load_h(b, w, wb)))
-            bits = [b.bitcast(b.load(at(b, w, b.add(wb, i64(2 + 4 * k)), i32), align=1), ir.VectorType(i1, 32))
-                    for k in range(4)]
-            sgn.append([b.select(bt, plus, minus) for bt in bits])      # +1 where the bit is set, else -1
-        out = []
-        for c, x in enumerate(cols.x):
-            ad = [_col_d(b, cols, b.add(b.mul(ib, i64(4)), i64(k)), c) for k in range(4)]
-            aq = [b.load(at(b, x, b.add(xb, i64(34 * k + 2)), v32i8), align=1) for k in range(4)]
+        wd = [splat(b, load_h(b, w, wb)) for w in wrows]
+        blk = [None] * (R * C)
+
+        def sub_block(k, c, negs):
+            ad = _col_d(b, cols, b.add(b.mul(ib, i64(4)), i64(k)), c)
+            aq = b.load(at(b, cols.x[c], b.add(xb, i64(34 * k + 2)), v32i8), align=1)
             for r in range(R):
-                blk = None
+                s = b.sitofp(q1_0_sums(b, aq, negs[r]), v8f)
+                p = r * C + c
+                blk[p] = b.fmul(ad, s) if k == 0 else fma(b, ad, s, blk[p])
+
+        if C == 1:
+            for k in range(4):
+                sub_block(k, 0, [q1_0_neg_signs(b, word(w, wb, k)) for w in wrows])
+        else:
+            negs = [[q1_0_neg_signs(b, word(w, wb, k)) for w in wrows] for k in range(4)]
+            for c in range(C):
                 for k in range(4):
-                    s = b.sitofp(sums_us8(b, ONES, psign(b, aq[k], sgn[r][k])), ir.VectorType(f32, 8))
-                    blk = b.fmul(ad[k], s) if k == 0 else fma(b, ad[k], s, blk)
-                out.append((r * C + c, fma(b, wd[r], blk, accs[r * C + c])))
-        return [v for _, v in sorted(out, key=lambda t: t[0])]
+                    sub_block(k, c, negs[k])
+        return [fma(b, wd[p // C], blk[p], accs[p]) for p in range(R * C)]
 
     return _finish(b, R, C, block_loop(b, K // 128, [zero8()] * (R * C), step))
 

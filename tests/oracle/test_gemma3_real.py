@@ -1,0 +1,135 @@
+"""The real Gemma-3-270M Q4_K_M file identical to llama.cpp: logits rows and named tensors, both backends.
+
+Its matrices mix four types per tensor (81 Q5_0, 27 Q4_K, 10 Q8_0 with the embeddings, 9 Q6_K):
+Q, K, gate and up (Q5_0) share one q8_0 activation with V (Q8_0); attn_output (Q4_K, 640 rows:
+ggml's repacked 8x8 gemm/gemv with q8_K activations) and ffn_down (Q6_K, q8_K) quantize their
+own inputs; the tied logits are a Q8_0 mul_mat of 262,144 rows. Prompts of 1..65 tokens stay in
+one micro-batch; 600 crosses the 512 window inside the second micro-batch (512 + 88); 1,100 is
+three micro-batches (512 + 512 + 76), the last one's queries seeing only the window. Decodes run
+to 1,100 cells (split-KV, the oldest cells leaving the window) at llama_threads 2 and 3.
+
+Tokens are drawn over the whole 262,144-token vocabulary (get_rows of any Q8_0 embedding row).
+The oracle harness runs llama_context_default_params(): swa_full (a full-size SWA cache).
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from test_logits import assert_rows_identical, decode_case, prefill_case
+from test_named_tensors import record_diff
+
+import bankml
+from bankml import oracle
+from bankml.diff import diff
+from bankml.testing import models
+
+pytestmark = pytest.mark.oracle
+
+NAME = "gemma3-270m-q4_k_m"
+N_VOCAB = 262144
+_loaded: dict = {}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_models():
+    yield
+    for m in _loaded.values():
+        m.close()
+    _loaded.clear()
+
+
+def load(backend: str, llama_threads: int = 2) -> bankml.Model:
+    key = (backend, llama_threads)
+    if key not in _loaded:
+        _loaded[key] = bankml.load(models.path(NAME), backend=backend, threads=2, llama_threads=llama_threads)
+    return _loaded[key]
+
+
+def tokens(n: int, seed: int) -> list[int]:
+    return np.random.default_rng(seed).integers(0, N_VOCAB, n).tolist()
+
+
+def prefill_identical(record, backend: str, n: int, outputs: str) -> None:
+    m = load(backend)
+    t = tokens(n, n)
+    ref = oracle.logits(m.path, t, threads=2, outputs=outputs)
+    got = m.session().prefill(t, outputs=outputs)
+    assert_rows_identical(record, got, ref, **prefill_case(m, NAME, n, outputs))
+
+
+@pytest.mark.parametrize("outputs", ["all", "last"])
+@pytest.mark.parametrize("n", [1, 7, 63, 64, 65, 600])
+def test_llvm_gemma3_270m_prefill_rows_identical(record, n, outputs):
+    prefill_identical(record, "llvm", n, outputs)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("outputs", ["all", "last"])
+def test_llvm_gemma3_270m_1100_token_prompt(record, outputs):
+    prefill_identical(record, "llvm", 1100, outputs)
+
+
+@pytest.mark.parametrize("n,outputs", [(1, "all"), (7, "all"), (65, "last")])
+def test_reference_gemma3_270m_prefill_rows_identical(record, n, outputs):
+    prefill_identical(record, "reference", n, outputs)
+
+
+@pytest.mark.slow
+def test_reference_gemma3_270m_past_the_window(record):
+    """600 tokens (512 + 88): the first micro-batch has no output, so the last layer's FFN
+    mat-muls (after out_ids) have no column; the second crosses the window."""
+    prefill_identical(record, "reference", 600, "last")
+
+
+@pytest.mark.parametrize("backend,n", [("llvm", 7), ("llvm", 65), ("reference", 7)])
+def test_gemma3_270m_named_tensors_identical(record, backend, n):
+    """Every named tensor of every layer (sliding-window and global; the Q5_0, Q8_0, Q4_K and
+    Q6_K mat-muls among them) equals llama.cpp's."""
+    r = diff(load(backend), tokens(n, n), backend=backend)
+    record_diff(record, r, model=NAME, backend=backend, tokens=n, outputs="all")
+    assert r.first_difference is None, r.summary()
+    got = {c.name for c in r.compared}
+    for want in ("Vcur-0", "kqv_out-0", "attn_post_norm-0", "ffn_geglu-0", "ffn_out-0", "l_out-5",
+                 "l_out-17", "result_output"):
+        assert want in got, want
+    assert not r.missing, r.missing
+
+
+@pytest.mark.slow
+def test_llvm_gemma3_270m_named_tensors_past_the_window(record):
+    """A 600-token prompt: the second micro-batch's sliding-window layers mask cells < pos - 511."""
+    r = diff(load("llvm"), tokens(600, 600), outputs="last", backend="llvm")
+    record_diff(record, r, model=NAME, backend="llvm", tokens=600, outputs="last")
+    assert r.first_difference is None, r.summary()
+    assert not r.missing, r.missing
+
+
+def greedy(m: bankml.Model, prompt: list[int], total: int) -> tuple[list[int], np.ndarray]:
+    """Greedy decodes until the cache holds `total` cells; the logits rows of the decodes."""
+    s = m.session()
+    row = s.prefill(prompt, outputs="last")[-1]
+    toks, rows = list(prompt), []
+    while len(toks) < total:
+        toks.append(int(np.argmax(row)))
+        row = s.decode(toks[-1])
+        rows.append(row)
+    return toks, np.stack(rows)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("llama_threads", [2, 3])
+def test_llvm_gemma3_270m_decodes_to_1100_cells(record, llama_threads):
+    """A 600-token prompt, then greedy decodes to 1,100 cells (n_kv 768..1280, split-KV chunks of
+    ceil(n_kv / llama_threads) cells, cells leaving the 512 window on the sliding layers)."""
+    m = load("llvm", llama_threads)
+    toks, rows = greedy(m, tokens(600, 601), 1100)
+    ref = oracle.logits(m.path, toks, threads=llama_threads, outputs="last", decode_from=600)
+    assert_rows_identical(record, rows, ref[1:], **decode_case(m, NAME, 600, 1100))
+
+
+def test_reference_gemma3_270m_decodes(record):
+    """The reference backend's decodes after a prompt of 40 tokens, at llama_threads 3."""
+    m = load("reference", 3)
+    toks, rows = greedy(m, tokens(40, 40), 44)
+    ref = oracle.logits(m.path, toks, threads=3, outputs="last", decode_from=40)
+    assert_rows_identical(record, rows, ref[1:], **decode_case(m, NAME, 40, 44))
