@@ -114,23 +114,32 @@ def _finish(b, R, C, accs):
 
 
 def _q8_0(b, K, wrows, cols):
-    R, C = len(wrows), len(cols.x)
+    """The products r(wd * ad) of the tile are made first, one vmulps per (block, row) for the C
+    columns, into scratch; the block loop then broadcasts each from memory (a load, not a vector
+    op) into its fma. The same f32 products as ggml's scalar wd * ad."""
+    R, C, nb = len(wrows), len(cols.x), K // 32
+    vc = ir.VectorType(f32, C)
+    dwp = scratch(b, f32, nb * R * C, "q8.dw")
+    with for_range(b, 0, nb, name="dw") as kb:
+        ad = b.load(typed_gep(b, cols.d, b.mul(kb, i64(C)), vc), align=4)
+        for r, w in enumerate(wrows):
+            dw = b.fmul(splat(b, load_h(b, w, b.mul(kb, i64(34))), C), ad)
+            b.store(dw, typed_gep(b, dwp, b.add(b.mul(kb, i64(R * C)), i64(r * C)), vc), align=4)
 
     def step(ib, accs):
         wb = b.mul(ib, i64(34))
-        ad = [_col_d(b, cols, ib, c) for c in range(C)]
         aq = [b.load(at(b, x, b.add(wb, i64(2)), v32i8), align=1) for x in cols.x]
         out = []
         for r, w in enumerate(wrows):
-            wd = splat(b, load_h(b, w, wb))
             wq = b.load(at(b, w, b.add(wb, i64(2)), v32i8), align=1)
             wabs = psign(b, wq, wq)
             for c in range(C):
+                dw = splat(b, b.load(b.gep(dwp, [b.add(b.mul(ib, i64(R * C)), i64(r * C + c))])))
                 s = b.sitofp(sums_us8(b, wabs, psign(b, aq[c], wq)), ir.VectorType(f32, 8))
-                out.append(fma(b, b.fmul(wd, ad[c]), s, accs[r * C + c]))
+                out.append(fma(b, dw, s, accs[r * C + c]))
         return out
 
-    return _finish(b, R, C, block_loop(b, K // 32, [zero8()] * (R * C), step))
+    return _finish(b, R, C, block_loop(b, nb, [zero8()] * (R * C), step))
 
 
 def _q4_1(b, K, wrows, cols):
