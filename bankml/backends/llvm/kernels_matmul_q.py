@@ -13,7 +13,9 @@ Float steps per (row, column) pair, exactly as backends/reference/matmul.py:
   permuted order (one variable shift), the activation is permuted to match once per column
   tile, is = sum(q*a) - sum(a) reduces eight pairs at once (vphaddw tree), and the scalar
   float steps of the eight pairs run side by side in the lanes of one vector.
-Per column tile, prep converts the activation's f16 scales to f32 scratch [block][column].
+Per column tile, prep converts the activation's f16 scales to f32 scratch [block][column]; per
+tile of several columns, Q8_0 and Q4_1 make their products r(wd*ad) into scratch first
+(_products). Q1_0 expands its bits as ggml's AVX2 vec_dot does (q1_0_neg_signs, q1_0_sums).
 """
 from __future__ import annotations
 
