@@ -4,7 +4,7 @@
 
 TYPE K N M: weight type name, row length, weight rows, activation columns. Random bytes (the
 speed of a kernel does not depend on the values); prints the median time of one call and
-weight bytes per second. Not a test: a measuring tool for docs/PERFORMANCE.md.
+weight bytes per second, and the calling thread's CPU time (steadier on a busy machine). Not a test: a measuring tool for docs/PERFORMANCE.md.
 """
 from __future__ import annotations
 
@@ -61,14 +61,15 @@ def main() -> None:
     sizes = {"T": a.m, "O": a.m}
     for _ in range(5):
         jit.call_kernel(kern[0], kern[1], out, [wb, xb], 0, 1, sizes)
-    times = []
+    times, cpu = [], []
     for _ in range(a.reps):
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         jit.call_kernel(kern[0], kern[1], out, [wb, xb], 0, 1, sizes)
         times.append(time.perf_counter() - t0)
+        cpu.append(time.thread_time() - c0)
     med = float(np.median(times))
     print(f"{a.type} K={a.k} N={a.n} M={a.m}: median {med * 1e3:.3f} ms, min {min(times) * 1e3:.3f} ms, "
-          f"{wb.nbytes / med / 1e9:.2f} GB/s of weights")
+          f"{wb.nbytes / med / 1e9:.2f} GB/s of weights; thread CPU time median {np.median(cpu) * 1e3:.3f} ms")
 
 
 if __name__ == "__main__":

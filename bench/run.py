@@ -279,11 +279,10 @@ def depth_bench(path: Path, backend: str, threads: int, reps: int, depth: int, s
     """pp512 and tg128 after `depth` cells, as llama-bench -d: the cache filled once, untimed,
     and the session truncated back to those cells before every timed run; best of reps."""
     m = bankml.load(path, backend=backend, threads=threads, n_ctx=depth + 512, **CACHE)   # llama-bench's n_ctx
-    m.compile()
-    m.warm_up()
     ids = np.random.default_rng(seed).integers(0, m.hparams.n_vocab, depth + 512).tolist()
     s = m.session()
-    s.prefill(ids[:depth], outputs="last")
+    s.prefill(ids[:depth], outputs="last")      # untimed; compiles (or loads) the prefill graph
+    s.decode(ids[depth])                        # warm-up: the decode graph of this depth
     out = {"pp512": 0.0, "tg128": 0.0}
     for _ in range(reps):
         s.truncate(depth)

@@ -143,12 +143,12 @@ def plan_arena(g: Graph, cg: CompiledGraph, reuse: bool = True) -> tuple[dict[in
             last_use[root(g, n.id)] = max(last_use.get(root(g, n.id), -1), k)
     keep = {root(g, i) for i in g.outputs.values()}
     offsets: dict[int, int] = {}
-    free: list[tuple[int, int]] = []       # (offset, size)
+    free: list[tuple[int, int]] = []       # (offset, size), sorted, neighbours merged
     pending: list[tuple[int, int]] = []
     top = 0
     for k, n in enumerate(cg.kernels):
         if cg.barrier_before[k]:
-            free += pending
+            free = _merged(free + pending)
             pending = []
         if root(g, n.id) == n.id:
             size = -(-nbytes(n) // ALIGN) * ALIGN
@@ -159,6 +159,10 @@ def plan_arena(g: Graph, cg: CompiledGraph, reuse: bool = True) -> tuple[dict[in
                 offsets[n.id] = best[0]
                 if best[1] > size:
                     free.append((best[0] + size, best[1] - size))
+                    free.sort()
+            elif reuse and free and sum(free[-1]) == top:      # grow the free block at the top
+                offsets[n.id] = free.pop()[0]
+                top = offsets[n.id] + size
             else:
                 offsets[n.id] = top
                 top += size
@@ -166,6 +170,17 @@ def plan_arena(g: Graph, cg: CompiledGraph, reuse: bool = True) -> tuple[dict[in
             if last_use.get(i) == k and i in offsets and i not in keep:
                 pending.append((offsets[i], -(-nbytes(g[i]) // ALIGN) * ALIGN))
     return offsets, top
+
+
+def _merged(blocks: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Free (offset, size) blocks sorted, adjacent ones joined into one."""
+    out: list[tuple[int, int]] = []
+    for off, size in sorted(blocks):
+        if out and sum(out[-1]) == off:
+            out[-1] = (out[-1][0], out[-1][1] + size)
+        else:
+            out.append((off, size))
+    return out
 
 
 @functools.cache

@@ -258,6 +258,22 @@ def _hsum8(b, v):
     return b.fadd(b.fadd(x[0], x[2]), b.fadd(x[1], x[3]))
 
 
+def _transpose8(b, x):
+    """The 8x8 transpose of eight 8-lane vectors (unpack, shuffle, 128-bit permute stages):
+    lane j of result l is lane l of x[j]."""
+    def shuf(a, c, idx):
+        return b.shuffle_vector(a, c, ir.Constant(ir.VectorType(i32, 8), idx))
+    t = []
+    for i in range(0, 8, 2):
+        t += [shuf(x[i], x[i + 1], [0, 8, 1, 9, 4, 12, 5, 13]), shuf(x[i], x[i + 1], [2, 10, 3, 11, 6, 14, 7, 15])]
+    u = []
+    for i in (0, 4):
+        for a, c in ((t[i], t[i + 2]), (t[i + 1], t[i + 3])):
+            u += [shuf(a, c, [0, 1, 8, 9, 4, 5, 12, 13]), shuf(a, c, [2, 3, 10, 11, 6, 7, 14, 15])]
+    return [shuf(u[k % 4], u[k % 4 + 4], [0, 1, 2, 3, 8, 9, 10, 11] if k < 4 else [4, 5, 6, 7, 12, 13, 14, 15])
+            for k in range(8)]
+
+
 def _partial_i16(b, p, off, lanes: int):
     """The first `lanes` i16 at p[off] in a vector whose other lanes hold -inf's bits (a pad key)."""
     v = ir.Constant(v8i16, [NEG_INF_F16_BITS] * 8)
@@ -297,13 +313,21 @@ def _define_tiled(e: _Emit) -> None:
             b.store(seen, anyp)
         active = b.icmp_unsigned("!=", b.bitcast(b.load(anyp), ir.IntType(128)), ir.IntType(128)(0))
         with b.if_then(active):
-            with for_range(b, 0, kc, name="kj") as j:              # K -> f32, transposed: kt[d][j]
-                base = e.kv_off(b.add(ic, j), hk)
-                for d in range(0, D, 8):
-                    x = e.hload(e.k, b.add(base, i64(d)))
-                    for l in range(8):
-                        at = b.add(b.mul(i64(d + l), i64(T)), j)
-                        b.store(b.extract_element(x, i32(l)), b.gep(kt, [at]))
+            kc8 = kc // 8 * 8
+            with for_range(b, 0, kc8, step=8, name="kg") as j0:    # K -> f32, transposed: kt[d][j],
+                for d in range(0, D, 8):                           # 8 keys x 8 d at a time
+                    x = [e.hload(e.k, e.kv_off(b.add(ic, b.add(j0, i64(l))), hk, d)) for l in range(8)]
+                    for l, y in enumerate(_transpose8(b, x)):
+                        e.vstore(y, kt, b.add(i64((d + l) * T), j0), 32)
+            if kc8 < kc:
+                with for_range(b, kc8, kc, name="kj") as j:
+                    base = e.kv_off(b.add(ic, j), hk)
+                    for d in range(0, D, 8):
+                        x = e.hload(e.k, b.add(base, i64(d)))
+                        for l in range(8):
+                            at = b.add(b.mul(i64(d + l), i64(T)), j)
+                            b.store(b.extract_element(x, i32(l)), b.gep(kt, [at]))
+            with for_range(b, 0, kc, name="vj") as j:
                 base = e.kv_off(b.add(ic, j), hk)
                 for d in range(0, DV, 8):                          # V -> f32: vt[j][d]
                     e.vstore(e.hload(e.v, b.add(base, i64(d))), vt, b.add(b.mul(j, i64(DV)), i64(d)), 32)

@@ -13,7 +13,9 @@ Float steps per (row, column) pair, exactly as backends/reference/matmul.py:
   permuted order (one variable shift), the activation is permuted to match once per column
   tile, is = sum(q*a) - sum(a) reduces eight pairs at once (vphaddw tree), and the scalar
   float steps of the eight pairs run side by side in the lanes of one vector.
-Per column tile, prep converts the activation's f16 scales to f32 scratch [block][column].
+Per column tile, prep converts the activation's f16 scales to f32 scratch [block][column]; per
+tile of several columns, Q8_0 and Q4_1 make their products r(wd*ad) into scratch first
+(_products). Q1_0 expands its bits as ggml's AVX2 vec_dot does (q1_0_neg_signs, q1_0_sums).
 """
 from __future__ import annotations
 
@@ -99,38 +101,49 @@ def _col_d(b, cols, kb, c):
     return splat(b, b.load(b.gep(cols.d, [b.add(b.mul(kb, i64(C)), i64(c))])))
 
 
-def _col_dw(b, cols, kb, wd):
-    """Per column c of the tile: splat(r(wd * f32(a.d))) of block kb: one vmulps for the C columns,
-    then a lane broadcast each (the same bits as the scalar product ggml makes per pair)."""
-    C = len(cols.x)
-    ad = b.load(typed_gep(b, cols.d, b.mul(kb, i64(C)), ir.VectorType(f32, C)), align=4)
-    dw = b.fmul(splat(b, wd, C), ad)
-    return [b.shuffle_vector(dw, ir.Constant(dw.type, ir.Undefined), ir.Constant(ir.VectorType(i32, 8), [c] * 8))
-            for c in range(C)]
-
-
 def _finish(b, R, C, accs):
     return [[hsum8(b, accs[r * C + c]) for c in range(C)] for r in range(R)]
 
 
-def _q8_0(b, K, wrows, cols):
+def _products(b, K, wrows, cols, wbb: int):
+    """get(kb, r, c): splat of the f32 product r(wd * ad) of block kb, row r, column c (weight
+    blocks of wbb bytes, their f16 scale first). Several columns: all products of the tile are
+    made first, one vmulps per (block, row) for the C columns, into scratch [K/32][R][C], and get
+    is a broadcast load (a load, not a vector op, in the fma loop). One column: made in place."""
     R, C = len(wrows), len(cols.x)
+    if C == 1:
+        return lambda kb, r, c: b.fmul(splat(b, load_h(b, wrows[r], b.mul(kb, i64(wbb)))),
+                                       splat(b, b.load(b.gep(cols.d, [kb]))))
+    vc = ir.VectorType(f32, C)
+    dwp = scratch(b, f32, K // 32 * R * C, "tile.dw")
+    with for_range(b, 0, K // 32, name="dw") as kb:
+        ad = b.load(typed_gep(b, cols.d, b.mul(kb, i64(C)), vc), align=4)
+        for r, w in enumerate(wrows):
+            dw = b.fmul(splat(b, load_h(b, w, b.mul(kb, i64(wbb))), C), ad)
+            b.store(dw, typed_gep(b, dwp, b.add(b.mul(kb, i64(R * C)), i64(r * C)), vc), align=4)
+    return lambda kb, r, c: splat(b, b.load(b.gep(dwp, [b.add(b.mul(kb, i64(R * C)), i64(r * C + c))])))
+
+
+def _q8_0(b, K, wrows, cols):
+    """acc = fma(r(wd * ad), s, acc) with the products from _products (the same f32 products as
+    ggml's scalar wd * ad)."""
+    R, C, nb = len(wrows), len(cols.x), K // 32
+    dw_of = _products(b, K, wrows, cols, 34)
 
     def step(ib, accs):
         wb = b.mul(ib, i64(34))
-        ad = [_col_d(b, cols, ib, c) for c in range(C)]
         aq = [b.load(at(b, x, b.add(wb, i64(2)), v32i8), align=1) for x in cols.x]
         out = []
         for r, w in enumerate(wrows):
-            wd = splat(b, load_h(b, w, wb))
             wq = b.load(at(b, w, b.add(wb, i64(2)), v32i8), align=1)
             wabs = psign(b, wq, wq)
             for c in range(C):
+                dw = dw_of(ib, r, c)
                 s = b.sitofp(sums_us8(b, wabs, psign(b, aq[c], wq)), ir.VectorType(f32, 8))
-                out.append(fma(b, b.fmul(wd, ad[c]), s, accs[r * C + c]))
+                out.append(fma(b, dw, s, accs[r * C + c]))
         return out
 
-    return _finish(b, R, C, block_loop(b, K // 32, [zero8()] * (R * C), step))
+    return _finish(b, R, C, block_loop(b, nb, [zero8()] * (R * C), step))
 
 
 def _q4_1(b, K, wrows, cols):
@@ -139,6 +152,8 @@ def _q4_1(b, K, wrows, cols):
     cat = ir.Constant(ir.VectorType(i32, 32), list(range(32)))
     vc = ir.VectorType(f32, C)
 
+    dw_of = _products(b, K, wrows, cols, 20)
+
     def step(ib, st):
         accs, summs = st[:R * C], st[R * C:]
         wb, xb = b.mul(ib, i64(20)), b.mul(ib, i64(36))
@@ -146,12 +161,12 @@ def _q4_1(b, K, wrows, cols):
         aq = [b.load(at(b, x, b.add(xb, i64(4)), v32i8), align=1) for x in cols.x]
         na, ns = [], []
         for r, w in enumerate(wrows):
-            dw, wm = _col_dw(b, cols, ib, load_h(b, w, wb)), load_h(b, w, b.add(wb, i64(2)))
+            wm = load_h(b, w, b.add(wb, i64(2)))
             qs = b.load(at(b, w, b.add(wb, i64(4)), v16i8), align=1)
             wq = b.shuffle_vector(b.and_(qs, lo4), b.lshr(qs, sh4), cat)
             for c in range(C):
                 s = b.sitofp(sums_us8(b, wq, aq[c]), ir.VectorType(f32, 8))
-                na.append(fma(b, dw[c], s, accs[r * C + c]))
+                na.append(fma(b, dw_of(ib, r, c), s, accs[r * C + c]))
             ns.append(fma(b, splat(b, wm, C), as_, summs[r]))
         return na + ns
 

@@ -8,7 +8,8 @@
 Every pool thread calls the native graph function through ctypes (which releases the GIL), so
 Python is not on the per-op path; the calling thread is thread 0. Threads never change the
 bits: every kernel's result is independent of nth. Buffers are planned once per compiled
-graph, for the largest value of each size; `values` gives this call's sizes (the dims vector
+graph, for the largest value of each size, in one arena that every compiled graph of the
+backend shares (runs take turns; outputs are copied out); `values` gives this call's sizes (the dims vector
 every kernel reads), inputs are copied into the first rows of their buffers.
 
 With trace, the graph runs one kernel at a time (graph_part) on the same buffers, and
@@ -19,6 +20,8 @@ its cache, as the reference gives it).
 from __future__ import annotations
 
 import ctypes
+import ctypes.util
+import gc
 import queue
 import threading
 from typing import Callable
@@ -79,15 +82,14 @@ class _Pool:
 
 
 class _Buffers:
-    """The bufs table of one compiled graph on one arena plan, and the arrays behind it."""
+    """The bufs table of one compiled graph on one arena plan, and the arrays behind it. The
+    arena itself is the backend's, shared by its compiled graphs (one runs at a time): `place`
+    points the table at it."""
 
     def __init__(self, g: Graph, cg: CompiledGraph):
-        offsets, size = plan_arena(g, cg)
-        self.arena = np.zeros(size + ALIGN, np.uint8)
-        base = self.arena.ctypes.data
-        base += (-base) % ALIGN
-        self.base_off = base - self.arena.ctypes.data
+        offsets, self.size = plan_arena(g, cg)
         self.offsets = offsets
+        self.arena, self.base_off = None, 0
         self.table = (ctypes.c_void_p * len(cg.order))()
         self.inputs: dict[int, tuple[str, np.ndarray]] = {}
         self.leaves: dict[int, object] = {}            # node id -> the array last bound (weights, caches)
@@ -95,6 +97,7 @@ class _Buffers:
         self.bound = [n for n in cg.order if n.op in (Op.WEIGHT, Op.CACHE)]
         self.dims = np.zeros(len(DIM_SLOTS), np.int64)
         self.values: Bindings = {}
+        self.in_arena: list[tuple[int, int]] = []       # (table slot, arena offset)
         for n in cg.order:
             s = cg.slot[n.id]
             if n.op is Op.INPUT:
@@ -102,9 +105,17 @@ class _Buffers:
                 self.inputs[n.id] = (n.params["input"], buf)
                 self.table[s] = buf.ctypes.data if buf.size else None
             elif n.id in offsets:
-                self.table[s] = base + offsets[n.id]
+                self.in_arena.append((s, offsets[n.id]))
             elif n.op in (Op.RESHAPE, Op.SET_ROWS):
                 self.aliases.append((s, cg.slot[root(g, n.id)]))
+
+    def place(self, arena: np.ndarray) -> None:
+        """Put this graph's buffers in arena (at least size + ALIGN bytes)."""
+        base = arena.ctypes.data
+        base += (-base) % ALIGN
+        self.arena, self.base_off = arena, base - arena.ctypes.data
+        for s, off in self.in_arena:
+            self.table[s] = base + off
 
     def view(self, n: Node) -> np.ndarray:
         """Node n's buffer at this call's sizes."""
@@ -132,6 +143,15 @@ class _Buffers:
             self.table[s] = self.table[r]
 
 
+def _release_freed_heap() -> None:
+    """Give the heap that emitting a graph used (its llvmlite IR objects, tens of MB for a large
+    model) back to the system: collected now, and glibc's free pages returned (malloc_trim)."""
+    gc.collect()
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    if hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
+
+
 def _checked(n: Node, a: np.ndarray) -> np.ndarray:
     if not (isinstance(a, np.ndarray) and a.flags.c_contiguous):
         raise BankmlError(f"{n.params.get('tensor') or n.op.value}: the llvm backend needs a C-contiguous array")
@@ -149,6 +169,7 @@ class LlvmBackend:
     def __init__(self, weights: Callable[[str], np.ndarray], threads: int = 1, gpu=None):
         self.weights, self.threads, self.gpu = weights, max(1, int(threads)), gpu
         self.compiled: dict[int, tuple[Graph, CompiledGraph, _Buffers]] = {}
+        self.arena = np.zeros(0, np.uint8)     # every compiled graph's buffers (one run at a time)
         self.pool = _Pool(self.threads) if self.threads > 1 else None
         self.lock = threading.RLock()          # one run at a time: a compiled graph has one set of buffers
 
@@ -158,7 +179,15 @@ class LlvmBackend:
             if id(g) in self.compiled:
                 return 0.0
             cg = compile_graph(g)
-            self.compiled[id(g)] = (g, cg, _Buffers(g, cg))
+            _release_freed_heap()
+            bufs = _Buffers(g, cg)
+            self.compiled[id(g)] = (g, cg, bufs)
+            if bufs.size + ALIGN > self.arena.nbytes:        # a larger arena for every graph
+                self.arena = np.zeros(bufs.size + ALIGN, np.uint8)
+                for _, _, b in self.compiled.values():
+                    b.place(self.arena)
+            else:
+                bufs.place(self.arena)
             return cg.compile_s["emit"] + cg.compile_s["jit"]
 
     def run(self, g: Graph, values: Bindings, inputs: dict, caches: dict,
@@ -186,6 +215,7 @@ class LlvmBackend:
     def close(self) -> None:
         """Release the compiled code, the buffers and the pool threads."""
         self.compiled.clear()
+        self.arena = np.zeros(0, np.uint8)
         if self.pool is not None:
             self.pool.close()
             self.pool = None
