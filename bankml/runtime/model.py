@@ -35,13 +35,15 @@ if TYPE_CHECKING:
 class Model:
     def __init__(self, path, backend: str = "llvm", threads: int = 1, llama_threads: int | None = None,
                  cache_type: str = "f16", n_ubatch: int = 512, n_ctx: int = 4096, gpu: str | int | None = None,
-                 arch: str | None = None):
+                 arch: str | None = None, profile: str = "ggml"):
         if backend not in BACKENDS:
             raise BankmlError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
         if cache_type != "f16":
             raise BankmlError(f"cache_type {cache_type!r} is not reproduced yet; bankml supports f16")
         if threads < 1 or (llama_threads is not None and llama_threads < 1) or n_ubatch < 1 or n_ctx < 1:
             raise BankmlError("threads, llama_threads, n_ubatch and n_ctx must be positive")
+        _check_profile(profile, backend, gpu)
+        self.profile = profile          # float orders: "ggml" (llama.cpp's bits) | "portable" (docs/PORTABLE.md)
         self.path = Path(path)
         self.gguf = read_gguf(self.path)
         self.plan = make_plan(self.gguf)
@@ -76,6 +78,8 @@ class Model:
         self._build(b)
         g = b.g
         g.meta["llama_threads"] = self.llama_threads
+        if self.profile != "ggml":
+            g.meta["profile"] = self.profile
         if n_outputs == 0:          # no logits wanted: only the cache writes stay alive
             g.outputs = {}
         return g
@@ -192,12 +196,23 @@ class Model:
         self.close()
 
 
+def _check_profile(profile: str, backend: str, gpu) -> None:
+    from bankml.profiles import PROFILES
+    if profile not in PROFILES:
+        raise BankmlError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
+    if profile == "portable" and backend != "reference":
+        raise BankmlError("profile 'portable' runs on the reference backend only for now (backend='reference')")
+    if profile == "portable" and gpu not in (None, "off"):
+        raise BankmlError("profile 'portable' has no GPU lowering yet; leave gpu off")
+
+
 def load(path, backend: str = "llvm", threads: int | None = None, llama_threads: int | None = None,
-         cache_type: str = "f16", n_ubatch: int = 512, n_ctx: int = 4096, gpu: str | int | None = None, arch: str | None = None) -> Model:
+         cache_type: str = "f16", n_ubatch: int = 512, n_ctx: int = 4096, gpu: str | int | None = None, arch: str | None = None,
+         profile: str = "ggml") -> Model:
     """Read and plan a GGUF (refusing what bankml does not reproduce, from the header alone).
 
     `arch` runs the graph of another registered architecture (bankml.arch.registry) on the
     file's weights, e.g. one defined outside the package (examples/custom_architecture.py).
     """
     threads = threads or min(4, os.cpu_count() or 1)
-    return Model(path, backend, threads, llama_threads, cache_type, n_ubatch, n_ctx, gpu, arch)
+    return Model(path, backend, threads, llama_threads, cache_type, n_ubatch, n_ctx, gpu, arch, profile)

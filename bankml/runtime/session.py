@@ -15,6 +15,9 @@ class Session:
         hp = model.hparams
         shape = (model.kv_size, hp.n_head_kv, hp.head_dim)
         self.caches = {(il, kind): np.zeros(shape, np.float16) for il in range(hp.n_layer) for kind in "kv"}
+        if getattr(model, "profile", "ggml") == "portable":     # int8 rows with f16 scales (profiles/portable)
+            from bankml.profiles.portable.attention import cache_dtype
+            self.caches = {key: np.zeros(shape[:2], cache_dtype(hp.head_dim)) for key in self.caches}
         self.n_past = 0
         self.trace: Callable[[int, Node, np.ndarray], None] | None = None   # (ubatch, node, value)
         self._ubatch_index = 0
