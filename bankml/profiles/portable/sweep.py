@@ -67,9 +67,26 @@ def sweep(name: str, per_binade: int) -> tuple[float, int]:
     return float(np.max(ulp_error(y[ok], true[ok]))), int(x.size)
 
 
+def exhaustive(name: str) -> tuple[float, int]:
+    """rsqrt over every f32 in [1, 4) and recip over every f32 in [1, 2): both scale exactly
+    (rsqrt(m 4^j) = rsqrt(m) 2^-j, recip(m 2^k) = recip(m) 2^-k), so these stand for every
+    input whose result is normal."""
+    lo, hi = (0x3F800000, 0x40800000) if name == "rsqrt" else (0x3F800000, 0x40000000)
+    worst = 0.0
+    for a in range(lo, hi, 1 << 22):
+        x = np.arange(a, min(a + (1 << 22), hi), dtype=np.uint32).view(F32)
+        xd = x.astype(np.float64)
+        y, true = (funcs.rsqrt(x), 1 / np.sqrt(xd)) if name == "rsqrt" else (funcs.recip(x), 1 / xd)
+        worst = max(worst, float(ulp_error(y, true).max()))
+    return worst, hi - lo
+
+
 if __name__ == "__main__":
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 4096
     for fn in ("exp", "ln", "rsqrt"):
         err, count = sweep(fn, n)
         print(f"{fn}: max {err:.3f} ulp over {count} inputs ({n} per binade)")
+    for fn in ("rsqrt", "recip"):
+        err, count = exhaustive(fn)
+        print(f"{fn}: max {err:.3f} ulp over all {count} inputs of its scaling interval")
     _ = math

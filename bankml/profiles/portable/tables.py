@@ -31,7 +31,8 @@ def to_f32(v) -> np.float32:
     rem = Fraction(r, scaled.denominator)
     if rem > Fraction(1, 2) or (rem == Fraction(1, 2) and q & 1):
         q += 1
-    return F32(sign * float(q) * 2.0 ** (e - 23))   # q <= 2^24: exact in f64, then exact in f32
+    with np.errstate(over="ignore"):                  # beyond the f32 range: inf
+        return F32(sign * float(q) * 2.0 ** (e - 23))   # q <= 2^24: exact in f64, then exact in f32
 
 
 def _pi() -> Decimal:
