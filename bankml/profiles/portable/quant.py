@@ -153,9 +153,11 @@ def group_dot(w: WeightInts, a: ActBlocks) -> np.ndarray:
     return canon(y)
 
 
-def mul_mat(raw: np.ndarray, wtype: int, a: ActBlocks, rows_per_chunk: int = 2048) -> np.ndarray:
+def mul_mat(raw: np.ndarray, wtype: int, a: ActBlocks, rows_per_chunk: int | None = None) -> np.ndarray:
     """A weight (uint8 [rows, row_bytes]) times quantized activations [T, K] -> f32 [T, rows]."""
     T, K = a.q.shape
+    if rows_per_chunk is None:                   # temporaries of about 2^21 terms
+        rows_per_chunk = max(8, (1 << 21) // max(1, T * (K // QK)))
     out = np.empty((T, len(raw)), F32)
     for r0 in range(0, len(raw), rows_per_chunk):
         out[:, r0:r0 + rows_per_chunk] = group_dot(weight_ints(raw[r0:r0 + rows_per_chunk], wtype, K), a)
