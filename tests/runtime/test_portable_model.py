@@ -44,3 +44,16 @@ def test_smollm2_portable_logits_pick_llama_cpps_next_tokens():
         got = p.session().prefill(ids, outputs="all")
     agree = np.mean(np.argmax(got, -1) == np.argmax(want, -1))
     assert agree >= 0.8 and np.abs(got - want).max() < 3.0, (agree, np.abs(got - want).max())
+
+
+def test_decodes_across_256_and_512_cells_equal_one_prefills_rows():
+    """The attention reads n_kv padded cells (256, 512, 768 here) and its bits do not depend on
+    how many: blocks of masked cells add -0.0. One session decodes across 256 cells, prefills,
+    then decodes across 512; every row equals the row of one 520-token prefill."""
+    toks = _tokens(520, 2)
+    with bankml.load(models.path("qwen3-small-q1_0"), backend="reference", profile="portable", n_ctx=1024) as m:
+        full = m.session().prefill(toks, outputs="all")
+        s = m.session()
+        rows = [s.prefill(toks[:252], outputs="all")] + [s.decode(t)[None] for t in toks[252:260]]
+        rows += [s.prefill(toks[260:510], outputs="all")] + [s.decode(t)[None] for t in toks[510:]]
+        assert np.array_equal(full.view(np.uint32), np.concatenate(rows).view(np.uint32))

@@ -13,7 +13,8 @@ Attention of query rows q [M, H, D] over n_kv cells (head h reads K/V head h // 
      scale 2^E, the least with 127 * 2^E >= max |w_j| (E = 0 for an all-zero block);
      codes W_j = rint(w_j / 2^E) (exact);
   5. out = Σ over blocks in cell order (f32 adds, from the first block) of
-     r(2^E * Σ_j W_j * v_codes_j): each block's integer sum (|.| < 2^19) exact.
+     r(2^E * Σ_j W_j * v_codes_j): each block's integer sum (|.| < 2^19) exact; a sum of
+     exactly 0 is -0.0, so blocks of masked cells (and the padding of n_kv) change no bit.
 """
 from __future__ import annotations
 
@@ -91,6 +92,7 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, sca
     vq = v["qs"].astype(np.float32).reshape(n_kv // QK, QK, Hkv, D)
     sums = np.rint(np.einsum("mhgbj,bjhd->mhgbd", W, vq)).astype(np.int64)       # exact (< 2^19)
     r = int_to_f32(sums, E[..., None])
+    r = np.where(sums == 0, F32(-0.0), r)             # -0: a block of masked cells changes nothing
     out = r[..., 0, :]
     for b in range(1, n_kv // QK):
         out = add(out, r[..., b, :])
