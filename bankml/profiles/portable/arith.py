@@ -115,14 +115,19 @@ def round_exact(p, x) -> np.ndarray:
     """
     p = np.asarray(p, np.int64)
     x = np.asarray(x, np.int64)
+    if p.shape[-1] > 32:
+        raise ValueError("round_exact adds at most 32 terms at once")
+    if p.size:                                   # the common case, checked for the whole array at once
+        xmin = np.min(x, axis=-1)
+        spread = int(np.max(x - xmin[..., None]))
+        if int(bitlen(np.abs(p).max())) + spread <= 58:
+            return int_to_f32(np.sum(p << (x - xmin[..., None]), axis=-1), xmin)
     nz = p != 0
     big = np.int64(1 << 40)
     xmin = np.min(np.where(nz, x, big), axis=-1)
     xmin = np.where(xmin == big, 0, xmin)
     sh = np.where(nz, x - xmin[..., None], 0)
     fits = np.all((bitlen(p) + sh <= 58) | ~nz, axis=-1)
-    if p.shape[-1] > 32:
-        raise ValueError("round_exact adds at most 32 terms at once")
     shifted = np.where(nz & fits[..., None], p << np.where(fits[..., None], sh, 0), 0)
     out = int_to_f32(shifted.sum(axis=-1), xmin)
     for idx in zip(*np.nonzero(~fits)):

@@ -124,9 +124,10 @@ def terms(w: WeightInts, a: ActBlocks) -> tuple[np.ndarray, np.ndarray]:
     T, K = a.q.shape
     rows, nsub = w.ws.shape
     ftype = np.float64 if np.abs(w.q).max(initial=0) > 255 else np.float32
-    qa = a.q.reshape(T, nsub, QK).transpose(1, 0, 2).astype(ftype)           # [nsub, T, 32]
-    qw = w.q.reshape(rows, nsub, QK).transpose(1, 2, 0).astype(ftype)         # [nsub, 32, rows]
-    dots = np.rint(qa @ qw).astype(np.int64).transpose(1, 2, 0)               # [T, rows, nsub]
+    # contiguous operands: numpy's stacked matmul calls BLAS only for those
+    qa = np.ascontiguousarray(a.q.reshape(T, nsub, QK).transpose(1, 0, 2), dtype=ftype)   # [nsub, T, 32]
+    qw = np.ascontiguousarray(w.q.reshape(rows, nsub, QK).transpose(1, 0, 2), dtype=ftype)  # [nsub, rows, 32]
+    dots = np.rint(np.matmul(qa, qw.transpose(0, 2, 1))).astype(np.int64).transpose(1, 2, 0)  # [T, rows, nsub]
     am, ae = a.m[:, None, :], a.e[:, None, :]
     p = [am * w.ws[None] * dots]
     x = [ae + w.wx[None]]
