@@ -1,6 +1,8 @@
 """The portable rope table and the int8-cache attention."""
 from __future__ import annotations
 
+from fractions import Fraction
+
 import numpy as np
 import pytest
 
@@ -16,7 +18,7 @@ def test_rope_table_angle_is_exact_in_turns_so_its_error_does_not_grow_with_posi
     pos = np.concatenate([np.arange(64), np.arange(4096, 131072, 4093)])
     cos, sin = rope.rope_table(pos, n_dims, base, 1.0)
     t = rope_turns(n_dims, base, 1.0).astype(np.float64)        # the f32 turn rates, read exactly
-    frac = np.array([[float((int(p) * __import__("fractions").Fraction(float(ti))) % 1) for ti in t] for p in pos])
+    frac = np.array([[float((int(p) * Fraction(float(ti))) % 1) for ti in t] for p in pos])
     assert np.abs(cos - np.cos(2 * np.pi * frac)).max() < 4e-7
     assert np.abs(sin - np.sin(2 * np.pi * frac)).max() < 4e-7
     assert cos[0].tolist() == [1.0] * (n_dims // 2) and sin[0].tolist() == [0.0] * (n_dims // 2)
