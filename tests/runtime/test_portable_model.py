@@ -46,7 +46,6 @@ def test_smollm2_portable_logits_pick_llama_cpps_next_tokens():
     assert agree >= 0.8 and np.abs(got - want).max() < 3.0, (agree, np.abs(got - want).max())
 
 
-@pytest.mark.slow
 def test_decodes_across_256_and_512_cells_equal_one_prefills_rows():
     """The attention reads n_kv padded cells (256, 512, 768 here) and its bits do not depend on
     how many: blocks of masked cells add -0.0. One session decodes across 256 cells, prefills,
