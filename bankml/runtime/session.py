@@ -18,6 +18,9 @@ class Session:
                        for il in range(hp.n_layer) for kind in "kv"}
         # the sliding-window layers' own cells (llama_kv_cache_iswa), where they have a window
         self.swa = SwaCells(model.kv_size_swa, hp.n_swa) if hp.n_swa else None
+        if model.profile == "portable":     # int8 rows with f16 scales (profiles/portable)
+            from bankml.profiles.portable.attention import cache_dtype
+            self.caches = {key: np.zeros(c.shape[:2], cache_dtype(hp.head_dim)) for key, c in self.caches.items()}
         self.n_past = 0
         self.trace: Callable[[int, Node, np.ndarray], None] | None = None   # (ubatch, node, value)
         self._ubatch_index = 0

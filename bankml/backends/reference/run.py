@@ -56,8 +56,12 @@ class ReferenceBackend:
 def run(g: Graph, env: Env, trace: Callable[[Node, np.ndarray], None] | None = None) -> dict[str, np.ndarray]:
     """Execute g; returns its outputs by key. trace(node, value) sees every named node."""
     vals: dict[int, np.ndarray] = {}
+    table = LOWERINGS
+    if g.meta.get("profile") == "portable":
+        from bankml.backends.reference.portable import _lowerings
+        table = _lowerings()
     for n in g:
-        fn = LOWERINGS.get(n.op)
+        fn = table.get(n.op)
         if fn is None:
             raise LoweringError(f"no reference lowering for {n.op.value} ({n.name or n.id})")
         vals[n.id] = fn(env, g, n, *(vals[i] for i in n.inputs))

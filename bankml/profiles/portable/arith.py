@@ -1,0 +1,150 @@
+"""The portable profile's f32 steps (docs/PORTABLE.md, "The arithmetic").
+
+- Every value is IEEE binary32; each +, -, * rounds to nearest even on its own (no FMA,
+  no division, no sqrt, no libm anywhere in the profile).
+- Denormals flush to zero keeping their sign: operands before a step (DAZ) and results after
+  it (FTZ). A result is denormal when its correctly rounded value (gradual underflow) is
+  nonzero and below 2^-126; an exact scaling by a power of two (`scale2`) flushes when the
+  exact result is below 2^-126.
+- One NaN: every NaN is 0x7FC00000 (quiet, positive, no payload).
+- A sum of n values runs in LANES lanes: element i goes to lane i mod LANES, each lane adds
+  its elements in index order starting from -0.0 (so missing elements, read as -0.0, change
+  nothing), then the lanes fold by a balanced pairwise tree: (l0+l1), (l2+l3), ..., then
+  pairs of those.
+- `round_exact` is the exact value of a sum of integers times powers of two, rounded to f32
+  once (nearest even, unbounded exponent), then flushed or overflowed: the group sums of the
+  mat-mul and the attention scores are this.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+F32, U32 = np.float32, np.uint32
+LANES = 8
+QNAN = U32(0x7FC00000)
+_SIGN, _EXP = U32(0x80000000), U32(0x7F800000)
+
+
+def canon(x) -> np.ndarray:
+    """x as the profile holds it: denormals to signed zero, every NaN the one quiet NaN."""
+    x = np.array(x, F32, copy=True)
+    b = x.view(U32)
+    tiny = (b & _EXP) == 0
+    b[tiny] &= _SIGN
+    b[np.isnan(x)] = QNAN
+    return x
+
+
+def add(a, b) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        return canon(np.add(canon(a), canon(b), dtype=F32))
+
+
+def sub(a, b) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        return canon(np.subtract(canon(a), canon(b), dtype=F32))
+
+
+def mul(a, b) -> np.ndarray:
+    with np.errstate(all="ignore"):
+        return canon(np.multiply(canon(a), canon(b), dtype=F32))
+
+
+def fold_sum(x, axis: int = -1) -> np.ndarray:
+    """Σx over an axis: LANES lanes (element i in lane i mod LANES, index order, from -0.0),
+    then the balanced tree over the lanes."""
+    x = np.moveaxis(canon(x), axis, -1)
+    n = x.shape[-1]
+    pad = -n % LANES
+    if pad:
+        x = np.concatenate([x, np.full(x.shape[:-1] + (pad,), -0.0, F32)], axis=-1)
+    chunks = x.reshape(*x.shape[:-1], -1, LANES)
+    acc = np.full(x.shape[:-1] + (LANES,), -0.0, F32)
+    for i in range(chunks.shape[-2]):
+        acc = add(acc, chunks[..., i, :])
+    return tree(acc)
+
+
+def tree(lanes: np.ndarray) -> np.ndarray:
+    """The balanced pairwise fold of the last axis (a power of two): adjacent pairs first."""
+    while lanes.shape[-1] > 1:
+        lanes = add(lanes[..., 0::2], lanes[..., 1::2])
+    return lanes[..., 0]
+
+
+def fields(x) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(sign bit, biased exponent, 23-bit fraction) of f32 values, as int64."""
+    b = np.asarray(x, F32).view(U32).astype(np.int64)
+    return b >> 31, (b >> 23) & 0xFF, b & 0x7FFFFF
+
+
+def scale2(y, k) -> np.ndarray:
+    """y * 2^k exactly, for finite normal y (or zero): +-inf when it overflows, signed zero
+    when the exact result is below 2^-126."""
+    y = np.asarray(y, F32)
+    k = np.asarray(k, np.int64)
+    _, e, _ = fields(y)
+    e2 = e + k
+    with np.errstate(all="ignore"):
+        out = np.ldexp(y, np.clip(k, -300, 300).astype(np.int32)).astype(F32)
+    out = np.where((e2 < 1) & (e != 0), np.copysign(F32(0), y), out)
+    out = np.where((e2 > 254) & (e != 0), np.copysign(F32(np.inf), y), out)
+    return canon(out)
+
+
+def int_to_f32(n, k) -> np.ndarray:
+    """n * 2^k (n int64 with |n| < 2^63) rounded once to f32: int64 -> f32 is one correctly
+    rounded conversion (cvtsi2ss; tests/profiles/test_portable_arith.py pins it), the power of
+    two exact, then overflow or flush."""
+    n = np.asarray(n, np.int64)
+    return scale2(n.astype(F32), k)
+
+
+def bitlen(n) -> np.ndarray:
+    """An upper bound (exact or one more) of the bit length of |n| (int64)."""
+    a = np.abs(np.asarray(n, np.int64)).astype(np.float64)
+    return np.frexp(a)[1].astype(np.int64)
+
+
+def round_exact(p, x) -> np.ndarray:
+    """Σ_k p[..., k] * 2^x[..., k] (int64 p, integer x) exactly, rounded once to f32.
+
+    Terms are aligned to the least exponent of the nonzero ones and added as one integer:
+    int64 when every shifted term has at most 58 bits (at most 32 terms), otherwise Python's
+    unbounded integers. An exact zero is +0.
+    """
+    p = np.asarray(p, np.int64)
+    x = np.asarray(x, np.int64)
+    if p.shape[-1] > 32:
+        raise ValueError("round_exact adds at most 32 terms at once")
+    if p.size:                                   # the common case, checked for the whole array at once
+        xmin = np.min(x, axis=-1)
+        spread = int(np.max(x - xmin[..., None]))
+        if int(bitlen(np.abs(p).max())) + spread <= 58:
+            return int_to_f32(np.sum(p << (x - xmin[..., None]), axis=-1), xmin)
+    nz = p != 0
+    big = np.int64(1 << 40)
+    xmin = np.min(np.where(nz, x, big), axis=-1)
+    xmin = np.where(xmin == big, 0, xmin)
+    sh = np.where(nz, x - xmin[..., None], 0)
+    fits = np.all((bitlen(p) + sh <= 58) | ~nz, axis=-1)
+    shifted = np.where(nz & fits[..., None], p << np.where(fits[..., None], sh, 0), 0)
+    out = int_to_f32(shifted.sum(axis=-1), xmin)
+    for idx in zip(*np.nonzero(~fits)):
+        total = sum(int(pi) << int(si) for pi, si in zip(p[idx], sh[idx]))
+        out[idx] = _big_to_f32(total, int(xmin[idx]))
+    return out
+
+
+def _big_to_f32(n: int, k: int) -> np.float32:
+    """A Python integer n times 2^k rounded once to f32 (nearest even), then flushed."""
+    if n == 0:
+        return F32(0)
+    sign, a = (n < 0), abs(n)
+    drop = max(a.bit_length() - 24, 0)
+    q, r = a >> drop, a & ((1 << drop) - 1)
+    half = 1 << (drop - 1) if drop else 0
+    if drop and (r > half or (r == half and q & 1)):
+        q += 1
+    v = scale2(F32(q), k + drop)
+    return F32(-v if sign else v)

@@ -1,0 +1,101 @@
+"""The int8 K/V cache and the attention of the portable profile.
+
+Cache: one row per (cell, K/V head) of D values: an f16 scale s = f16(r(absmax * r(1/127)))
+and D int8 codes, the nearest integer of x / s (ties to even, within +-127; all 0 when s is
+0 or not finite). `CACHE_DTYPE` is one such row.
+
+Attention of query rows q [M, H, D] over n_kv cells (head h reads K/V head h // (H/Hkv)):
+  1. q is quantized in blocks of 32 (quant.quantize_act);
+  2. score[j] = the exact q.k_j (codes times scales) rounded once, then r(score * scale),
+     then r(score + mask[j]) (mask 0 or -inf);
+  3. p = softmax(scores) (funcs.softmax: max, exp, fold_sum, recip, products);
+  4. w_j = r(p_j * s_vj) (the V row's scale), and per block of 32 cells a power-of-two
+     scale 2^E, the least with 127 * 2^E >= max |w_j| (E = 0 for an all-zero block);
+     codes W_j = rint(w_j / 2^E) (exact);
+  5. out = Σ over blocks in cell order (f32 adds, from the first block) of
+     r(2^E * Σ_j W_j * v_codes_j): each block's integer sum (|.| < 2^19) exact; a sum of
+     exactly 0 is -0.0, so blocks of masked cells (and the padding of n_kv) change no bit.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from bankml.profiles.portable.arith import F32, add, canon, fields, int_to_f32, mul, round_exact
+from bankml.profiles.portable.funcs import softmax
+from bankml.profiles.portable.quant import QK, f16_parts, quantize_act
+from bankml.profiles.portable.tables import constants
+
+
+def cache_dtype(d: int) -> np.dtype:
+    return np.dtype([("d", "<f2"), ("qs", "i1", (d,))])
+
+
+def quantize_rows(x: np.ndarray) -> np.ndarray:
+    """x f32 [..., D] -> cache rows [...] of cache_dtype(D)."""
+    x = canon(x)
+    with np.errstate(invalid="ignore"):
+        amax = np.max(np.abs(x), axis=-1)
+    s = mul(amax, constants()["INV_127"]).astype(np.float16)        # f32 -> f16, nearest even
+    s32 = s.astype(np.float64)
+    ok = np.isfinite(s32) & (s32 != 0)
+    with np.errstate(all="ignore"):
+        y = x.astype(np.float64) / np.where(ok, s32, 1)[..., None]    # one f64 division: rint exact
+    q = np.where(ok[..., None] & np.isfinite(y), np.clip(np.rint(np.nan_to_num(y)), -127, 127), 0)
+    out = np.empty(x.shape[:-1], cache_dtype(x.shape[-1]))
+    out["d"], out["qs"] = s, q.astype(np.int8)
+    return out
+
+
+def dequantize_rows(rows: np.ndarray) -> np.ndarray:
+    """The exact values s * q as f32 (what a cache row stands for; for tests and diffs)."""
+    return (rows["qs"].astype(np.float64) * rows["d"].astype(np.float64)[..., None]).astype(F32)
+
+
+def _pow2_scale(amax: np.ndarray) -> np.ndarray:
+    """E, the least integer with 127 * 2^E >= amax (0 for amax 0)."""
+    _, b, frac = fields(amax)
+    c, p = frac | 0x800000, b - 127
+    e = np.where(c <= (127 << 17), p - 6, p - 5)                    # amax * 2^-p <= 127/64 ?
+    return np.where(amax == 0, 0, e)
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, scale: float) -> np.ndarray:
+    """q f32 [M, H, D]; k, v cache rows [n_kv, Hkv]; mask [M, n_kv] (0 or -inf) -> f32 [M, H, D]."""
+    M, H, D = q.shape
+    n_kv, Hkv = k.shape
+    g = H // Hkv
+    a = quantize_act(q.reshape(M, H, D))
+    nsub = D // QK
+    # scores: exact per row (D <= 256: one group), rounded once
+    ks, kx, kbad = f16_parts(k["d"])                                 # [n_kv, Hkv]
+    kq = k["qs"].astype(np.float32)                                  # [n_kv, Hkv, D]
+    qa = a.q.astype(np.float32).reshape(M, Hkv, g, nsub, QK)
+    kb = kq.reshape(n_kv, Hkv, nsub, QK)
+    dots = np.rint(np.einsum("mhgsk,jhsk->mhgjs", qa, kb)).astype(np.int64)   # exact in f32 (< 2^19)
+    am = a.m.reshape(M, Hkv, g, 1, nsub)
+    ae = a.e.reshape(M, Hkv, g, 1, nsub)
+    ksb = ks.T[None, :, None, :, None]
+    kxb = kx.T[None, :, None, :, None]
+    s = round_exact(am * ksb * dots, np.broadcast_to(ae + kxb, dots.shape))    # [M, Hkv, g, n_kv]
+    bad = a.bad.reshape(M, Hkv, g, 1, nsub).any(-1) | kbad.T[None, :, None, :]
+    s = np.where(bad, F32(np.nan), s).astype(F32)
+    s = mul(s, F32(scale))
+    s = add(s, mask.astype(F32)[:, None, None, :])
+    p = softmax(s)                                                   # [M, Hkv, g, n_kv]
+    # values: w_j = r(p_j * s_vj), a power-of-two block scale per 32 cells, exact block sums
+    w = mul(p, v["d"].astype(F32).T[None, :, None, :])
+    wb = w.reshape(M, Hkv, g, n_kv // QK, QK)
+    with np.errstate(invalid="ignore"):
+        amax = np.max(np.abs(wb), axis=-1)
+    E = _pow2_scale(np.nan_to_num(amax, nan=0.0).astype(F32))
+    W = np.rint(np.ldexp(wb.astype(np.float64), -E[..., None])).astype(np.float32)  # exact, |W| <= 127
+    vq = v["qs"].astype(np.float32).reshape(n_kv // QK, QK, Hkv, D)
+    sums = np.rint(np.einsum("mhgbj,bjhd->mhgbd", W, vq)).astype(np.int64)       # exact (< 2^19)
+    r = int_to_f32(sums, E[..., None])
+    r = np.where(sums == 0, F32(-0.0), r)             # -0: a block of masked cells changes nothing
+    out = r[..., 0, :]
+    for b in range(1, n_kv // QK):
+        out = add(out, r[..., b, :])
+    nan = np.isnan(amax).any(-1)[..., None]
+    out = np.where(nan, F32(np.nan), out)
+    return canon(out).reshape(M, H, D)

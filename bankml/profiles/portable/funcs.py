@@ -1,0 +1,163 @@
+"""The portable profile's functions, from its f32 steps and tables alone (docs/PORTABLE.md).
+
+Each is written as the sequence of rounded steps every backend performs; a comment above
+each function states its specials. Error bounds against the true function (measured by the
+sweeps in tests/profiles/test_portable_funcs.py) are in docs/PORTABLE.md.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from bankml.profiles.portable.arith import F32, add, canon, fields, fold_sum, mul, scale2, sub
+from bankml.profiles.portable.tables import LN_HI, constants, exp_table, ln_tables, recip_table, rsqrt_table
+
+NAN, INF = F32(np.nan), F32(np.inf)
+EXP_LO, EXP_HI = F32(-104.0), F32(89.0)     # beyond these exp is 0 (flushed) or inf anyway
+
+
+def _f(x) -> np.ndarray:
+    return canon(np.asarray(x, F32))
+
+
+# exp: NaN -> NaN; x is clamped to [-104, 89] (so -inf -> +0, +inf -> +inf).
+# n = rint(x * 64/ln2); r = (x - n*C1) - n*C2 (C1 + C2 = ln2/64, n*C1 exact);
+# q = ((r/6 + 1/2) * r + 1) * r  (the cubic e^r - 1); y = T[n mod 64] + T[n mod 64] * q;
+# result y * 2^(n div 64), flushed below 2^-126.
+def exp(x) -> np.ndarray:
+    c = constants()
+    x = _f(x)
+    nan = np.isnan(x)
+    x = np.clip(np.where(nan, F32(0), x), EXP_LO, EXP_HI)
+    n = np.rint(mul(x, c["INV_LN2_64"])).astype(np.int64)
+    nf = n.astype(F32)                                       # |n| < 2^14: exact
+    r = sub(sub(x, mul(nf, c["EXP_C1"])), mul(nf, c["EXP_C2"]))
+    q = mul(add(mul(add(mul(r, c["SIXTH"]), F32(0.5)), r), F32(1)), r)
+    t = exp_table()[n & 63]
+    y = add(t, mul(t, q))
+    out = scale2(y, n >> 6)
+    return np.where(nan, NAN, out).astype(F32)
+
+
+# ln: NaN or x < 0 -> NaN; +-0 (and denormals) -> -inf; +inf -> +inf.
+# x = m * 2^k with m in [3/4, 3/2); i = rint(64 m) (48..96), c = i/64;
+# u = (m - c) * (64/i)  (m - c exact); p = (((-u/4 + 1/3) * u - 1/2) * u + 1) * u  (ln(1+u));
+# result (k*LN2_HI + LNHI[i]) + ((k*LN2_LO + LNLO[i]) + p).
+def ln(x) -> np.ndarray:
+    c = constants()
+    inv, lhi, llo = ln_tables()
+    x = _f(x)
+    _, e, frac = fields(x)
+    k = e - 127
+    big = frac >= 0x400000                                   # 1.frac >= 1.5: halve it
+    k = np.where(big, k + 1, k)
+    m = ((frac | 0x800000).astype(F32) * F32(2.0 ** -23)).astype(F32)
+    m = np.where(big, m * F32(0.5), m).astype(F32)            # exact
+    i = np.clip(np.rint(m * F32(64)).astype(np.int64), 0, LN_HI)
+    u = mul(sub(m, (i.astype(F32) * F32(1 / 64)).astype(F32)), inv[i])
+    p = mul(add(mul(add(mul(add(mul(u, F32(-0.25)), c["THIRD"]), u), F32(-0.5)), u), F32(1)), u)
+    kf = k.astype(F32)
+    hi = add(mul(kf, c["LN2_HI"]), lhi[i])
+    lo = add(mul(kf, c["LN2_LO"]), llo[i])
+    out = add(hi, add(lo, p))
+    out = np.where(x == 0, -INF, out)
+    out = np.where(np.isinf(x) & (x > 0), INF, out)
+    out = np.where(np.isnan(x) | (x < 0), NAN, out)
+    return canon(out)
+
+
+# rsqrt: NaN or x < 0 -> NaN; +0 -> +inf; -0 -> -inf; +inf -> +0.
+# x = m * 4^j with m in [1, 4); y0 = seed[parity, top 5 fraction bits];
+# twice y = y * (1.5 - 0.5 * ((y * y) * m)); result y * 2^-j.
+def rsqrt(x) -> np.ndarray:
+    x = _f(x)
+    _, e, frac = fields(x)
+    k = e - 127
+    odd = k & 1
+    j = (k - odd) >> 1
+    m = ((frac | 0x800000).astype(F32) * F32(2.0 ** -23)).astype(F32)
+    m = np.where(odd == 1, m * F32(2), m).astype(F32)        # exact
+    y = rsqrt_table()[np.clip(odd * 32 + (frac >> 18), 0, 63)]
+    for _ in range(2):
+        y = mul(y, sub(F32(1.5), mul(F32(0.5), mul(mul(y, y), m))))
+    out = scale2(y, -j)
+    out = np.where(x == 0, np.copysign(INF, x), out)
+    out = np.where(np.isinf(x) & (x > 0), F32(0), out)
+    out = np.where(np.isnan(x) | (x < 0), NAN, out)
+    return canon(out)
+
+
+# recip: NaN -> NaN; +-0 -> +-inf; +-inf -> +-0.
+# |x| = m * 2^k with m in [1, 2); y0 = seed[top 6 fraction bits]; twice y = y * (2 - m * y);
+# result +-y * 2^-k, flushed below 2^-126.
+def recip(x) -> np.ndarray:
+    x = _f(x)
+    s, e, frac = fields(x)
+    k = e - 127
+    m = ((frac | 0x800000).astype(F32) * F32(2.0 ** -23)).astype(F32)
+    y = recip_table()[frac >> 17]
+    for _ in range(2):
+        y = mul(y, sub(F32(2), mul(m, y)))
+    out = scale2(y, -k)
+    out = np.where(s == 1, -out, out)
+    out = np.where(x == 0, np.copysign(INF, x), out)
+    out = np.where(np.isinf(x), np.copysign(F32(0), x), out)
+    out = np.where(np.isnan(x), NAN, out)
+    return canon(out)
+
+
+# sigmoid(x) = recip(1 + exp(-x)); silu(x) = x * sigmoid(x) (so silu(-inf) is NaN: -inf * 0);
+# softplus(x) = x when x > 20, else ln(1 + exp(x)).
+def sigmoid(x) -> np.ndarray:
+    return recip(add(F32(1), exp(-_f(x))))
+
+
+def silu(x) -> np.ndarray:
+    x = _f(x)
+    return mul(x, sigmoid(x))
+
+
+def softplus(x) -> np.ndarray:
+    x = _f(x)
+    return canon(np.where(x > F32(20), x, ln(add(F32(1), exp(x)))))
+
+
+# softmax over the last axis: mx = max (a NaN anywhere makes the row NaN); e = exp(x - mx);
+# s = fold_sum(e); r = recip(s); y = e * r. A row whose max is -inf gives zeros.
+def softmax(x) -> np.ndarray:
+    x = _f(x)
+    with np.errstate(invalid="ignore"):
+        mx = np.max(x, axis=-1, keepdims=True)
+    e = exp(sub(x, np.where(mx == -INF, F32(0), mx)))
+    y = mul(e, recip(fold_sum(e))[..., None])
+    y = np.where(mx == -INF, F32(0), y)
+    return canon(np.where(np.isnan(mx), NAN, y))
+
+
+# rmsnorm over the last axis: s = fold_sum(x * x); v = s * r(1/n) + eps; y = (x * rsqrt(v)) * w
+# (1/n is rounded to f32 once; the profile never divides).
+def rmsnorm(x, w, eps: float) -> np.ndarray:
+    x = _f(x)
+    inv_n = F32(1.0 / x.shape[-1])            # correctly rounded: f64 1/n is exact enough to round once
+    v = add(mul(fold_sum(mul(x, x)), inv_n), F32(eps))
+    y = mul(x, rsqrt(v)[..., None])
+    return y if w is None else mul(y, w)
+
+
+# l2norm over the last axis: x * rsqrt(max(fold_sum(x * x), eps * eps)).
+def l2norm(x, eps: float) -> np.ndarray:
+    x = _f(x)
+    s = fold_sum(mul(x, x))
+    e2 = mul(F32(eps), F32(eps))
+    return mul(x, rsqrt(np.where(s > e2, s, e2))[..., None])
+
+
+# argmax over the last axis: the first index of the largest non-NaN value; -1 if all are NaN.
+def argmax(x) -> np.ndarray:
+    x = _f(x)
+    filled = np.where(np.isnan(x), -INF, x)
+    idx = np.argmax(filled, axis=-1)
+    allnan = np.all(np.isnan(x), axis=-1)
+    # a row of -inf and NaN: the first -inf that is not a NaN
+    first_real = np.argmax(~np.isnan(x), axis=-1)
+    idx = np.where(np.take_along_axis(filled, idx[..., None], -1)[..., 0] == -INF, first_real, idx)
+    return np.where(allnan, -1, idx)

@@ -1,0 +1,34 @@
+"""The portable profile's float orders as IR data (what `bankml ir --profile portable` shows).
+
+Every order names the function of bankml/profiles/portable/ that defines its bits; none
+depends on shapes, thread counts or the backend, so the passes attach them by op alone
+(bankml/passes/choose_portable_orders.py). Common to all: f32 steps rounded one at a time
+(no FMA), denormals flushed to signed zero, one NaN; sums in 8 lanes folded by a balanced
+tree ("tree8"); dot products exact per group of 256 and rounded once ("exact256").
+"""
+from __future__ import annotations
+
+from bankml.ir.order import FloatOrder
+
+PROFILE = "portable"
+ACT_TYPE = "pq8"          # activation blocks of 32 codes at m*2^e scales (quant.quantize_act)
+CACHE_TYPE = "i8r"        # K/V cache rows: int8 codes and one f16 scale (attention.quantize_rows)
+
+# quant.quantize_act: per 32, m*2^e with m in 8..15, codes rint(x / scale) within +-127
+QUANTIZE = FloatOrder("portable.quantize_act")
+# quant.mul_mat: exact sums of integer products per group of 256, rounded once, groups in order
+MUL_MAT = FloatOrder("portable.group_dot", fold="exact256")
+# quant.get_rows: each weight's exact value rounded once
+GET_ROWS = FloatOrder("portable.get_rows")
+# funcs.rmsnorm: (x * rsqrt(fold_sum(x*x) * r(1/n) + eps)) * w
+RMS_NORM = FloatOrder("portable.rmsnorm", lanes=8, fold="tree8")
+# arith.add / arith.mul: one rounding, flush to zero
+ELEMENTWISE = FloatOrder("portable.f32")
+# rope.rope_table + rope.rope: a cos/sin table from exact turns, three roundings per output
+ROPE = FloatOrder("portable.rope_table")
+# funcs.silu(gate) * up, silu(x) = x * recip(1 + exp(-x))
+SWIGLU = FloatOrder("portable.swiglu", expf="portable")
+# attention.quantize_rows: int8 codes, f16 row scale absmax/127
+SET_ROWS = FloatOrder("portable.set_rows_i8", f16_at=("row_scale",))
+# attention.attention: exact scores, softmax (tree8 sum, one recip), 8-bit V weights per 32 cells
+FLASH_ATTN = FloatOrder("portable.attention_i8", lanes=8, fold="tree8", expf="portable")

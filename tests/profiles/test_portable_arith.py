@@ -1,0 +1,108 @@
+"""The portable profile's f32 steps: flush to zero, one NaN, the lane+tree fold, exact sums rounded once."""
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from bankml.profiles.portable import arith
+from bankml.profiles.portable.tables import to_f32
+
+F32, U32 = np.float32, np.uint32
+TINY = F32(2.0 ** -126)
+
+
+def bits(x) -> np.ndarray:
+    return np.asarray(x, F32).view(U32)
+
+
+def test_denormals_flush_to_zero_keeping_their_sign_and_nans_are_one():
+    x = np.array([1e-40, -1e-40, 0.0, -0.0, 1.0], F32)
+    nans = np.array([0x7FC00001, 0xFFC00000, 0x7F800001], U32).view(F32)
+    out = arith.canon(np.concatenate([x, nans]))
+    assert bits(out).tolist() == [0, 0x80000000, 0, 0x80000000, 0x3F800000] + [0x7FC00000] * 3
+
+
+def test_operands_are_read_as_zero_when_denormal():
+    den = F32(1e-40)
+    assert arith.mul(den, F32(2.0 ** 40)) == 0            # DAZ: not 1e-40 * 2^40
+    assert bits(arith.add(-den, F32(0.0))) == bits(F32(0.0))  # -0 + +0 = +0
+
+
+def test_results_below_2_to_minus_126_flush_keeping_their_sign():
+    a = F32(1.5) * TINY
+    assert bits(arith.sub(a, TINY)) == 0                  # 0.5 * 2^-126: flushed, +0
+    assert bits(arith.sub(TINY, a)) == 0x80000000         # -0.5 * 2^-126: flushed, -0
+    assert arith.mul(TINY, F32(1.0)) == TINY              # the least normal stays
+    assert bits(arith.mul(F32(2.0 ** -70), F32(-(2.0 ** -70)))) == 0x80000000
+
+
+def test_no_fused_multiply_add():
+    a = F32(1 + 2.0 ** -12)
+    # a*a = 1 + 2^-11 + 2^-24 rounds to 1 + 2^-11 (a tie, to even) before the subtraction;
+    # a fused a*a - (1 + 2^-11) would give 2^-24
+    assert bits(arith.sub(arith.mul(a, a), F32(1 + 2.0 ** -11))) == 0
+
+
+def _fold_by_hand(x: np.ndarray) -> np.float32:
+    lanes = [F32(-0.0)] * arith.LANES
+    for i, v in enumerate(x):
+        lanes[i % arith.LANES] = F32(arith.add(lanes[i % arith.LANES], v))
+    while len(lanes) > 1:
+        lanes = [F32(arith.add(lanes[i], lanes[i + 1])) for i in range(0, len(lanes), 2)]
+    return lanes[0]
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 9, 64, 100, 576])
+def test_fold_sum_is_lanes_in_index_order_then_a_balanced_tree(n):
+    rng = np.random.default_rng(n)
+    x = (rng.standard_normal(n) * np.exp2(rng.integers(-20, 20, n))).astype(F32)
+    assert bits(arith.fold_sum(x)) == bits(_fold_by_hand(x))
+
+
+def test_fold_sum_order_matters_and_is_the_lane_one():
+    x = np.zeros(16, F32)
+    x[0], x[8], x[1] = F32(2.0 ** 25), F32(1.0), F32(1.0)  # lane 0: 2^25 + 1 -> 2^25 (tie to even)
+    assert arith.fold_sum(x) == F32(2.0 ** 25)            # a sequential sum would give 2^25 + 2
+    assert bits(arith.fold_sum(np.array([-0.0], F32))) == 0x80000000     # missing elements change nothing
+    assert bits(arith.fold_sum(np.array([-0.0] * 9, F32))) == 0x80000000
+
+
+def test_int64_to_f32_rounds_once():
+    # via f64 this would round twice: 2^60 + 2^36 + 1 -> 2^60 + 2^36 (a tie) -> 2^60
+    n = np.array([(1 << 60) + (1 << 36) + 1, (1 << 60) + (1 << 36), -((1 << 62) + (1 << 38) + 1)], np.int64)
+    out = arith.int_to_f32(n, 0)
+    assert out.tolist() == [2.0 ** 60 + 2.0 ** 37, 2.0 ** 60, -(2.0 ** 62 + 2.0 ** 39)]
+    rng = np.random.default_rng(0)
+    n = rng.integers(-(1 << 62), 1 << 62, 20000, dtype=np.int64)
+    n[::2] = (n[::2] >> 30 << 30) | (1 << 29)              # many exact ties below the 24 kept bits
+    out = arith.int_to_f32(n, 0)
+    assert all(o == to_f32(int(v)) for o, v in zip(out[:2000], n[:2000]))
+
+
+def _exact(p, x) -> np.float32:
+    return to_f32(sum(Fraction(int(pi)) * Fraction(2) ** int(xi) for pi, xi in zip(p, x)))
+
+
+def test_round_exact_equals_the_exact_sum_rounded_once():
+    rng = np.random.default_rng(1)
+    for spread in (0, 10, 40, 200):                        # 200: Python's unbounded integers
+        p = rng.integers(-(1 << 34), 1 << 34, (300, 8), dtype=np.int64)
+        x = rng.integers(-60, -60 + spread + 1, (300, 8))
+        out = arith.round_exact(p, x)
+        assert all(o == _exact(pi, xi) for o, pi, xi in zip(out, p, x)), spread
+
+
+def test_round_exact_of_cancelling_terms_is_plus_zero_and_ties_go_to_even():
+    assert bits(arith.round_exact(np.array([[5, -5]]), np.array([[3, 3]])))[0] == 0
+    # (2^24 + 1) * 2^0 + 0 = a tie between 2^24 and 2^24 + 2: even is 2^24
+    assert arith.round_exact(np.array([[(1 << 24) + 1, 0]]), np.array([[0, 0]]))[0] == F32(2.0 ** 24)
+    assert arith.round_exact(np.array([[(1 << 24) + 3]]), np.array([[0]]))[0] == F32(2.0 ** 24 + 4)
+
+
+def test_scale2_overflows_to_inf_and_flushes_below_the_least_normal():
+    y = np.array([1.0, 1.5, -1.0, 1.0], F32)
+    k = np.array([-126, -127, 128, 127])
+    out = arith.scale2(y, k)
+    assert bits(out).tolist() == [bits(TINY), 0, bits(F32(-np.inf)), bits(F32(2.0 ** 127))]

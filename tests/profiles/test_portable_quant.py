@@ -1,0 +1,123 @@
+"""Activation blocks at m*2^e scales, and the mat-mul of every weight type as exact group sums
+rounded once, against the same sums in Python's exact rationals."""
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from bankml.profiles.portable import arith, quant
+from bankml.profiles.portable.tables import to_f32
+from bankml.quants import F16, Q1_0, Q2_0, Q4_1, Q8_0, WEIGHT_TYPES, q1_0, q2_0, q4_1, q8_0
+
+F32 = np.float32
+
+
+def test_act_scale_is_the_least_m_2e_over_every_significand():
+    # every 24-bit significand at one exponent (the rule is the same at every exponent)
+    c = np.arange(1 << 23, 1 << 24, dtype=np.int64)
+    amax = np.ldexp(c.astype(np.float64), -23).astype(F32)                # [1, 2)
+    m, e = quant.act_scale(amax)
+    assert m.min() == 8 and m.max() == 15
+    s = np.ldexp(m.astype(np.float64), e)
+    assert np.all(127 * s >= amax)
+    prev = np.where(m == 8, 15 * np.ldexp(1.0, e - 1), (m - 1) * np.ldexp(1.0, e))    # the next smaller scale
+    assert np.all(127 * prev < amax)
+
+
+def test_codes_round_half_to_even_and_zero_blocks_have_no_scale():
+    s = 9 * 2.0 ** -10                                          # amax = 127 s: the scale is s
+    x = np.zeros((1, 64), F32)
+    x[0, :6] = np.array([127, 2.5, 3.5, -2.5, -3.5, 0.49999997], np.float64) * s
+    a = quant.quantize_act(x)
+    assert a.m.tolist() == [[9, 0]] and a.e.tolist() == [[-10, 0]]
+    assert a.q[0, :6].tolist() == [127, 2, 4, -2, -4, 0]
+    assert not a.q[0, 32:].any() and not a.bad.any()
+
+
+def test_a_block_with_nan_or_inf_is_bad_and_poisons_its_dots():
+    x = np.ones((2, 64), F32)
+    x[0, 3], x[1, 40] = np.nan, np.inf
+    a = quant.quantize_act(x)
+    assert a.bad.tolist() == [[True, False], [False, True]]
+    raw = _random_raw(Q8_0, 3, 64, np.random.default_rng(0))
+    assert np.isnan(quant.mul_mat(raw, Q8_0, a)).all()
+
+
+def _random_raw(wtype: int, rows: int, k: int, rng) -> np.ndarray:
+    """Random weight bytes of a type; scales spread over many binades, as real models do not."""
+    if wtype == F16:
+        v = rng.standard_normal((rows, k)) * np.exp2(rng.integers(-20, 8, (rows, k)))
+        return v.astype(np.float16).view(np.uint8)
+    mod = {Q8_0: q8_0, Q4_1: q4_1, Q1_0: q1_0, Q2_0: q2_0}[wtype]
+    b = np.zeros((rows, k // mod.BLOCK), mod.DTYPE)
+    b["d"] = (rng.standard_normal(b.shape) * np.exp2(rng.integers(-16, 2, b.shape))).astype(np.float16)
+    if wtype == Q4_1:
+        b["m"] = (rng.standard_normal(b.shape) * np.exp2(rng.integers(-16, 2, b.shape))).astype(np.float16)
+    b["qs"] = rng.integers(-128 if wtype == Q8_0 else 0, 128 if wtype == Q8_0 else 256, b["qs"].shape)
+    return b.view(np.uint8).reshape(rows, -1)
+
+
+def _exact_weights(raw: np.ndarray, wtype: int, k: int) -> list[list[Fraction]]:
+    if wtype == F16:
+        return [[Fraction(float(v)) for v in row] for row in raw.view(np.float16)]
+    u = WEIGHT_TYPES[wtype].unpack(raw, k)
+    blk = WEIGHT_TYPES[wtype].block
+    out = []
+    for r in range(len(raw)):
+        row = []
+        for i in range(k):
+            w = Fraction(float(u.d[r, i // blk])) * int(u.q[r, i])
+            if wtype == Q4_1:
+                w += Fraction(float(u.m[r, i // blk]))
+            row.append(w)
+        out.append(row)
+    return out
+
+
+def _exact_mul_mat(raw, wtype, a: quant.ActBlocks) -> np.ndarray:
+    T, k = a.q.shape
+    w = _exact_weights(raw, wtype, k)
+    act = [[Fraction(int(a.q[t, i])) * int(a.m[t, i // 32]) * Fraction(2) ** int(a.e[t, i // 32]) for i in range(k)]
+           for t in range(T)]
+    out = np.zeros((T, len(raw)), F32)
+    for t in range(T):
+        for r in range(len(raw)):
+            acc = None
+            for g0 in range(0, k, 256):
+                part = to_f32(sum(w[r][i] * act[t][i] for i in range(g0, min(g0 + 256, k))))
+                acc = part if acc is None else F32(arith.add(acc, part))
+            out[t, r] = acc
+    return out
+
+
+@pytest.mark.parametrize("wtype", [F16, Q8_0, Q4_1, Q1_0, Q2_0], ids=lambda t: WEIGHT_TYPES[t].name)
+@pytest.mark.parametrize("k", [256, 640])
+def test_mul_mat_is_each_group_exact_rounded_once_groups_in_order(wtype, k):
+    if k % WEIGHT_TYPES[wtype].block:
+        k = 768
+    rng = np.random.default_rng(k + wtype)
+    raw = _random_raw(wtype, 5, k, rng)
+    x = rng.standard_normal((3, k)) * np.exp2(rng.integers(-30, 30, (3, k // 32)).repeat(32, axis=1))
+    a = quant.quantize_act(x.astype(F32))
+    got = quant.mul_mat(raw, wtype, a, rows_per_chunk=2)
+    want = _exact_mul_mat(raw, wtype, a)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("wtype", [F16, Q8_0, Q4_1, Q1_0, Q2_0], ids=lambda t: WEIGHT_TYPES[t].name)
+def test_get_rows_is_each_weight_rounded_once(wtype):
+    k = 256
+    raw = _random_raw(wtype, 4, k, np.random.default_rng(wtype))
+    got = quant.get_rows(raw, wtype, k)
+    want = np.array([[to_f32(v) for v in row] for row in _exact_weights(raw, wtype, k)], F32)
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def test_f16_parts_are_exact_for_every_half():
+    h = np.arange(1 << 16, dtype=np.uint16).view(np.float16)
+    sig, exp, bad = quant.f16_parts(h)
+    ok = ~bad
+    assert np.array_equal(np.ldexp(sig[ok].astype(np.float64), exp[ok]), h[ok].astype(np.float64))
+    assert bad.sum() == 2 * 1024                           # the infinities and NaNs

@@ -1,0 +1,91 @@
+"""The portable rope table and the int8-cache attention."""
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from bankml.profiles.portable import attention, rope
+from bankml.profiles.portable.arith import add, mul, sub
+from bankml.profiles.portable.tables import rope_turns
+
+F32 = np.float32
+
+
+@pytest.mark.parametrize("n_dims,base", [(64, 10000.0), (128, 1e6)])
+def test_rope_table_angle_is_exact_in_turns_so_its_error_does_not_grow_with_position(n_dims, base):
+    pos = np.concatenate([np.arange(64), np.arange(4096, 131072, 4093)])
+    cos, sin = rope.rope_table(pos, n_dims, base, 1.0)
+    t = rope_turns(n_dims, base, 1.0).astype(np.float64)        # the f32 turn rates, read exactly
+    frac = np.array([[float((int(p) * Fraction(float(ti))) % 1) for ti in t] for p in pos])
+    assert np.abs(cos - np.cos(2 * np.pi * frac)).max() < 4e-7
+    assert np.abs(sin - np.sin(2 * np.pi * frac)).max() < 4e-7
+    assert cos[0].tolist() == [1.0] * (n_dims // 2) and sin[0].tolist() == [0.0] * (n_dims // 2)
+
+
+@pytest.mark.parametrize("mode", ["norm", "neox"])
+def test_rope_pairs_and_rotation_order(mode):
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 2, 8)).astype(F32)
+    cos, sin = rope.rope_table(np.array([0, 5, 900]), 8, 10000.0, 1.0)
+    y = rope.rope(x, cos, sin, mode)
+    pairs = [(2 * i, 2 * i + 1) for i in range(4)] if mode == "norm" else [(i, i + 4) for i in range(4)]
+    for i, (a, b) in enumerate(pairs):
+        c, s = cos[:, None, i], sin[:, None, i]
+        assert np.array_equal(y[..., a], sub(mul(x[..., a], c), mul(x[..., b], s)))
+        assert np.array_equal(y[..., b], add(mul(x[..., a], s), mul(x[..., b], c)))
+
+
+def test_cache_rows_hold_an_f16_scale_and_codes_within_127():
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((10, 2, 64)).astype(F32) * 3
+    x[0, 0] = 0
+    rows = attention.quantize_rows(x)
+    assert rows["d"][0, 0] == 0 and not rows["qs"][0, 0].any()
+    amax = np.abs(x).max(-1)
+    assert np.array_equal(rows["d"], (amax * F32(1 / 127)).astype(F32).astype(np.float16))
+    assert np.abs(rows["qs"].astype(int)).max() == 127
+    err = np.abs(attention.dequantize_rows(rows) - x).max(-1)
+    assert np.all(err <= rows["d"].astype(np.float64) * 0.5 * 1.01 + 1e-30)
+
+
+def _setup(M=3, H=4, Hkv=2, D=64, n_kv=256, seed=0):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((M, H, D)).astype(F32)
+    k = attention.quantize_rows(rng.standard_normal((n_kv, Hkv, D)).astype(F32))
+    v = attention.quantize_rows(rng.standard_normal((n_kv, Hkv, D)).astype(F32))
+    used = 40
+    mask = np.where(np.arange(n_kv)[None] <= np.arange(used - M, used)[:, None], 0, -np.inf).astype(np.float16)
+    return q, k, v, mask
+
+
+def test_attention_of_a_head_is_that_head_alone_and_masked_cells_never_count():
+    q, k, v, mask = _setup()
+    out = attention.attention(q, k, v, mask, 0.125)
+    one = attention.attention(q[:, 3:4], k[:, 1:2], v[:, 1:2], mask, 0.125)   # head 3 reads K/V head 1
+    assert np.array_equal(out[:, 3:4].view(np.uint32), one.view(np.uint32))
+    k2, v2 = k.copy(), v.copy()
+    k2["qs"][40:], v2["qs"][40:], k2["d"][40:] = 99, -7, 3.0                       # masked for every row
+    assert np.array_equal(out.view(np.uint32), attention.attention(q, k2, v2, mask, 0.125).view(np.uint32))
+
+
+def test_attention_rows_are_independent_of_the_other_rows():
+    q, k, v, mask = _setup()
+    out = attention.attention(q, k, v, mask, 0.125)
+    for m in range(3):
+        row = attention.attention(q[m:m + 1], k, v, mask[m:m + 1], 0.125)
+        assert np.array_equal(out[m:m + 1].view(np.uint32), row.view(np.uint32))
+
+
+def test_attention_is_close_to_float64_softmax_of_the_cached_values():
+    q, k, v, mask = _setup(seed=3)
+    out = attention.attention(q, k, v, mask, 0.125)
+    kd, vd = attention.dequantize_rows(k).astype(np.float64), attention.dequantize_rows(v).astype(np.float64)
+    ref = np.zeros(out.shape)
+    for m in range(q.shape[0]):
+        for h in range(q.shape[1]):
+            s = kd[:, h // 2] @ q[m, h] * 0.125 + mask[m].astype(np.float64)
+            p = np.exp(s - s.max())
+            ref[m, h] = (p / p.sum()) @ vd[:, h // 2]
+    assert np.abs(out - ref).max() < 0.05                  # 8-bit q codes and 8-bit value weights

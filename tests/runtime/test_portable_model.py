@@ -1,0 +1,60 @@
+"""The whole llama/qwen3 graph in the portable profile on the reference backend (the spec).
+
+Its bits do not depend on how a prompt is cut: every logits row of a prefill equals the row
+the same position gets from a shorter prefill and decodes, and from any micro-batch size
+(the attention reads the same padded cells). llama.cpp has neither property.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import bankml
+from bankml.testing import models
+
+MODELS = ["smollm2-q4_1", "smollm2-f16", "smollm2-q8_0", "smollm2-q2_0", "qwen3-small-f16", "qwen3-small-q1_0",
+          "qwen3-small-q2_0", "qwen3-small-untied-q1_0", "llama-gqa-f16"]
+
+
+def _tokens(n: int, seed: int) -> list[int]:
+    return np.random.default_rng(seed).integers(0, 49152, n).tolist()
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_prefill_rows_equal_decode_rows_and_any_micro_batch_cut(name):
+    toks = _tokens(6, 1)
+    with bankml.load(models.path(name), backend="reference", profile="portable", n_ctx=256) as m:
+        full = m.session().prefill(toks, outputs="all")
+        s = m.session()
+        rows = [s.prefill(toks[:3], outputs="all")] + [s.decode(t)[None] for t in toks[3:]]
+        assert np.isfinite(full).all()
+        assert np.array_equal(full.view(np.uint32), np.concatenate(rows).view(np.uint32))
+    with bankml.load(models.path(name), backend="reference", profile="portable", n_ctx=256, n_ubatch=4) as m:
+        cut = m.session().prefill(toks, outputs="all")
+        assert np.array_equal(full.view(np.uint32), cut.view(np.uint32))
+
+
+def test_smollm2_portable_logits_pick_llama_cpps_next_tokens():
+    """A sanity check of the graph (the measured bar is tests/oracle/test_portable_bar.py)."""
+    path = models.path("smollm2-q4_1")
+    with bankml.load(path, backend="llvm", threads=1, n_ctx=256) as g:
+        ids = g.tokenize("The capital of France is Paris. The capital of Germany is Berlin. The capital of", True)
+        want = g.session().prefill(ids, outputs="all")
+    with bankml.load(path, backend="reference", profile="portable", n_ctx=256) as p:
+        got = p.session().prefill(ids, outputs="all")
+    agree = np.mean(np.argmax(got, -1) == np.argmax(want, -1))
+    assert agree >= 0.8 and np.abs(got - want).max() < 3.0, (agree, np.abs(got - want).max())
+
+
+def test_decodes_across_256_and_512_cells_equal_one_prefills_rows():
+    """The attention reads n_kv padded cells (256, 512, 768 here) and its bits do not depend on
+    how many: blocks of masked cells add -0.0. One session decodes across 256 cells, prefills,
+    then decodes across 512; every row equals the row of one 520-token prefill."""
+    toks = _tokens(520, 2)
+    with bankml.load(models.path("qwen3-small-q1_0"), backend="reference", profile="portable", n_ctx=1024) as m:
+        full = m.session().prefill(toks, outputs="all")
+        s = m.session()
+        rows = [s.prefill(toks[:252], outputs="last")] + [s.decode(t)[None] for t in toks[252:260]]
+        rows += [s.prefill(toks[260:510], outputs="last")] + [s.decode(t)[None] for t in toks[510:]]
+        want = np.concatenate([full[251:260], full[509:]])
+        assert np.array_equal(want.view(np.uint32), np.concatenate(rows).view(np.uint32))
