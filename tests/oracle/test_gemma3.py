@@ -25,13 +25,6 @@ W48 = ["gemma3-tiny-w48-f16", "gemma3-tiny-w48-q8_0"]
 _loaded: dict = {}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _close_models():
-    yield
-    for m in _loaded.values():
-        m.close()
-    _loaded.clear()
-
 
 def load(name: str, backend: str, llama_threads: int = 2, threads: int = 2) -> bankml.Model:
     key = (name, backend, llama_threads, threads)

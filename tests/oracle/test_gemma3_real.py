@@ -30,13 +30,6 @@ N_VOCAB = 262144
 _loaded: dict = {}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _close_models():
-    yield
-    for m in _loaded.values():
-        m.close()
-    _loaded.clear()
-
 
 def load(backend: str, llama_threads: int = 2) -> bankml.Model:
     key = (backend, llama_threads)

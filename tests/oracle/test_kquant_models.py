@@ -23,13 +23,6 @@ MIX = "llama-kq-q4_k_m"
 _loaded: dict = {}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _close_models():
-    yield
-    for m in _loaded.values():
-        m.close()
-    _loaded.clear()
-
 
 def load(name, backend, llama_threads=None):
     key = (name, backend, llama_threads)

@@ -12,6 +12,7 @@ import bankml
 from bankml import oracle
 from bankml.diff import diff
 from bankml.testing import models
+from test_logits import assert_rows_identical
 
 pytestmark = pytest.mark.oracle
 
@@ -23,24 +24,8 @@ def tokens(n: int, seed: int) -> list[int]:
     return np.random.default_rng(seed).integers(0, 49152, n).tolist()
 
 
-def assert_rows_identical(record, ours, ref, **what) -> None:
-    bad = list(range(len(ref)))
-    if ours.shape == ref.shape:
-        bad = [i for i, (a, b) in enumerate(zip(oracle.sha256_rows(ours), oracle.sha256_rows(ref))) if a != b]
-    record(compared=len(ref), identical=len(ref) - len(bad), **what)
-    assert ours.shape == ref.shape
-    assert not bad, f"{len(bad)}/{len(ref)} rows differ, first {bad[:5]}"
-
-
 _loaded: dict = {}
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _close_models():
-    yield
-    for m in _loaded.values():
-        m.close()
-    _loaded.clear()
 
 
 def load(name, backend, kt, vt, llama_threads=2, threads=2) -> bankml.Model:

@@ -17,6 +17,7 @@ import bankml
 from bankml import oracle
 from bankml.diff import diff
 from bankml.testing import models
+from test_logits import assert_rows_identical
 
 pytestmark = pytest.mark.oracle
 
@@ -29,25 +30,8 @@ def tokens(n: int, seed: int) -> list[int]:
     return np.random.default_rng(seed).integers(0, 49152, n).tolist()
 
 
-def assert_rows_identical(record, ours: np.ndarray, ref: np.ndarray, **what) -> None:
-    """Compare row by row (sha256 of the f32 bytes), record the comparison, then assert."""
-    bad = list(range(len(ref)))
-    if ours.shape == ref.shape:
-        bad = [i for i, (a, b) in enumerate(zip(oracle.sha256_rows(ours), oracle.sha256_rows(ref))) if a != b]
-    record(compared=len(ref), identical=len(ref) - len(bad), **what)
-    assert ours.shape == ref.shape
-    assert not bad, f"{len(bad)}/{len(ref)} rows differ, first {bad[:5]}"
-
-
 _loaded: dict = {}
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _close_models():
-    yield
-    for m in _loaded.values():
-        m.close()
-    _loaded.clear()
 
 
 def load(name: str, backend: str, llama_threads: int | None = None) -> bankml.Model:

@@ -53,14 +53,6 @@ def decode_case(m: bankml.Model, name: str, prompt: int, total: int) -> dict:
 _loaded: dict = {}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _close_models():
-    """The models this module loaded give back their compiled code and arenas at its end."""
-    yield
-    for m in _loaded.values():
-        m.close()
-    _loaded.clear()
-
 
 def load(name: str, backend: str, threads: int = 2, llama_threads: int | None = None) -> bankml.Model:
     key = (name, backend, threads, llama_threads)
