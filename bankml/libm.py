@@ -12,70 +12,31 @@ import functools
 
 import numpy as np
 
-_IR = r"""
-declare float @expf(float)
-declare float @logf(float)
-declare float @tanhf(float)
+_UNARY = ("expf", "logf", "tanhf")
+_UNARY_LOOP = r"""
+define void @v_{f}(float* %x, float* %y, i64 %n) {{
+entry:
+  br label %loop
+loop:
+  %i = phi i64 [0, %entry], [%next, %body]
+  %done = icmp sge i64 %i, %n
+  br i1 %done, label %exit, label %body
+body:
+  %px = getelementptr float, float* %x, i64 %i
+  %v = load float, float* %px
+  %r = call float @{f}(float %v)
+  %py = getelementptr float, float* %y, i64 %i
+  store float %r, float* %py
+  %next = add i64 %i, 1
+  br label %loop
+exit:
+  ret void
+}}
+"""
+_IR = "".join(f"declare float @{f}(float)\n" for f in _UNARY) + r"""
 declare float @powf(float, float)
 declare void @sincosf(float, float*, float*)
-
-define void @v_expf(float* %x, float* %y, i64 %n) {
-entry:
-  br label %loop
-loop:
-  %i = phi i64 [0, %entry], [%next, %body]
-  %done = icmp sge i64 %i, %n
-  br i1 %done, label %exit, label %body
-body:
-  %px = getelementptr float, float* %x, i64 %i
-  %v = load float, float* %px
-  %r = call float @expf(float %v)
-  %py = getelementptr float, float* %y, i64 %i
-  store float %r, float* %py
-  %next = add i64 %i, 1
-  br label %loop
-exit:
-  ret void
-}
-
-define void @v_logf(float* %x, float* %y, i64 %n) {
-entry:
-  br label %loop
-loop:
-  %i = phi i64 [0, %entry], [%next, %body]
-  %done = icmp sge i64 %i, %n
-  br i1 %done, label %exit, label %body
-body:
-  %px = getelementptr float, float* %x, i64 %i
-  %v = load float, float* %px
-  %r = call float @logf(float %v)
-  %py = getelementptr float, float* %y, i64 %i
-  store float %r, float* %py
-  %next = add i64 %i, 1
-  br label %loop
-exit:
-  ret void
-}
-
-define void @v_tanhf(float* %x, float* %y, i64 %n) {
-entry:
-  br label %loop
-loop:
-  %i = phi i64 [0, %entry], [%next, %body]
-  %done = icmp sge i64 %i, %n
-  br i1 %done, label %exit, label %body
-body:
-  %px = getelementptr float, float* %x, i64 %i
-  %v = load float, float* %px
-  %r = call float @tanhf(float %v)
-  %py = getelementptr float, float* %y, i64 %i
-  store float %r, float* %py
-  %next = add i64 %i, 1
-  br label %loop
-exit:
-  ret void
-}
-
+""" + "".join(_UNARY_LOOP.format(f=f) for f in _UNARY) + r"""
 define void @v_sincosf(float* %x, float* %s, float* %c, i64 %n) {
 entry:
   br label %loop
@@ -115,9 +76,8 @@ def _lib():
     libm.powf.restype = ctypes.c_float
     libm.powf.argtypes = [ctypes.c_float, ctypes.c_float]
     fns = {
-        "expf": ctypes.CFUNCTYPE(None, _F32P, _F32P, ctypes.c_int64)(engine.get_function_address("v_expf")),
-        "logf": ctypes.CFUNCTYPE(None, _F32P, _F32P, ctypes.c_int64)(engine.get_function_address("v_logf")),
-        "tanhf": ctypes.CFUNCTYPE(None, _F32P, _F32P, ctypes.c_int64)(engine.get_function_address("v_tanhf")),
+        **{f: ctypes.CFUNCTYPE(None, _F32P, _F32P, ctypes.c_int64)(engine.get_function_address(f"v_{f}"))
+           for f in _UNARY},
         "sincosf": ctypes.CFUNCTYPE(None, _F32P, _F32P, _F32P, ctypes.c_int64)(
             engine.get_function_address("v_sincosf")),
         "powf": libm.powf,
