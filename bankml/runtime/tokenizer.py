@@ -257,6 +257,27 @@ _EOG_TEXTS = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "
               "<｜end▁of▁sentence｜>", "[e~["}
 
 
+def st_partition(text: str, specials: list[tuple[int, str]]) -> list[str | int]:
+    """tokenizer_st_partition: each special text in turn (the caller's order) cuts the text
+    fragments left so far, leftmost first; a fragment is a str, a special token its id."""
+    frags: list[str | int] = [text] if text else []
+    for sid, s in specials:
+        if not s:
+            continue
+        new: list[str | int] = []
+        for f in frags:
+            if isinstance(f, int) or s not in f:
+                new.append(f)
+                continue
+            for k, p in enumerate(f.split(s)):
+                if k:
+                    new.append(sid)
+                if p:
+                    new.append(p)
+        frags = new
+    return frags
+
+
 class Tokenizer:
     """One GGUF vocabulary: encode, decode, pieces, special ids."""
 
@@ -315,27 +336,8 @@ class Tokenizer:
         return out
 
     def _partition(self, text: str, parse_special: bool) -> list[str | int]:
-        """tokenizer_st_partition: special token texts cut the text into fragments."""
-        frags: list[str | int] = [text] if text else []
-        for sid in self.special:
-            if not parse_special and self.types[sid] in (CONTROL, UNKNOWN):
-                continue
-            s = self.tokens[sid]
-            if not s:
-                continue
-            new: list[str | int] = []
-            for f in frags:
-                if isinstance(f, int) or s not in f:
-                    new.append(f)
-                    continue
-                parts = f.split(s)
-                for k, p in enumerate(parts):
-                    if k:
-                        new.append(sid)
-                    if p:
-                        new.append(p)
-            frags = new
-        return frags
+        return st_partition(text, [(sid, self.tokens[sid]) for sid in self.special
+                                   if parse_special or self.types[sid] not in (CONTROL, UNKNOWN)])
 
     def _encode_text(self, text: str, out: list[int]) -> None:
         flags = [cpt_flags(c) for c in text]

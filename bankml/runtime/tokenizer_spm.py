@@ -21,7 +21,7 @@ from typing import Iterable, Iterator
 from bankml.errors import ModelRefused
 from bankml.gguf.reader import GGUF_ARRAY, GGUF_FLOAT32, GGUF_INT32, GGUF_STRING
 from bankml.runtime.sampler import std_sort
-from bankml.runtime.tokenizer import _EOG_TEXTS, StreamDecoder
+from bankml.runtime.tokenizer import _EOG_TEXTS, StreamDecoder, st_partition
 
 # llama_token_attr bits (include/llama.h)
 A_UNKNOWN, A_UNUSED, A_NORMAL, A_CONTROL, A_USER_DEFINED, A_BYTE = 1, 2, 4, 8, 16, 32
@@ -157,25 +157,8 @@ class SpmTokenizer:
         return out
 
     def _partition(self, text: str, parse_special: bool) -> list[str | int]:
-        """tokenizer_st_partition: special token texts cut the text into fragments, leftmost first."""
-        frags: list[str | int] = [text] if text else []
-        for sid in self.special:
-            if not parse_special and self.attrs[sid] & (A_CONTROL | A_UNKNOWN):
-                continue
-            s = self.tokens[sid]
-            new: list[str | int] = []
-            for f in frags:
-                if isinstance(f, int) or s not in f:
-                    new.append(f)
-                    continue
-                parts = f.split(s)
-                for k, p in enumerate(parts):
-                    if k:
-                        new.append(sid)
-                    if p:
-                        new.append(p)
-            frags = new
-        return frags
+        return st_partition(text, [(sid, self.tokens[sid]) for sid in self.special
+                                   if parse_special or not self.attrs[sid] & (A_CONTROL | A_UNKNOWN)])
 
     def _merge(self, text: str, out: list[int]) -> None:
         """llm_tokenizer_spm_session::tokenize of one escaped fragment."""
