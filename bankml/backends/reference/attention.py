@@ -101,7 +101,7 @@ def _scores(q4: np.ndarray, k32: np.ndarray, m32: np.ndarray, scale: np.float32)
     return s
 
 
-def _online_f16(s: np.ndarray, visible: np.ndarray, kidx: np.ndarray, v32: np.ndarray):
+def _online_f16(s: np.ndarray, visible: np.ndarray, kidx: np.ndarray, v32: np.ndarray, acc_round=f16):
     """The one_chunk loop over keys for rows [R, Hkv, g] at once; returns (M, S, VKQ16 as f32).
 
     s [R, Hkv, g, L] scores; visible [R, L] (mask != -inf: others are skipped, no update);
@@ -111,6 +111,8 @@ def _online_f16(s: np.ndarray, visible: np.ndarray, kidx: np.ndarray, v32: np.nd
         VKQ = f16(fma(V, vs, VKQ))                                     (ggml_vec_mad_f16)
         S = fma(S, ms, vs)                                             (GCC-contracted)
     M is a running max, so ms and vs for all keys come from one vectorised glibc expf call.
+    acc_round: f16 (an f16 V, the f16 accumulator); with a quantized V, ggml dequantizes each row
+    into an f32 accumulator (ggml_vec_scale_f32, ggml_vec_mad_f32): _f32, no rounding.
     """
     R, Hkv, g, L = s.shape
     vis = visible[:, None, None, :]
@@ -127,9 +129,9 @@ def _online_f16(s: np.ndarray, visible: np.ndarray, kidx: np.ndarray, v32: np.nd
         if not rows.any():
             continue
         if new[..., j].any():
-            acc = f16(acc * ms[..., j, None])
+            acc = acc_round(acc * ms[..., j, None])
         vj = v32[kidx[:, j]][:, :, None, :]                         # [R or 1, Hkv, 1, DV]
-        acc_j = f16(fma(vj, vs[..., j, None], acc))
+        acc_j = acc_round(fma(vj, vs[..., j, None], acc))
         S_j = fma(S, ms[..., j], vs[..., j])
         if rows.all():
             acc, S = acc_j, S_j
@@ -137,6 +139,10 @@ def _online_f16(s: np.ndarray, visible: np.ndarray, kidx: np.ndarray, v32: np.nd
             acc = np.where(rows[:, None, None, None], acc_j, acc)
             S = np.where(rows[:, None, None], S_j, S)
     return run[..., -1], S, acc
+
+
+def _f32(x: np.ndarray) -> np.ndarray:
+    return x.astype(f32)
 
 
 def _normalise(acc: np.ndarray, S: np.ndarray) -> np.ndarray:

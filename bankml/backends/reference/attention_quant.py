@@ -26,11 +26,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from bankml.backends.reference.attention import NEG_INF, _kq_vec_dot_f16, _normalise, _online_f16
+from bankml.backends.reference.attention import NEG_INF, _f32, _kq_vec_dot_f16, _normalise, _online_f16
 from bankml.errors import LoweringError
 from bankml.floats import f16, fma, hsum8
 from bankml.ir.order import FA_REFERENCE_QK, FA_REFERENCE_QKV, FA_REFERENCE_QV, FloatOrder
-from bankml.libm import expf
 from bankml.quants import q4_0, q8_0
 from bankml.quants.activation import quantize_q8_0, to_bytes
 
@@ -92,7 +91,7 @@ def flash_attn_quant(q: np.ndarray, k, v, k_type: str, v_type: str, Hkv: int, ma
             _, S, acc = _online_f16(s, visible, kidx, np.asarray(v, np.float16).astype(f32))
         else:
             v32 = _DEQUANTIZE[v_type](np.asarray(v), Hkv * D).reshape(n_kv, Hkv, D)
-            S, acc = _online_f32(s, visible, v32)
+            _, S, acc = _online_f16(s, visible, kidx, v32, acc_round=_f32)
         out = _normalise(acc, S)
     return out.reshape(M, H, D)
 
@@ -119,30 +118,3 @@ def _kq_vec_dot_q(q4: np.ndarray, k_raw: np.ndarray, k_type: str, Hkv: int, bloc
     return out
 
 
-def _online_f32(s: np.ndarray, visible: np.ndarray, v32: np.ndarray):
-    """The one_chunk loop with an f32 V accumulator, for rows [R, Hkv, g] at once; (S, VKQ).
-    Per visible key: s > M: ms = expf(M - s), M = s, VKQ = r(VKQ*ms), vs = 1; else ms = 1,
-    vs = expf(s - M); VKQ = fma(V, vs, VKQ); S = fma(S, ms, vs)."""
-    R, Hkv, g, L = s.shape
-    vis = visible[:, None, None, :]
-    run = np.maximum.accumulate(np.where(vis, s, NEG_INF), axis=-1)
-    m_old = np.concatenate([np.full(run.shape[:-1] + (1,), NEG_INF), run[..., :-1]], axis=-1)
-    new = vis & (s > m_old)
-    e = expf(np.where(new, m_old - s, np.where(vis, s - m_old, f32(0))).astype(f32))
-    ms, vs = np.where(new, e, f32(1)), np.where(new, f32(1), e)
-    acc = np.zeros((R, Hkv, g, v32.shape[2]), f32)
-    S = np.zeros((R, Hkv, g), f32)
-    for j in range(L):
-        rows = visible[:, j]
-        if not rows.any():
-            continue
-        if new[..., j].any():
-            acc = (acc * ms[..., j, None]).astype(f32)
-        acc_j = fma(v32[j][None, :, None, :], vs[..., j, None], acc)
-        S_j = fma(S, ms[..., j], vs[..., j])
-        if rows.all():
-            acc, S = acc_j, S_j
-        else:
-            acc = np.where(rows[:, None, None, None], acc_j, acc)
-            S = np.where(rows[:, None, None], S_j, S)
-    return S, acc
