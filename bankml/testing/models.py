@@ -104,7 +104,8 @@ MODELS = {
                        "Q5_0 attn_k=q5_1 attn_v=q6_k ffn_up=q5_1 ffn_gate=q4_k token_embd=q8_0"),
 }
 ON_REQUEST = {"bonsai-1.7b-f16", "bonsai-1.7b-q1_0", "bonsai-1.7b-q2_0"}
-MIXED = ["gemma3-270m-q4_k_m", "gemma3-vocab-prefix", "smollm2-vocab-specials"]     # prepared by default too; types mixed or no tensors
+# prepared by default too: types mixed per tensor, or no tensors
+MIXED = ["gemma3-270m-q4_k_m", "gemma3-vocab-prefix", "smollm2-vocab-specials", "llama-kq-q4_k_m", "llama-kq-mixed"]
 DEFAULT = [m for m in MODELS if m not in ON_REQUEST and m not in MIXED]
 
 

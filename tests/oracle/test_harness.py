@@ -41,7 +41,7 @@ def test_last_only_differs_from_all_for_f16(name):
 
 def test_prepared_models_have_the_types_their_names_say():
     from bankml.gguf import read_gguf
-    want = {"f16": 1, "q8_0": 8, "q4_1": 3, "q1_0": 41, "q2_0": 42}
+    want = {"f16": 1, "q8_0": 8, "q4_1": 3, "q1_0": 41, "q2_0": 42, "q4_0": 2, "q5_0": 6, "q5_1": 7, "q4_k": 12, "q6_k": 14}
     for name in models.DEFAULT:
         f = read_gguf(models.path(name))
         typ = want[name.rsplit("-", 1)[1]]
