@@ -39,6 +39,21 @@ def count(r: dict) -> str:
     return cell if r["identical"] == r["compared"] else f"**{cell} (differs)**"
 
 
+def model_cols(r: dict) -> list[str]:
+    """model and weights; a quantized K/V cache is named beside the weights."""
+    model, weights = split(r["model"])
+    if (r.get("cache_type_k") or "f16", r.get("cache_type_v") or "f16") != ("f16", "f16"):
+        weights += f", K/V cache {r['cache_type_k']}/{r['cache_type_v']}"
+    return [model, weights]
+
+
+def attention(r: dict) -> str:
+    """The attention kernels of a prefill: a quantized cache runs one_chunk only."""
+    if (r.get("cache_type_k") or "f16", r.get("cache_type_v") or "f16") != ("f16", "f16"):
+        return "one_chunk (quantized cache)"
+    return kernels(r["tokens"])
+
+
 def table(head: list[str], rows: list[list]) -> list[str]:
     return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + \
         ["| " + " | ".join(map(str, row)) + " |" for row in rows] + [""]
@@ -60,29 +75,29 @@ def render(run: dict, rows: list[dict]) -> str:
             out += [f"## Prefill, {backend} backend", ""]
             out += table(["model", "weights", "prompt tokens", "outputs", "threads (llama.cpp)", "attention kernel",
                           "rows identical / compared"],
-                         [[*split(r["model"]), r["tokens"], r["outputs"], f"{r['threads']} ({r['llama_threads']})",
-                           kernels(r["tokens"]), count(r)] for r in prefill])
+                         [[*model_cols(r), r["tokens"], r["outputs"], f"{r['threads']} ({r['llama_threads']})",
+                           attention(r), count(r)] for r in prefill])
     decode = by_kind("decode")
     if decode:
         out += ["## Greedy decodes (one llama_decode per token; tokens chosen by bankml's own logits)", ""]
         out += table(["model", "weights", "backend", "cells", "threads (llama.cpp)", "rows identical / compared"],
-                     [[*split(r["model"]), r["backend"], f"{r['tokens'] + 1}–{r['cells']}",
+                     [[*model_cols(r), r["backend"], f"{r['tokens'] + 1}–{r['cells']}",
                        f"{r['threads']} ({r['llama_threads']})", count(r)] for r in decode])
     named = by_kind("named_tensors")
     if named:
         out += ["## Named tensors (every tensor llama.cpp's eval callback reports)", ""]
         out += table(["model", "weights", "backend", "prompt tokens", "outputs", "decodes to", "tensors identical / "
-                      "compared"], [[*split(r["model"]), r["backend"], r["tokens"], r["outputs"], r.get("cells", "–"),
+                      "compared"], [[*model_cols(r), r["backend"], r.get("tokens", "–"), r.get("outputs", "–"), r.get("cells", "–"),
                                      count(r)] for r in named])
     gen = by_kind("generate")
     if gen:
         out += ["## Generation (token ids against llama-server's /completion)", ""]
         groups: dict[tuple, list[dict]] = {}
         for r in gen:
-            groups.setdefault((r["model"], r["backend"], r["temp"]), []).append(r)
+            groups.setdefault((tuple(model_cols(r)), r["backend"], r.get("temp", 0)), []).append(r)
         out += table(["model", "weights", "backend", "temperature", "prompts (seeds)", "runs identical",
                       "tokens identical / compared"],
-                     [[*split(m), b, t, len(rs) if t == 0 else f"{len(rs)} ({len({r['seed'] for r in rs})})",
+                     [[*m, b, t, len(rs) if t == 0 else f"{len(rs)} ({len({r['seed'] for r in rs})})",
                        f"{sum(r['identical'] == r['compared'] for r in rs)} / {len(rs)}",
                        count({"identical": sum(r["identical"] for r in rs),
                               "compared": sum(r["compared"] for r in rs)})] for (m, b, t), rs in groups.items()])
