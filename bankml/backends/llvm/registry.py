@@ -29,6 +29,10 @@ Signature of every kernel function (name: f"k{n.id}_{n.op.value}", linkage inter
   attention's chunk count comes from llama.cpp's thread count, dims[4], never nth).
 - Float order comes from n.order (FloatOrder) exactly as the reference backend reads it:
   `llvm.fma.*` where it says fma, plain fmul/fadd otherwise, never a fast-math flag.
+
+Profiles: a graph whose g.meta["profile"] is "portable" takes its kernels from a second table,
+filled by `@kernel(op, profile="portable")` (kernels_portable*.py); its bits are the numpy
+spec's (bankml/profiles/portable/), not ggml's.
 """
 from __future__ import annotations
 
@@ -41,13 +45,15 @@ from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
 
-KERNELS: dict[Op, Callable[[ir.Module, Graph, Node], ir.Function]] = {}
+Emitter = Callable[[ir.Module, Graph, Node], ir.Function]
+KERNELS: dict[Op, Emitter] = {}
+PROFILE_KERNELS: dict[str, dict[Op, Emitter]] = {"ggml": KERNELS, "portable": {}}
 NO_KERNEL = frozenset({Op.INPUT, Op.WEIGHT, Op.CACHE, Op.RESHAPE})
 
 
-def kernel(op: Op):
+def kernel(op: Op, profile: str = "ggml"):
     def register(fn):
-        KERNELS[op] = fn
+        PROFILE_KERNELS[profile][op] = fn
         return fn
     return register
 
@@ -67,7 +73,8 @@ def define(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     name = kernel_name(n)
     if name in m.globals:
         return m.globals[name]
-    fn = KERNELS.get(n.op)
+    profile = g.meta.get("profile", "ggml")
+    fn = PROFILE_KERNELS[profile].get(n.op)
     if fn is None:
-        raise LoweringError(f"no llvm kernel for {n.op.value} ({n.name or n.id})")
+        raise LoweringError(f"no llvm kernel for {n.op.value} ({n.name or n.id}) in profile {profile}")
     return fn(m, g, n)
