@@ -278,7 +278,35 @@ def st_partition(text: str, specials: list[tuple[int, str]]) -> list[str | int]:
     return frags
 
 
-class Tokenizer:
+class PieceVocab:
+    """What every tokenizer builds on its `tokens` and `piece(tid, special)`: decode, stream, n_vocab."""
+
+    tokens: list[str]
+
+    def piece(self, tid: int, special: bool = True) -> bytes:
+        raise NotImplementedError
+
+    def decode(self, ids: Iterable[int], special: bool = True) -> str:
+        """The pieces of `ids` joined; bytes that are not UTF-8 become U+FFFD."""
+        return b"".join(self.piece(i, special) for i in ids).decode("utf-8", "replace")
+
+    def stream(self, ids: Iterable[int], special: bool = True) -> Iterator[str]:
+        """Decode token by token, yielding text only once its UTF-8 sequence is complete."""
+        dec = StreamDecoder(self, special)
+        for i in ids:
+            text = dec.push(i)
+            if text:
+                yield text
+        tail = dec.flush()
+        if tail:
+            yield tail
+
+    @property
+    def n_vocab(self) -> int:
+        return len(self.tokens)
+
+
+class Tokenizer(PieceVocab):
     """One GGUF vocabulary: encode, decode, pieces, special ids."""
 
     def __init__(self, tokens: list[str], token_types: Iterable[int], merges: list[str], pre: str,
@@ -416,30 +444,12 @@ class Tokenizer:
             return b""
         return self._pieces[tid]
 
-    def decode(self, ids: Iterable[int], special: bool = True) -> str:
-        """The pieces of `ids` joined; bytes that are not UTF-8 become U+FFFD."""
-        return b"".join(self.piece(i, special) for i in ids).decode("utf-8", "replace")
-
-    def stream(self, ids: Iterable[int], special: bool = True) -> Iterator[str]:
-        """Decode token by token, yielding text only once its UTF-8 sequence is complete."""
-        dec = StreamDecoder(self, special)
-        for i in ids:
-            text = dec.push(i)
-            if text:
-                yield text
-        tail = dec.flush()
-        if tail:
-            yield tail
-
-    @property
-    def n_vocab(self) -> int:
-        return len(self.tokens)
 
 
 class StreamDecoder:
     """Holds back an incomplete UTF-8 sequence at the end until the next token completes it."""
 
-    def __init__(self, tok: Tokenizer, special: bool = True):
+    def __init__(self, tok: PieceVocab, special: bool = True):
         self.tok, self.special, self.pending = tok, special, b""
 
     def push(self, tid: int) -> str:

@@ -16,12 +16,12 @@ token falls back to its bytes as <0xXX> tokens.
 from __future__ import annotations
 
 import heapq
-from typing import Iterable, Iterator
+from typing import Iterable
 
 from bankml.errors import ModelRefused
 from bankml.gguf.reader import GGUF_ARRAY, GGUF_FLOAT32, GGUF_INT32, GGUF_STRING
 from bankml.runtime.sampler import std_sort
-from bankml.runtime.tokenizer import _EOG_TEXTS, StreamDecoder, st_partition
+from bankml.runtime.tokenizer import _EOG_TEXTS, PieceVocab, st_partition
 
 # llama_token_attr bits (include/llama.h)
 A_UNKNOWN, A_UNUSED, A_NORMAL, A_CONTROL, A_USER_DEFINED, A_BYTE = 1, 2, 4, 8, 16, 32
@@ -74,7 +74,7 @@ def spm_vocab_refusal(metadata: dict, value_types: dict) -> str | None:
     return None
 
 
-class SpmTokenizer:
+class SpmTokenizer(PieceVocab):
     """One SentencePiece GGUF vocabulary: encode, decode, pieces, special ids."""
 
     def __init__(self, tokens: list[str], scores, token_types, bos: int | None = 1, eos: int | None = 2,
@@ -224,10 +224,6 @@ class SpmTokenizer:
             return b""
         return self._pieces[tid]
 
-    def decode(self, ids: Iterable[int], special: bool = True) -> str:
-        """The pieces of `ids` joined; bytes that are not UTF-8 become U+FFFD."""
-        return b"".join(self.piece(i, special) for i in ids).decode("utf-8", "replace")
-
     def detokenize_bytes(self, ids: Iterable[int], remove_special: bool = False,
                          unparse_special: bool = False) -> bytes:
         """llama_detokenize: a leading BOS/EOS dropped on request, and (add_space_prefix) the
@@ -250,17 +246,3 @@ class SpmTokenizer:
 
     def detokenize(self, ids: Iterable[int], remove_special: bool = False, unparse_special: bool = False) -> str:
         return self.detokenize_bytes(ids, remove_special, unparse_special).decode("utf-8", "replace")
-
-    def stream(self, ids: Iterable[int], special: bool = True) -> Iterator[str]:
-        dec = StreamDecoder(self, special)
-        for i in ids:
-            text = dec.push(i)
-            if text:
-                yield text
-        tail = dec.flush()
-        if tail:
-            yield tail
-
-    @property
-    def n_vocab(self) -> int:
-        return len(self.tokens)
