@@ -1,5 +1,7 @@
 """llvm mul_mat and quantize kernels equal the reference backend bit for bit, for every weight
-type and float order, with the work split over 1, 2 and 3 threads."""
+type and float order (the legacy types on every path: Q4_0 vec_dot for rows % 8 != 0, the Q4_0
+repack for 8k rows, Q5_0, Q5_1), with the work split over 1, 2 and 3 threads, and with column
+counts known only at run time."""
 from __future__ import annotations
 
 import functools
@@ -14,17 +16,22 @@ from llvm_kernel_util import compile_kernel, graph_of, run_kernel  # noqa: E402
 
 from bankml.backends.reference.matmul import mul_mat, quantize_activation  # noqa: E402
 from bankml.gguf.reader import ggml_type_name  # noqa: E402
+from bankml.ir import order as fo  # noqa: E402
 from bankml.ir.dims import Dim  # noqa: E402
 from bankml.ir.node import Node  # noqa: E402
 from bankml.ir.ops import Op  # noqa: E402
 from bankml.passes.choose_matmul_kernel import matmul_order  # noqa: E402
-from bankml.quants import F16, Q1_0, Q2_0, Q4_1, Q8_0, Q8_1, WEIGHT_TYPES  # noqa: E402
+from bankml.quants import F16, Q1_0, Q2_0, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, WEIGHT_TYPES  # noqa: E402
 from bankml.quants.activation import to_bytes  # noqa: E402
 
 TYPES = [F16, Q8_0, Q4_1, Q1_0, Q2_0]
+LEGACY = [Q4_0, Q5_0, Q5_1]                     # 37 rows: vec_dot; 40 rows: Q4_0's repack
 CASES = [(t, k, m, n) for t in TYPES for k in (128, 576, 1536) for m in (1, 2, 5, 7, 8, 19) for n in (36, 37)
          if k % WEIGHT_TYPES[t].block == 0] + [(F16, 100, 3, 36), (F16, 100, 1, 37), (F16, 44, 6, 40),
-                                                (F16, 100, 13, 36), (F16, 44, 17, 40)]
+                                                (F16, 100, 13, 36), (F16, 44, 17, 40)] + \
+        [(t, k, m, n) for t in LEGACY for k in (128, 576) for m in (1, 2, 5, 8, 19) for n in (37, 40)]
+TYPE_ROWS = [(t, n) for t in TYPES for n in (36, 37)] + [(t, n) for t in LEGACY for n in (37, 40)]
+CHUNKED = [(t, 256, 21, 37) for t in TYPES] + [(t, 256, 21, n) for t in LEGACY for n in (37, 40)]
 
 
 def _id(c) -> str:
@@ -44,7 +51,7 @@ def _quantize_weights(t: int, w: np.ndarray) -> np.ndarray:
     d = (rng.uniform(0.001, 0.1, (n, nb)) * rng.choice([-1, 1], (n, nb))).astype(np.float16)
     blocks = raw.reshape(n, nb, wt.block_bytes)
     blocks[:, :, 0:2] = d.view(np.uint8).reshape(n, nb, 2)
-    if t == Q4_1:
+    if t in (Q4_1, Q5_1):
         mn = rng.uniform(-0.1, 0.1, (n, nb)).astype(np.float16)
         blocks[:, :, 2:4] = mn.view(np.uint8).reshape(n, nb, 2)
     return raw
@@ -73,8 +80,12 @@ def _nodes(t, k, m, n, order_cols=None):
     return graph_of(x, w, q, mm), q, mm
 
 
-@pytest.mark.parametrize("n", [36, 37])
-@pytest.mark.parametrize("t", TYPES, ids=[WEIGHT_TYPES[t].name for t in TYPES])
+def test_the_legacy_cases_take_every_path():
+    orders = {matmul_order(t, n, m) for t, _, m, n in CASES if t in LEGACY}
+    assert orders == {fo.Q4_0_DOT, fo.Q4_0_REPACK, fo.Q5_0_DOT, fo.Q5_1_DOT}
+
+
+@pytest.mark.parametrize("t, n", TYPE_ROWS, ids=[f"{WEIGHT_TYPES[t].name}-N{n}" for t, n in TYPE_ROWS])
 @pytest.mark.parametrize("dim", [Dim("T", 2, 63), Dim("O", 0, 1)], ids=["T2-63", "O0-1"])
 def test_generic_mul_mat_bits_equal_reference_at_every_column_count(t, dim, n):
     """One kernel for a column count known at run time: full tiles, then tiles of 4, 2 and 1
@@ -108,7 +119,7 @@ def test_mul_mat_bits_equal_reference(case, nth):
     assert np.array_equal(out.view(np.uint32), ref.view(np.uint32))
 
 
-@pytest.mark.parametrize("case", [(t, 256, 21, 37) for t in TYPES], ids=[WEIGHT_TYPES[t].name for t in TYPES])
+@pytest.mark.parametrize("case", CHUNKED, ids=[_id(c) for c in CHUNKED])
 def test_mul_mat_bits_equal_reference_in_row_chunks(case, monkeypatch):
     """Tiny row chunks (several chunks per thread, a short last one) keep every output's bits."""
     from bankml.backends.llvm import kernels_matmul

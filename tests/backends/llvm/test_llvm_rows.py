@@ -14,7 +14,7 @@ from bankml.backends.reference import glu, norm  # noqa: E402
 from bankml.ir.node import Node  # noqa: E402
 from bankml.ir.ops import Op  # noqa: E402
 from bankml.ir.order import ELEMENTWISE, SET_ROWS_F16  # noqa: E402
-from bankml.quants import F16, Q1_0, Q2_0, Q4_1, Q8_0, WEIGHT_TYPES  # noqa: E402
+from bankml.quants import F16, Q1_0, Q2_0, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, WEIGHT_TYPES  # noqa: E402
 
 NTH = [1, 2, 3]
 
@@ -27,13 +27,13 @@ def _weight_bytes(t: int, rows: int, k: int, rng) -> np.ndarray:
     nb = k // wt.block
     blocks = raw.reshape(rows, nb, wt.block_bytes)
     blocks[:, :, 0:2] = (rng.standard_normal((rows, nb)) * 0.05).astype(np.float16).view(np.uint8).reshape(rows, nb, 2)
-    if t == Q4_1:
+    if t in (Q4_1, Q5_1):
         blocks[:, :, 2:4] = (rng.standard_normal((rows, nb)) * 0.05).astype(np.float16).view(np.uint8).reshape(rows, nb, 2)
     return raw
 
 
 @pytest.mark.parametrize("nth", NTH)
-@pytest.mark.parametrize("t", [F16, Q8_0, Q4_1, Q1_0, Q2_0], ids=lambda t: WEIGHT_TYPES[t].name)
+@pytest.mark.parametrize("t", [F16, Q8_0, Q4_1, Q1_0, Q2_0, Q4_0, Q5_0, Q5_1], ids=lambda t: WEIGHT_TYPES[t].name)
 def test_get_rows_of_weight_equals_dequantize(t, nth):
     rng = np.random.default_rng(t)
     k, rows = 256, 50

@@ -6,17 +6,21 @@ Q8_0 with n_cols >= 2 runs tinyBLAS_Q0_AVX in ggml and our vec_dot order must ma
 """
 from __future__ import annotations
 
-import functools
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
-from bankml.backends.reference.matmul import mul_mat
-from bankml.errors import LoweringError
-from bankml.ir import order as fo
-from bankml.oracle import ggml as G
-from bankml.passes.choose_matmul_kernel import matmul_order
-from bankml.quants import WEIGHT_TYPES
+sys.path.insert(0, str(Path(__file__).parent))
+from matmul_util import case_id, ggml_mul_mat, problem  # noqa: E402
+
+from bankml.backends.reference.matmul import mul_mat  # noqa: E402
+from bankml.errors import LoweringError  # noqa: E402
+from bankml.ir import order as fo  # noqa: E402
+from bankml.oracle import ggml as G  # noqa: E402
+from bankml.passes.choose_matmul_kernel import matmul_order  # noqa: E402
+from bankml.quants import WEIGHT_TYPES  # noqa: E402
 
 TYPES = [G.TYPE_F16, G.TYPE_Q8_0, G.TYPE_Q4_1, G.TYPE_Q1_0, G.TYPE_Q2_0]
 COLS = [1, 2, 3, 7, 64, 65]
@@ -26,37 +30,14 @@ CASES = [(t, k, m, n) for t in TYPES for k in KS for m in COLS for n in ROWS
          if k % WEIGHT_TYPES[t].block == 0]          # Q1_0 blocks of 128 cannot make K = 576
 
 
-def _id(case) -> str:
-    t, k, m, n = case
-    return f"{WEIGHT_TYPES[t].name}-K{k}-M{m}-N{n}"
-
-
-@functools.cache
-def _problem(ggml_type: int, k: int, m: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(1000 * k + 10 * m + n + ggml_type)
-    w = (rng.standard_normal((n, k)) * rng.uniform(0.01, 2, (n, 1))).astype(np.float32)
-    x = (rng.standard_normal((m, k)) * rng.uniform(0.01, 20, (m, 1))).astype(np.float32)
-    x[0, 32:64] = 0                                          # a zero activation block
-    raw = w.astype(np.float16).view(np.uint8) if ggml_type == G.TYPE_F16 else G.quantize_chunk(ggml_type, w)
-    return raw, x
-
-
-def _ggml_mul_mat(ggml_type, raw, x, threads) -> np.ndarray:
-    (n, _), (m, k) = raw.shape, x.shape
-    ctx = G.Context()
-    w = ctx.tensor(ggml_type, (k, n), raw)
-    xt = ctx.tensor(G.TYPE_F32, (k, m), x)
-    return ctx.compute(ctx.op("ggml_mul_mat", w, xt), threads, (m, n))
-
-
 @pytest.mark.oracle
 @pytest.mark.parametrize("threads", [1, 3], ids=["t1", "t3"])
-@pytest.mark.parametrize("case", CASES, ids=[_id(c) for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=[case_id(c) for c in CASES])
 def test_mul_mat_bits_equal_ggml(case, threads):
     ggml_type, k, m, n = case
-    raw, x = _problem(*case)
+    raw, x = problem(*case)
     mine = mul_mat(raw, ggml_type, x, matmul_order(ggml_type, n, m))
-    ref = _ggml_mul_mat(ggml_type, raw, x, threads)
+    ref = ggml_mul_mat(ggml_type, raw, x, threads)
     assert mine.dtype == np.float32 and mine.shape == (m, n)
     assert np.array_equal(mine.view(np.uint32), ref.view(np.uint32))
 
@@ -64,10 +45,10 @@ def test_mul_mat_bits_equal_ggml(case, threads):
 @pytest.mark.oracle
 def test_f16_tinyblas_and_vec_dot_differ_and_ggml_picks_by_shape():
     """The two F16 orders give different bits on the same data, so the rule matters."""
-    raw, x = _problem(G.TYPE_F16, 1536, 7, 36)
+    raw, x = problem(G.TYPE_F16, 1536, 7, 36)
     tiny = mul_mat(raw, G.TYPE_F16, x, fo.F16_TINYBLAS)
     vec = mul_mat(raw, G.TYPE_F16, x, fo.F16_VEC_DOT)
-    ref = _ggml_mul_mat(G.TYPE_F16, raw, x, 2)
+    ref = ggml_mul_mat(G.TYPE_F16, raw, x, 2)
     assert not np.array_equal(tiny.view(np.uint32), vec.view(np.uint32))
     assert np.array_equal(tiny.view(np.uint32), ref.view(np.uint32))
 
