@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_logits import assert_rows_identical, decode_case, prefill_case
+from test_logits import assert_rows_identical, decode_case, greedy, prefill_case
 from test_named_tensors import record_diff
 
 import bankml
@@ -95,18 +95,6 @@ def test_llvm_gemma3_270m_named_tensors_past_the_window(record):
     record_diff(record, r, model=NAME, backend="llvm", tokens=600, outputs="last")
     assert r.first_difference is None, r.summary()
     assert not r.missing, r.missing
-
-
-def greedy(m: bankml.Model, prompt: list[int], total: int) -> tuple[list[int], np.ndarray]:
-    """Greedy decodes until the cache holds `total` cells; the logits rows of the decodes."""
-    s = m.session()
-    row = s.prefill(prompt, outputs="last")[-1]
-    toks, rows = list(prompt), []
-    while len(toks) < total:
-        toks.append(int(np.argmax(row)))
-        row = s.decode(toks[-1])
-        rows.append(row)
-    return toks, np.stack(rows)
 
 
 @pytest.mark.slow

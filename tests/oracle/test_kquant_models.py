@@ -16,12 +16,12 @@ import bankml
 from bankml import oracle
 from bankml.diff import diff
 from bankml.testing import models
+from test_logits import assert_rows_identical, greedy
 
 pytestmark = pytest.mark.oracle
 
 MIX = "llama-kq-q4_k_m"
 _loaded: dict = {}
-
 
 
 def load(name, backend, llama_threads=None):
@@ -35,15 +35,6 @@ def tokens(n, seed):
     return np.random.default_rng(seed).integers(0, 49152, n).tolist()
 
 
-def check(record, ours, ref, **what):
-    bad = list(range(len(ref)))
-    if ours.shape == ref.shape:
-        bad = [i for i, (a, b) in enumerate(zip(oracle.sha256_rows(ours), oracle.sha256_rows(ref))) if a != b]
-    record(compared=len(ref), identical=len(ref) - len(bad), **what)
-    assert ours.shape == ref.shape
-    assert not bad, f"{len(bad)}/{len(ref)} rows differ, first {bad[:5]}"
-
-
 CASES = [(MIX, "llvm", n, o) for n in (1, 7, 63, 64, 65, 600) for o in ("all", "last")] + \
         [(MIX, "reference", n, o) for n in (7, 65) for o in ("all", "last")] + [(MIX, "reference", 600, "last")] + \
         [(name, b, n, "all") for name in ("llama-kq-q4_k", "llama-kq-q6_k") for b in ("llvm", "reference")
@@ -54,7 +45,7 @@ CASES = [(MIX, "llvm", n, o) for n in (1, 7, 63, 64, 65, 600) for o in ("all", "
 def test_kquant_prefill_rows_identical(record, name, backend, n, outputs):
     m = load(name, backend)
     ref = oracle.logits(m.path, tokens(n, n), threads=2, outputs=outputs)
-    check(record, m.session().prefill(tokens(n, n), outputs=outputs), ref, kind="prefill", model=name,
+    assert_rows_identical(record, m.session().prefill(tokens(n, n), outputs=outputs), ref, kind="prefill", model=name,
           backend=backend, tokens=n, outputs=outputs, threads=2, llama_threads=2)
 
 
@@ -63,15 +54,9 @@ def test_kquant_prefill_rows_identical(record, name, backend, n, outputs):
 def test_kquant_greedy_decodes_identical(record, backend, prompt, total, llama_threads):
     """Decodes into split-KV attention (padded n_kv 512+), whose chunks follow llama_threads."""
     m = load(MIX, backend, llama_threads=llama_threads)
-    s = m.session()
-    row = s.prefill(tokens(prompt, 11), outputs="last")[-1]
-    toks, rows = tokens(prompt, 11), []
-    while len(toks) < total:
-        toks.append(int(np.argmax(row)))
-        row = s.decode(toks[-1])
-        rows.append(row)
+    toks, rows = greedy(m, tokens(prompt, 11), total)
     ref = oracle.logits(m.path, toks, threads=llama_threads, outputs="last", decode_from=prompt)
-    check(record, np.stack(rows), ref[1:], kind="decode", model=MIX, backend=backend, tokens=prompt, cells=total,
+    assert_rows_identical(record, rows, ref[1:], kind="decode", model=MIX, backend=backend, tokens=prompt, cells=total,
           threads=2, llama_threads=llama_threads)
 
 

@@ -12,7 +12,7 @@ import bankml
 from bankml import oracle
 from bankml.diff import diff
 from bankml.testing import models
-from test_logits import assert_rows_identical
+from test_logits import assert_rows_identical, greedy
 
 pytestmark = pytest.mark.oracle
 
@@ -102,17 +102,6 @@ def test_reference_prefill_rows_identical(record, kt, vt):
     ref = oracle.logits(m.path, tokens(65, 65), threads=2, cache_type_k=kt, cache_type_v=vt)
     assert_rows_identical(record, m.session().prefill(tokens(65, 65), outputs="all"), ref,
                           **case(m, name, kind="prefill", tokens=65, outputs="all"))
-
-
-def greedy(m, prompt, total):
-    s = m.session()
-    row = s.prefill(prompt, outputs="last")[-1]
-    toks, rows = list(prompt), []
-    while len(toks) < total:
-        toks.append(int(np.argmax(row)))
-        row = s.decode(toks[-1])
-        rows.append(row)
-    return toks, np.stack(rows)
 
 
 DECODES = [("smollm2-q8_0", "q8_0", "q8_0", 2), ("smollm2-q8_0", "q8_0", "q8_0", 3),

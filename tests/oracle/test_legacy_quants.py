@@ -17,7 +17,7 @@ import bankml
 from bankml import oracle
 from bankml.diff import diff
 from bankml.testing import models
-from test_logits import assert_rows_identical
+from test_logits import assert_rows_identical, greedy
 
 pytestmark = pytest.mark.oracle
 
@@ -74,17 +74,6 @@ def test_llvm_prefill_rows_identical(record, reference_rows, name, n, outputs):
 @pytest.mark.parametrize("name,n,outputs", _cases(REFERENCE_LENGTHS))
 def test_reference_prefill_rows_identical(record, reference_rows, name, n, outputs):
     _prefill(record, reference_rows, "reference", name, n, outputs)
-
-
-def greedy(m: bankml.Model, prompt: list[int], total: int) -> tuple[list[int], np.ndarray]:
-    s = m.session()
-    row = s.prefill(prompt, outputs="last")[-1]
-    toks, rows = list(prompt), []
-    while len(toks) < total:
-        toks.append(int(np.argmax(row)))
-        row = s.decode(toks[-1])
-        rows.append(row)
-    return toks, np.stack(rows)
 
 
 DECODES = [("llvm", "smollm2-q4_0", 2), ("llvm", "smollm2-q4_0", 3), ("llvm", "smollm2-q5_0", 3),

@@ -121,6 +121,7 @@ def test_reference_600_token_prompt_crosses_a_micro_batch(record, reference_rows
 
 
 def greedy(m: bankml.Model, prompt: list[int], total: int) -> tuple[list[int], np.ndarray]:
+    """Greedy decodes until the cache holds `total` cells: the tokens, and the logits rows of the decodes."""
     s = m.session()
     row = s.prefill(prompt, outputs="last")[-1]
     toks, rows = list(prompt), []
