@@ -46,8 +46,10 @@ def f32_bits(v: float) -> int:
 class Emit:
     """Emitter of the portable steps into one function (`f`) of one module (`m`)."""
 
-    def __init__(self, m: B.Module, f: B.Function, tables: int | None = None):
-        self.m, self.f, self.tables = m, f, tables
+    def __init__(self, m: B.Module, f: B.Function, tables: int | None = None, flushing: bool = False):
+        """flushing: act as the worst device the fixes allow for (tests): every denormal result
+        of an add or mul becomes +0 and a product of exactly +-2^-126 becomes +0 too."""
+        self.m, self.f, self.tables, self.flushing = m, f, tables, flushing
         self.u64 = m.type("TypeInt", 64, 0)
         self.i64 = m.type("TypeInt", 64, 1)
         self._c64: dict[int, int] = {}
@@ -123,9 +125,19 @@ class Emit:
         """An f32 value read from a buffer: denormals to signed zero, the one NaN."""
         return self.flt(self.canon_bits(self.bits(x)))
 
+    def _device(self, r, mul: bool):
+        """The device's result r, or (flushing) the worst a device without DenormPreserve may give."""
+        if not self.flushing:
+            return r
+        rb = self.bits(r)
+        mag = self.u("BitwiseAnd", rb, self.c(MAG))
+        flush = self.b("ULessThan", mag, self.c(0x00800001 if mul else 0x00800000))
+        return self.flt(self.sel(flush, self.c(0), rb))
+
     def _add_fix(self, r, a, b):
         """r = device's a + b (b's sign already as added); a zero exponent field means the exact
         sum is zero or denormal: the zero of its sign."""
+        r = self._device(r, False)
         ab, bb = self.bits(a), self.bits(b)
         ma, mb = self.u("BitwiseAnd", ab, self.c(MAG)), self.u("BitwiseAnd", bb, self.c(MAG))
         sa, sb = self.u("BitwiseAnd", ab, self.c(SIGN)), self.u("BitwiseAnd", bb, self.c(SIGN))
@@ -143,7 +155,7 @@ class Emit:
         return self._add_fix(self.f.fsub(a, b, name=name), a, nb)
 
     def fmul(self, a, b, name=None):
-        r = self.f.fmul(a, b, name=name)
+        r = self._device(self.f.fmul(a, b, name=name), True)
         rb, ab, bb = self.bits(r), self.bits(a), self.bits(b)
         tiny = self.b("ULessThanEqual", self.u("BitwiseAnd", rb, self.c(EXP)), self.c(0x00800000))
         ea = self.u("BitFieldUExtract", ab, self.c(23), self.c(8))

@@ -47,7 +47,8 @@ def act_buffers(a: quant.ActBlocks) -> tuple[bytes, bytes]:
 
 # ---- module scaffolding
 class _Module:
-    def __init__(self, local: int = LOCAL):
+    def __init__(self, local: int = LOCAL, flushing: bool = False):
+        self.flushing = flushing
         self.m = m = B.Module()
         m.caps += [B.CAP_SHADER, B.CAP_INT64]
         self.nbuf = 0
@@ -76,7 +77,7 @@ class _Module:
         gid_v = m.variable(B.SC_INPUT, uvec3, "gl_GlobalInvocationID")
         m.decorate(gid_v, B.DEC_BUILTIN, B.BUILTIN_GLOBAL_ID)
         f = B.Function(m, "main", (self.local, 1, 1))
-        e = Emit(m, f, getattr(self, "tables", None))
+        e = Emit(m, f, getattr(self, "tables", None), self.flushing)
         gid = f.op("CompositeExtract", m.u32, f.load(uvec3, gid_v), 0, name="gid")
         vals = [f.load(m.u32, f.chain(B.SC_PUSH_CONSTANT, m.u32, pc, e.c(i)), name=n) for i, n in enumerate(push)]
         return e, vals, gid
@@ -205,11 +206,11 @@ def _decode(e: Emit, wtype: int, wbuf: int, rb: int, j: int):
 
 
 @functools.cache
-def emit_matvec(wtype: int) -> tuple[int, ...]:
+def emit_matvec(wtype: int, flushing: bool = False) -> tuple[int, ...]:
     """y[r] = quant.group_dot(weight row r, activation row): one invocation per row.
     Bindings: 0 weights (raw GGUF rows), 1 codes, 2 info, 3 y f32[rows].
     Push: rows, K/32, row bytes."""
-    k = _Module()
+    k = _Module(flushing=flushing)
     m = k.m
     wbuf, cbuf, ibuf = k.buffer("weights"), k.buffer("codes"), k.buffer("info")
     obuf = k.buffer("y", m.f32, writable=True)
@@ -269,10 +270,10 @@ def emit_matvec(wtype: int) -> tuple[int, ...]:
 
 # ---- rmsnorm, softmax
 @functools.cache
-def emit_rmsnorm() -> tuple[int, ...]:
+def emit_rmsnorm(flushing: bool = False) -> tuple[int, ...]:
     """funcs.rmsnorm over rows of n: one invocation per row.
     Bindings: 0 x f32[rows*n], 1 w f32[n], 2 tables, 3 y. Push: rows, n, r(1/n) bits, eps bits."""
-    k = _Module()
+    k = _Module(flushing=flushing)
     m = k.m
     xbuf, wbuf = k.buffer("x", m.f32), k.buffer("w", m.f32)
     k.tables = k.buffer("tables", m.f32)
@@ -323,10 +324,10 @@ def _softmax_row(e: Emit, n: int, read, write) -> int:
 
 
 @functools.cache
-def emit_softmax() -> tuple[int, ...]:
+def emit_softmax(flushing: bool = False) -> tuple[int, ...]:
     """funcs.softmax over rows of n: one invocation per row.
     Bindings: 0 x f32[rows*n], 1 tables, 2 y. Push: rows, n."""
-    k = _Module()
+    k = _Module(flushing=flushing)
     m = k.m
     xbuf = k.buffer("x", m.f32)
     k.tables = k.buffer("tables", m.f32)
@@ -343,14 +344,49 @@ def emit_softmax() -> tuple[int, ...]:
     return tuple(m.words())
 
 
+@functools.cache
+def emit_unary(fn: str, flushing: bool = False) -> tuple[int, ...]:
+    """y[i] = funcs.<fn>(x[i]) for fn in exp, recip, rsqrt (the functions the kernels use; for
+    their own tests). Bindings: 0 x, 1 tables, 2 y. Push: n."""
+    if fn not in ("exp", "recip", "rsqrt"):
+        raise BankmlError(f"portable SPIR-V: no unary kernel {fn!r}")
+    k = _Module(flushing=flushing)
+    m = k.m
+    xbuf = k.buffer("x", m.f32)
+    k.tables = k.buffer("tables", m.f32)
+    obuf = k.buffer("y", m.f32, writable=True)
+    e, (n,), i = k.start(["n"])
+    with e.f.if_then(e.b("ULessThan", i, n), "valid"):
+        _store(e, obuf, i, getattr(e, fn)(_f32_at(e, xbuf, i)))
+    e.f.end()
+    return tuple(m.words())
+
+
+@functools.cache
+def emit_binary(op: str, flushing: bool = False) -> tuple[int, ...]:
+    """y[i] = arith.<op>(a[i], b[i]) for op in add, sub, mul: the f32 steps alone (for their
+    tests). Bindings: 0 a, 1 b, 2 y. Push: n."""
+    if op not in ("add", "sub", "mul"):
+        raise BankmlError(f"portable SPIR-V: no binary kernel {op!r}")
+    k = _Module(flushing=flushing)
+    m = k.m
+    abuf, bbuf = k.buffer("a", m.f32), k.buffer("b", m.f32)
+    obuf = k.buffer("y", m.f32, writable=True)
+    e, (n,), i = k.start(["n"])
+    with e.f.if_then(e.b("ULessThan", i, n), "valid"):
+        _store(e, obuf, i, getattr(e, "f" + op)(_f32_at(e, abuf, i), _f32_at(e, bbuf, i)))
+    e.f.end()
+    return tuple(m.words())
+
+
 # ---- attention of one decode step
 @functools.cache
-def emit_attention() -> tuple[int, ...]:
+def emit_attention(flushing: bool = False) -> tuple[int, ...]:
     """attention.attention for one query row: one invocation per head.
     Bindings: 0 q codes (H*D), 1 q info (H*D/32 blocks), 2 K cache rows, 3 V cache rows
     (n_kv x Hkv rows of f16 scale + D int8), 4 mask f32[n_kv], 5 tables, 6 scratch f32[H*n_kv],
     7 out f32[H*D]. Push: H, H/Hkv, Hkv, D, n_kv, scale bits."""
-    k = _Module(local=1)
+    k = _Module(local=1, flushing=flushing)
     m = k.m
     cbuf, ibuf, kbuf, vbuf = k.buffer("q_codes"), k.buffer("q_info"), k.buffer("k_cache"), k.buffer("v_cache")
     mbuf = k.buffer("mask", m.f32)
@@ -455,11 +491,12 @@ def emit_attention() -> tuple[int, ...]:
 class PortableKernels:
     """The portable kernels on one Vulkan device (programs built on first use, kept here)."""
 
-    def __init__(self, device):
+    def __init__(self, device, flushing: bool = False):
+        """flushing: every kernel acts as the worst denormal-flushing device (portable_emit.Emit)."""
         from bankml.backends.spirv import runtime
         if not device.int64:
             raise runtime.DeviceRefused(f"Vulkan device {device.info}: the portable kernels need shaderInt64")
-        self.d, self._programs = device, {}
+        self.d, self._programs, self.flushing = device, {}, flushing
         self.tables = tables_bytes()
 
     def program(self, key, words, n_buffers, push_words):
@@ -481,7 +518,7 @@ class PortableKernels:
         if wtype not in MATVEC_TYPES or WEIGHT_TYPES[wtype].row_bytes(K) != row_bytes or K % 32:
             raise BankmlError(f"portable matvec: {rows} rows of {row_bytes} bytes are not type {wtype} rows of {K}")
         codes, info = act_buffers(a)
-        p = self.program(("matvec", wtype), emit_matvec(wtype), 4, 3)
+        p = self.program(("matvec", wtype), emit_matvec(wtype, self.flushing), 4, 3)
         out = p.run([w_raw.tobytes(), codes, info, 4 * rows], [rows, K // 32, row_bytes],
                     -(-rows // LOCAL), {3: (_F32, rows)})
         return out[3]
@@ -492,7 +529,7 @@ class PortableKernels:
         rows = x.size // n
         w = np.ones(n, _F32) if w is None else np.ascontiguousarray(w, _F32)
         inv_n = int(np.float32(1.0 / n).view(np.uint32))
-        p = self.program("rmsnorm", emit_rmsnorm(), 4, 4)
+        p = self.program("rmsnorm", emit_rmsnorm(self.flushing), 4, 4)
         out = p.run([x.tobytes(), w.tobytes(), self.tables, 4 * x.size],
                     [rows, n, inv_n, int(np.float32(eps).view(np.uint32))], -(-rows // LOCAL), {3: (_F32, x.size)})
         return out[3].reshape(x.shape)
@@ -501,9 +538,23 @@ class PortableKernels:
         x = np.ascontiguousarray(x, _F32)
         n = x.shape[-1]
         rows = x.size // n
-        p = self.program("softmax", emit_softmax(), 3, 2)
+        p = self.program("softmax", emit_softmax(self.flushing), 3, 2)
         out = p.run([x.tobytes(), self.tables, 4 * x.size], [rows, n], -(-rows // LOCAL), {2: (_F32, x.size)})
         return out[2].reshape(x.shape)
+
+    def unary(self, fn: str, x: np.ndarray) -> np.ndarray:
+        """funcs.exp / recip / rsqrt of every element."""
+        x = np.ascontiguousarray(x, _F32)
+        p = self.program(("unary", fn), emit_unary(fn, self.flushing), 3, 1)
+        return p.run([x.tobytes(), self.tables, 4 * x.size], [x.size], -(-x.size // LOCAL),
+                     {2: (_F32, x.size)})[2].reshape(x.shape)
+
+    def binary(self, op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """arith.add / sub / mul of every pair."""
+        a, b = np.ascontiguousarray(a, _F32), np.ascontiguousarray(b, _F32)
+        p = self.program(("binary", op), emit_binary(op, self.flushing), 3, 1)
+        return p.run([a.tobytes(), b.tobytes(), 4 * a.size], [a.size], -(-a.size // LOCAL),
+                     {2: (_F32, a.size)})[2].reshape(a.shape)
 
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, scale: float) -> np.ndarray:
         """attention.attention(q[None], k, v, mask[None], scale)[0]: q f32 [H, D]; k, v cache rows
@@ -513,7 +564,7 @@ class PortableKernels:
         if n_kv % 32 or D % 32 or H % Hkv:
             raise BankmlError(f"portable attention: n_kv {n_kv} and D {D} must be multiples of 32, H {H} of Hkv {Hkv}")
         codes, info = act_buffers(quant.quantize_act(np.asarray(q, _F32)))
-        p = self.program("attention", emit_attention(), 8, 6)
+        p = self.program("attention", emit_attention(self.flushing), 8, 6)
         out = p.run([codes, info, np.ascontiguousarray(k).tobytes(), np.ascontiguousarray(v).tobytes(),
                      np.ascontiguousarray(mask, _F32).tobytes(), self.tables, 4 * H * n_kv, 4 * H * D],
                     [H, H // Hkv, Hkv, D, n_kv, int(np.float32(scale).view(np.uint32))], H, {7: (_F32, H * D)})
