@@ -386,26 +386,29 @@ def _decode_step_ops(name: str, n_prompt: int = 5):
         g = graphs[-1]
         out = []
         for n in g:
-            if n.id not in vals and n.op is not Op.FLASH_ATTN:
-                continue
-            if n.op is Op.MUL_MAT:
+            if n.op is Op.MUL_MAT:                     # qwen3's attn_output is unnamed: the spec's value
                 wn = g[n.inputs[0]]
                 weights.setdefault(wn.name, np.array(m.weight(wn.name)))
-                x = vals[g[n.inputs[1]].inputs[0]]
-                out.append((n, (weights[wn.name], int(wn.params["ggml_type"]), x), vals[n.id]))
-            elif n.op is Op.RMS_NORM:
+                w, wtype, x = weights[wn.name], int(wn.params["ggml_type"]), vals[g[n.inputs[1]].inputs[0]]
+                want = vals[n.id] if n.id in vals else quant.mul_mat(w, wtype, quant.quantize_act(x.reshape(1, -1)))
+                out.append((n, (w, wtype, x), want))
+            elif n.id not in vals and n.op is not Op.FLASH_ATTN:
+                continue
+            if n.op is Op.RMS_NORM:
                 out.append((n, (vals[n.inputs[0]], n.params["eps"]), vals[n.id]))
             elif n.op is Op.FLASH_ATTN:
                 reshape = next(r for r in g if r.op is Op.RESHAPE and r.inputs == (n.id,))
                 q, k, v = (vals[i] for i in n.inputs[:3])
                 out.append((n, (q, k, v, masks[-1][0], n.params["scale"]), vals[reshape.id]))
-    return out
+        in_graph = {op: sum(1 for n in g if n.op is op) for op in (Op.MUL_MAT, Op.RMS_NORM, Op.FLASH_ATTN)}
+    return out, in_graph
 
 
-@pytest.mark.parametrize("name", ["smollm2-q4_1", "qwen3-small-q1_0"])
+@pytest.mark.parametrize("name", ["smollm2-q4_1", "smollm2-f16", "smollm2-q8_0", "smollm2-q2_0", "qwen3-small-q1_0",
+                                  "qwen3-small-f16"])
 def test_the_ops_of_a_decode_step_give_the_spec_bits(device_kern, name):
     kern = device_kern
-    ops = _decode_step_ops(name)
+    ops, in_graph = _decode_step_ops(name)
     counts = {Op.MUL_MAT: 0, Op.RMS_NORM: 0, Op.FLASH_ATTN: 0}
     for n, args, want in ops:
         if n.op is Op.MUL_MAT:
@@ -419,4 +422,4 @@ def test_the_ops_of_a_decode_step_give_the_spec_bits(device_kern, name):
             got = kern.attention(q.reshape(q.shape[-2:]), k, v, mask, scale)
         assert _same(got.reshape(want.shape), want), (n.op, n.name, _diff(got, want))
         counts[n.op] += 1
-    assert all(counts.values()), counts
+    assert counts == in_graph and all(counts.values()), (counts, in_graph)     # every one of the step
