@@ -423,3 +423,29 @@ def test_the_ops_of_a_decode_step_give_the_spec_bits(device_kern, name):
         assert _same(got.reshape(want.shape), want), (n.op, n.name, _diff(got, want))
         counts[n.op] += 1
     assert counts == in_graph and all(counts.values()), (counts, in_graph)     # every one of the step
+
+
+# ---- the on-device check
+def test_lavapipe_passes_the_portable_on_device_check(kern):
+    from bankml.backends.spirv import portable_check
+    portable_check.check_device(kern)
+
+
+def test_a_device_that_differs_in_one_bit_is_refused_in_one_line(device_kern):
+    from bankml.backends.spirv import portable_check
+
+    class OffByOneUlp:
+        d = device_kern.d
+
+        def __getattr__(self, name):
+            return getattr(device_kern, name)
+
+        def softmax(self, x):
+            y = device_kern.softmax(x)
+            y.view(np.uint32)[0, 0] ^= 1
+            return y
+    with pytest.raises(runtime.DeviceRefused) as e:
+        portable_check.check_device(OffByOneUlp())
+    msg = str(e.value)
+    assert "failed the portable on-device check: softmax edge rows: 1 of" in msg and "first at 0" in msg
+    assert "staying on the CPU" in msg and "\n" not in msg
