@@ -488,6 +488,19 @@ def emit_attention(flushing: bool = False) -> tuple[int, ...]:
 
 
 # ---- host side
+E_MIN, E_MAX = -136, 118          # the exponents quantize_act gives a finite f32 block
+
+
+def _check_exponents(a: quant.ActBlocks) -> None:
+    """The wide accumulator holds every sum of terms whose exponents are those of quantize_act's
+    blocks (docs/spirv.md); hand-made blocks beyond them are refused, not summed wrong."""
+    e = np.asarray(a.e)[np.asarray(a.m) != 0]
+    if e.size and (e.min() < E_MIN or e.max() > E_MAX):
+        raise BankmlError(f"portable matvec: activation exponents {e.min()}..{e.max()} outside "
+                          f"{E_MIN}..{E_MAX} (what quant.quantize_act gives)")
+
+
+
 class PortableKernels:
     """The portable kernels on one Vulkan device (programs built on first use, kept here)."""
 
@@ -517,6 +530,7 @@ class PortableKernels:
         K = a.q.shape[-1]
         if wtype not in MATVEC_TYPES or WEIGHT_TYPES[wtype].row_bytes(K) != row_bytes or K % 32:
             raise BankmlError(f"portable matvec: {rows} rows of {row_bytes} bytes are not type {wtype} rows of {K}")
+        _check_exponents(a)
         codes, info = act_buffers(a)
         p = self.program(("matvec", wtype), emit_matvec(wtype, self.flushing), 4, 3)
         out = p.run([w_raw.tobytes(), codes, info, 4 * rows], [rows, K // 32, row_bytes],

@@ -149,15 +149,15 @@ def _one_hot_act(m, e, nb=8):
 
 def test_matvec_ties_sticky_cancellation_overflow_and_flush(kern):
     """Rows built so each group's exact value is a chosen number: 2^24 + 1 (a tie, to even),
-    2^24 + 3 (a tie, up), a tie plus a term 200 binades below (sticky: up) or minus it (down),
+    2^24 + 3 (a tie, up), a tie plus a term 157 binades below (sticky: up) or minus it (down),
     an exact cancellation (fast and wide: +0), overflow (inf) and results below 2^-126 (zero of
     their sign)."""
     nb = 8
     cases = [  # (weight codes at element 0 of each block (d = 1), act m, act e)
         ([1, 1, 0, 0, 0, 0, 0, 0], [8, 8, 0, 0, 0, 0, 0, 0], [21, -3, 0, 0, 0, 0, 0, 0]),     # 2^24 + 1
         ([1, 3, 0, 0, 0, 0, 0, 0], [8, 8, 0, 0, 0, 0, 0, 0], [21, -3, 0, 0, 0, 0, 0, 0]),     # 2^24 + 3
-        ([1, 1, 1, 0, 0, 0, 0, 0], [8, 8, 8, 0, 0, 0, 0, 0], [21, -3, -200, 0, 0, 0, 0, 0]),  # tie + tiny
-        ([1, 1, -1, 0, 0, 0, 0, 0], [8, 8, 8, 0, 0, 0, 0, 0], [21, -3, -200, 0, 0, 0, 0, 0]),  # tie - tiny
+        ([1, 1, 1, 0, 0, 0, 0, 0], [8, 8, 8, 0, 0, 0, 0, 0], [21, -3, -136, 0, 0, 0, 0, 0]),  # tie + tiny
+        ([1, 1, -1, 0, 0, 0, 0, 0], [8, 8, 8, 0, 0, 0, 0, 0], [21, -3, -136, 0, 0, 0, 0, 0]),  # tie - tiny
         ([1, -1, 1, -1, 0, 0, 0, 0], [8, 8, 15, 15, 0, 0, 0, 0], [5, 5, -3, -3, 0, 0, 0, 0]),  # cancels (fast)
         ([1, -1, 1, -1, 0, 0, 0, 0], [8, 8, 15, 15, 0, 0, 0, 0], [100, 100, -100, -100, 0, 0, 0, 0]),  # (wide)
         ([127, 127, 0, 0, 0, 0, 0, 0], [15, 15, 0, 0, 0, 0, 0, 0], [118, 118, 0, 0, 0, 0, 0, 0]),  # inf
@@ -449,3 +449,10 @@ def test_a_device_that_differs_in_one_bit_is_refused_in_one_line(device_kern):
     msg = str(e.value)
     assert "failed the portable on-device check: softmax edge rows: 1 of" in msg and "first at 0" in msg
     assert "staying on the CPU" in msg and "\n" not in msg
+
+
+def test_activation_exponents_beyond_quantize_acts_are_refused(device_kern):
+    from bankml.errors import BankmlError
+    w = _q8_rows(np.ones((1, 8), np.float16), np.zeros((1, 256), np.int8))
+    with pytest.raises(BankmlError, match="activation exponents -137..0 outside -136..118"):
+        device_kern.matvec(w, Q8_0, _one_hot_act([8] * 8, [-137] + [0] * 7))
