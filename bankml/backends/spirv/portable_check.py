@@ -97,7 +97,8 @@ def cases() -> list[Case]:
                         lambda fn=fn: getattr(funcs, fn)(bits)))
     rows = _edge_rows(rng, 576)
     wn = rng.standard_normal(576).astype(F32)
-    out.append(Case("rmsnorm edge rows", lambda kern: kern.rmsnorm(rows, wn, 1e-5), lambda: funcs.rmsnorm(rows, wn, 1e-5)))
+    out.append(Case("rmsnorm edge rows", lambda kern: kern.rmsnorm(rows, wn, 1e-5),
+                    lambda: funcs.rmsnorm(rows, wn, 1e-5)))
     out.append(Case("softmax edge rows", lambda kern: kern.softmax(rows), lambda: funcs.softmax(rows)))
     H, Hkv, D, n_kv = 9, 3, 64, 96
     qa = rng.standard_normal((H, D)).astype(F32) * F32(3)

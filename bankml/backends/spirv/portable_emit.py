@@ -200,7 +200,8 @@ class Emit:
         e = self.u("BitFieldUExtract", yb, self.c(23), self.c(8))
         e2 = self.u("IAdd", e, k)
         sign = self.u("BitwiseAnd", yb, self.c(SIGN))
-        out = self.u("BitwiseOr", self.u("BitwiseAnd", yb, self.c(0x807FFFFF)), self.u("ShiftLeftLogical", e2, self.c(23)))
+        out = self.u("BitwiseOr", self.u("BitwiseAnd", yb, self.c(0x807FFFFF)),
+                     self.u("ShiftLeftLogical", e2, self.c(23)))
         out = self.sel(self.b("SLessThan", e2, self.c(1)), sign, out)
         out = self.sel(self.b("SGreaterThan", e2, self.c(254)), self.u("BitwiseOr", sign, self.c(EXP)), out)
         out = self.sel(self.b("IEqual", e, self.c(0)), yb, out)
@@ -307,7 +308,8 @@ class Emit:
         e_small = self.u("ISub", k, lift)
         qf = self.sel(big, qr, q_small)
         biased = self.u("IAdd", self.sel(big, e_big, e_small), self.c(150))
-        out = self.u("BitwiseOr", self.u("ShiftLeftLogical", biased, self.c(23)), self.u("BitwiseAnd", qf, self.c(0x7FFFFF)))
+        out = self.u("BitwiseOr", self.u("ShiftLeftLogical", biased, self.c(23)),
+                     self.u("BitwiseAnd", qf, self.c(0x7FFFFF)))
         out = self.sel(self.b("SLessThan", biased, self.c(1)), self.c(0), out)
         out = self.sel(self.b("SGreaterThan", biased, self.c(254)), self.c(EXP), out)
         return self.u("BitwiseOr", out, sign)
@@ -354,7 +356,8 @@ class Emit:
             neg = self.b("SLessThan", p, self.c64(0))
             mag = self.sel64(neg, self.w("ISub", self.c64(0), p), p)
             width = self.u("IAdd", self.bitlen64(mag), self.u("ISub", x, xm))
-            bad = self.b("LogicalAnd", self.b("INotEqual", p, self.c64(0)), self.b("SGreaterThan", width, self.c(FAST_BITS)))
+            bad = self.b("LogicalAnd", self.b("INotEqual", p, self.c64(0)),
+                         self.b("SGreaterThan", width, self.c(FAST_BITS)))
             f.store(fits, self.sel(bad, self.c(0), f.load(u32, fits)))
         out = self.var(u32, "sum", self.c(0))
         fast = self.b("IEqual", f.load(u32, fits), self.c(1))
@@ -400,7 +403,8 @@ class Emit:
                     tw = self.lo32(self.w("ShiftRightLogical", self.w("ShiftLeftLogical", pair, self.zext64(bo)),
                                           self.c64(32)))
                     ptr = f.chain(B.SC_FUNCTION, u32, acc, i)
-                    s = self.w("IAdd", self.w("IAdd", self.zext64(f.load(u32, ptr)), self.zext64(tw)), f.load(u64, carry))
+                    s = self.w("IAdd", self.w("IAdd", self.zext64(f.load(u32, ptr)), self.zext64(tw)),
+                               f.load(u64, carry))
                     f.store(ptr, self.lo32(s))
                     f.store(carry, self.w("ShiftRightLogical", s, self.c64(32)))
         top = f.load(u32, f.chain(B.SC_FUNCTION, u32, acc, self.c(WIDE_WORDS - 1)))
@@ -409,7 +413,8 @@ class Emit:
             carry = self.var(u64, "ncarry", self.c64(1))
             with f.loop(self.c(WIDE_WORDS), self.name("neg")) as i:
                 ptr = f.chain(B.SC_FUNCTION, u32, acc, i)
-                s = self.w("IAdd", self.zext64(self.u("BitwiseXor", f.load(u32, ptr), self.c(0xFFFFFFFF))), f.load(u64, carry))
+                inv = self.u("BitwiseXor", f.load(u32, ptr), self.c(0xFFFFFFFF))
+                s = self.w("IAdd", self.zext64(inv), f.load(u64, carry))
                 f.store(ptr, self.lo32(s))
                 f.store(carry, self.w("ShiftRightLogical", s, self.c64(32)))
         # the highest nonzero word (>= 1: a wide sum has more than 59 bits), the two words from
@@ -417,7 +422,8 @@ class Emit:
         hi = self.var(u32, "hi", self.c(1))
         with f.loop(self.c(WIDE_WORDS), self.name("top")) as i:
             nz = self.b("INotEqual", f.load(u32, f.chain(B.SC_FUNCTION, u32, acc, i)), self.c(0))
-            f.store(hi, self.sel(self.b("LogicalAnd", nz, self.b("UGreaterThanEqual", i, self.c(1))), i, f.load(u32, hi)))
+            above0 = self.b("LogicalAnd", nz, self.b("UGreaterThanEqual", i, self.c(1)))
+            f.store(hi, self.sel(above0, i, f.load(u32, hi)))
         h = f.load(u32, hi)
         sticky = self.var(u32, "sticky", self.c(0))
         with f.loop(self.u("ISub", h, self.c(1)), self.name("sticky")) as i:

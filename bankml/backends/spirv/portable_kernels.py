@@ -164,7 +164,8 @@ def _decode(e: Emit, wtype: int, wbuf: int, rb: int, j: int):
     (ms, mx) for Q4_1)."""
     if wtype == F16:
         def weight(i):
-            h = _u16(e, wbuf, e.u("IAdd", rb, e.u("ShiftLeftLogical", e.u("IAdd", e.u("ShiftLeftLogical", j, e.c(5)), i), e.c(1))))
+            elem = e.u("IAdd", e.u("ShiftLeftLogical", j, e.c(5)), i)
+            h = _u16(e, wbuf, e.u("IAdd", rb, e.u("ShiftLeftLogical", elem, e.c(1))))
             sig, x, bad = _f16_parts(e, h)
             return e.w("ShiftLeftLogical", e.sext64(sig), e.zext64(e.u("IAdd", x, e.c(24)))), bad
         return weight, e.c(1), e.c(-24), e._false(), None
@@ -395,7 +396,7 @@ def emit_attention(flushing: bool = False) -> tuple[int, ...]:
     obuf = k.buffer("out", m.f32, writable=True)
     e, (H, group, Hkv, D, n_kv, scale), h = k.start(["H", "group", "Hkv", "D", "n_kv", "scale"])
     f = e.f
-    u32, u64, f32 = m.u32, e.u64, m.f32
+    u32, f32 = m.u32, m.f32
     valid = e.b("ULessThan", h, H)
     ncell = e.sel(valid, n_kv, e.c(0))
     kvh = f.op("UDiv", u32, h, group, name="kv_head")
