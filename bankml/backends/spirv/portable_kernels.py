@@ -78,7 +78,9 @@ class _Module:
         m.decorate(gid_v, B.DEC_BUILTIN, B.BUILTIN_GLOBAL_ID)
         f = B.Function(m, "main", (self.local, 1, 1))
         e = Emit(m, f, getattr(self, "tables", None), self.flushing)
-        gid = f.op("CompositeExtract", m.u32, f.load(uvec3, gid_v), 0, name="gid")
+        gid3 = f.load(uvec3, gid_v)
+        gid = f.op("CompositeExtract", m.u32, gid3, 0, name="gid")
+        self.gid_y = f.op("CompositeExtract", m.u32, gid3, 1, name="gid_y")
         vals = [f.load(m.u32, f.chain(B.SC_PUSH_CONSTANT, m.u32, pc, e.c(i)), name=n) for i, n in enumerate(push)]
         return e, vals, gid
 
@@ -208,9 +210,9 @@ def _decode(e: Emit, wtype: int, wbuf: int, rb: int, j: int):
 
 @functools.cache
 def emit_matvec(wtype: int, flushing: bool = False) -> tuple[int, ...]:
-    """y[r] = quant.group_dot(weight row r, activation row): one invocation per row.
-    Bindings: 0 weights (raw GGUF rows), 1 codes, 2 info, 3 y f32[rows].
-    Push: rows, K/32, row bytes."""
+    """y[t, r] = quant.group_dot(weight row r, activation row t): one invocation per (row, t)
+    (workgroups of 64 rows, y = t). Bindings: 0 weights (raw GGUF rows), 1 codes, 2 info,
+    3 y f32[T, rows]. Push: rows, K/32, row bytes."""
     k = _Module(flushing=flushing)
     m = k.m
     wbuf, cbuf, ibuf = k.buffer("weights"), k.buffer("codes"), k.buffer("info")
@@ -221,6 +223,7 @@ def emit_matvec(wtype: int, flushing: bool = False) -> tuple[int, ...]:
     valid = e.b("ULessThan", row, rows)
     ngroups = e.sel(valid, e.u("ShiftRightLogical", e.u("IAdd", nsub, e.c(7)), e.c(3)), e.c(0))
     rb = e.u("IMul", row, row_bytes, name="rowbase")
+    t_row = e.u("IMul", k.gid_y, nsub, name="act_block0")       # the activation row's first block
     P, X = e.terms()
     y = e.var(m.f32, "y", e.fc(0.0))
     with f.loop(ngroups, "g") as g:
@@ -231,8 +234,9 @@ def emit_matvec(wtype: int, flushing: bool = False) -> tuple[int, ...]:
         bad = e.var(u32, "bad", e.c(0))
         with f.loop(nj, "j") as jj:
             j = e.u("IAdd", j0, jj)
-            info0 = _word(e, ibuf, e.u("ShiftLeftLogical", j, e.c(3)))
-            ae = _word(e, ibuf, e.u("IAdd", e.u("ShiftLeftLogical", j, e.c(3)), e.c(4)))
+            ab = e.u("IAdd", t_row, j)
+            info0 = _word(e, ibuf, e.u("ShiftLeftLogical", ab, e.c(3)))
+            ae = _word(e, ibuf, e.u("IAdd", e.u("ShiftLeftLogical", ab, e.c(3)), e.c(4)))
             am = e.u("BitwiseAnd", info0, e.c(0xFF))
             abad = e.b("INotEqual", e.u("ShiftRightLogical", info0, e.c(8)), e.c(0))
             weight, ws, wx, wbad, mins = _decode(e, wtype, wbuf, rb, j)
@@ -240,7 +244,7 @@ def emit_matvec(wtype: int, flushing: bool = False) -> tuple[int, ...]:
             csum = e.var(u32, "csum", e.c(0))
             ebad = e.var(u32, "ebad", e.c(0))
             with f.loop(e.c(32), "i") as i:
-                a = _s8(e, cbuf, e.u("IAdd", e.u("ShiftLeftLogical", j, e.c(5)), i))
+                a = _s8(e, cbuf, e.u("IAdd", e.u("ShiftLeftLogical", ab, e.c(5)), i))
                 q, qbad = weight(i)
                 f.store(dot, e.w("IAdd", f.load(u64, dot), e.w("IMul", q, e.sext64(a))))
                 if mins is not None:
@@ -264,7 +268,7 @@ def emit_matvec(wtype: int, flushing: bool = False) -> tuple[int, ...]:
         first = e.b("IEqual", g, e.c(0))
         f.store(y, f.select(m.f32, first, r, e.fadd(f.load(m.f32, y), r)))
     with f.if_then(valid, "store"):
-        _store(e, obuf, row, f.load(m.f32, y))
+        _store(e, obuf, e.u("IAdd", e.u("IMul", k.gid_y, rows), row), f.load(m.f32, y))
     f.end()
     return tuple(m.words())
 
@@ -525,7 +529,11 @@ class PortableKernels:
         self._programs = {}
 
     def matvec(self, w_raw: np.ndarray, wtype: int, a: quant.ActBlocks) -> np.ndarray:
-        """quant.mul_mat(w_raw, wtype, a) for one activation row a ([1, K] or [K]) -> f32[rows]."""
+        """quant.mul_mat(w_raw, wtype, a)[0] for one activation row a ([1, K] or [K]) -> f32[rows]."""
+        return self.mul_mat(w_raw, wtype, a)[0]
+
+    def mul_mat(self, w_raw: np.ndarray, wtype: int, a: quant.ActBlocks) -> np.ndarray:
+        """quant.mul_mat(w_raw, wtype, a): activation rows a [T, K] -> f32 [T, rows], one dispatch."""
         w_raw = np.ascontiguousarray(w_raw, np.uint8)
         rows, row_bytes = w_raw.shape
         K = a.q.shape[-1]
@@ -534,9 +542,10 @@ class PortableKernels:
         _check_exponents(a)
         codes, info = act_buffers(a)
         p = self.program(("matvec", wtype), emit_matvec(wtype, self.flushing), 4, 3)
-        out = p.run([w_raw.tobytes(), codes, info, 4 * rows], [rows, K // 32, row_bytes],
-                    -(-rows // LOCAL), {3: (_F32, rows)})
-        return out[3]
+        T = a.q.size // K
+        out = p.run([w_raw.tobytes(), codes, info, 4 * rows * T], [rows, K // 32, row_bytes],
+                    (-(-rows // LOCAL), T), {3: (_F32, rows * T)})
+        return out[3].reshape(T, rows)
 
     def rmsnorm(self, x: np.ndarray, w: np.ndarray | None, eps: float) -> np.ndarray:
         x = np.ascontiguousarray(x, _F32)

@@ -303,7 +303,9 @@ class Program:
         self.dset = vk.vkAllocateDescriptorSets(d.dev, vk.VkDescriptorSetAllocateInfo(
             descriptorPool=self.dpool, descriptorSetCount=1, pSetLayouts=[self.dsl]))[0]
 
-    def run(self, buffers: list, push: list[int], groups: int, read: dict[int, tuple]) -> dict[int, np.ndarray]:
+    def run(self, buffers: list, push: list[int], groups: int | tuple[int, int], read: dict[int, tuple]
+            ) -> dict[int, np.ndarray]:
+        """groups: workgroups in x, or (x, y)."""
         if len(buffers) != self.n or len(push) != self.push_words:
             raise BankmlError(f"Vulkan program of {self.n} buffers and {self.push_words} push words "
                               f"given {len(buffers)} and {len(push)}")
@@ -327,7 +329,8 @@ class Program:
                 vk.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, self.layout, 0, 1,
                                            [self.dset], 0, None)
                 vk.vkCmdPushConstants(cmd, self.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, 4 * self.push_words, consts)
-                vk.vkCmdDispatch(cmd, groups, 1, 1)
+                vk.vkCmdDispatch(cmd, gx, gy, 1)
+            gx, gy = groups if isinstance(groups, tuple) else (groups, 1)
             self.d.submit(record)
             return {i: bufs[i].read(dt, count) for i, (dt, count) in read.items()}
         finally:

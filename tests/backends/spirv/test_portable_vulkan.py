@@ -104,6 +104,15 @@ def test_matvec_random_rows(kern, tname, k):
     _check_matvec(kern, w, wtype, quant.quantize_act(x))
 
 
+def test_mul_mat_of_several_activation_rows_in_one_dispatch(kern):
+    rng = np.random.default_rng(9)
+    for wtype in (Q4_1, Q1_0):
+        w = _rand_rows(rng, wtype, 70, 512)
+        a = quant.quantize_act(rng.standard_normal((5, 512)).astype(F32))
+        got, want = kern.mul_mat(w, wtype, a), quant.mul_mat(w, wtype, a)
+        assert _same(got, want), _diff(got, want)
+
+
 def _acts(rng, k, e_lo, e_hi, zero_frac=0.0):
     """ActBlocks with random codes, m in 8..15 and e in [e_lo, e_hi] (the wide path's inputs)."""
     nb = k // 32
@@ -456,3 +465,43 @@ def test_activation_exponents_beyond_quantize_acts_are_refused(device_kern):
     w = _q8_rows(np.ones((1, 8), np.float16), np.zeros((1, 256), np.int8))
     with pytest.raises(BankmlError, match="activation exponents -137..0 outside -136..118"):
         device_kern.matvec(w, Q8_0, _one_hot_act([8] * 8, [-137] + [0] * 7))
+
+
+# ---- whole sessions with the kernels in place of the spec's ops
+def _spirv_lowerings(kern, calls: dict) -> dict:
+    """mul_mat, rms_norm and flash_attn of the reference backend's portable table, run by the
+    SPIR-V kernels (one dispatch per mul_mat and rms_norm, one per query row of flash_attn)."""
+    def mul_mat(env, g, n, w, a):
+        wtype = int(g[n.inputs[0]].params["ggml_type"])
+        calls[Op.MUL_MAT] += 1
+        return kern.mul_mat(w, wtype, a).reshape(*n.shape[:-1], -1)
+
+    def rms_norm(env, g, n, x):
+        calls[Op.RMS_NORM] += 1
+        return kern.rmsnorm(x, None, n.params["eps"])
+
+    def flash_attn(env, g, n, q, k, v, mask):
+        calls[Op.FLASH_ATTN] += 1
+        mask = np.asarray(mask, F32)
+        return np.stack([kern.attention(q[t], k, v, mask[t], n.params["scale"]) for t in range(q.shape[0])])
+    return {Op.MUL_MAT: mul_mat, Op.RMS_NORM: rms_norm, Op.FLASH_ATTN: flash_attn}
+
+
+@pytest.mark.parametrize("name", ["smollm2-q4_1", "qwen3-small-q1_0"])
+def test_logits_rows_with_the_spirv_kernels_equal_the_specs(device_kern, monkeypatch, name):
+    """A prefill (every row) and decodes with every mul_mat, rms_norm and flash_attn on lavapipe:
+    every logits row is the reference's, bit for bit."""
+    from bankml.backends.reference import portable
+    toks = np.random.default_rng(4).integers(0, 49152, 9).tolist()
+
+    def rows():
+        with bankml.load(models.path(name), backend="reference", profile="portable", n_ctx=128) as m:
+            s = m.session()
+            return np.concatenate([s.prefill(toks[:6], outputs="all")] + [s.decode(t)[None] for t in toks[6:]])
+    want = rows()
+    calls = dict.fromkeys((Op.MUL_MAT, Op.RMS_NORM, Op.FLASH_ATTN), 0)
+    for op, fn in _spirv_lowerings(device_kern, calls).items():
+        monkeypatch.setitem(portable.LOWERINGS, op, fn)
+    got = rows()
+    assert all(calls.values()), calls
+    assert _same(got, want), _diff(got, want)
