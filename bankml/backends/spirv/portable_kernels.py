@@ -47,10 +47,11 @@ def act_buffers(a: quant.ActBlocks) -> tuple[bytes, bytes]:
 
 # ---- module scaffolding
 class _Module:
-    def __init__(self, local: int = LOCAL, flushing: bool = False):
-        self.flushing = flushing
+    def __init__(self, local: int = LOCAL, flushing: bool = False, rte: bool = True):
+        """rte: declare RoundingModeRTE 32 (where the device offers it, as q1_matvec does)."""
+        self.flushing, self.rte = flushing, rte
         self.m = m = B.Module()
-        m.caps += [B.CAP_SHADER, B.CAP_INT64]
+        m.caps += [B.CAP_SHADER, B.CAP_INT64] + [B.CAP_RTE] * rte
         self.nbuf = 0
         self.bufs: list[int] = []
         self.local = local
@@ -77,6 +78,8 @@ class _Module:
         gid_v = m.variable(B.SC_INPUT, uvec3, "gl_GlobalInvocationID")
         m.decorate(gid_v, B.DEC_BUILTIN, B.BUILTIN_GLOBAL_ID)
         f = B.Function(m, "main", (self.local, 1, 1))
+        if self.rte:
+            m.modes.append(B.inst("ExecutionMode", f.fid, B.MODE_RTE, 32))
         e = Emit(m, f, getattr(self, "tables", None), self.flushing)
         gid3 = f.load(uvec3, gid_v)
         gid = f.op("CompositeExtract", m.u32, gid3, 0, name="gid")
@@ -209,11 +212,11 @@ def _decode(e: Emit, wtype: int, wbuf: int, rb: int, j: int):
 
 
 @functools.cache
-def emit_matvec(wtype: int, flushing: bool = False) -> tuple[int, ...]:
+def emit_matvec(wtype: int, flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
     """y[t, r] = quant.group_dot(weight row r, activation row t): one invocation per (row, t)
     (workgroups of 64 rows, y = t). Bindings: 0 weights (raw GGUF rows), 1 codes, 2 info,
     3 y f32[T, rows]. Push: rows, K/32, row bytes."""
-    k = _Module(flushing=flushing)
+    k = _Module(flushing=flushing, rte=rte)
     m = k.m
     wbuf, cbuf, ibuf = k.buffer("weights"), k.buffer("codes"), k.buffer("info")
     obuf = k.buffer("y", m.f32, writable=True)
@@ -275,10 +278,10 @@ def emit_matvec(wtype: int, flushing: bool = False) -> tuple[int, ...]:
 
 # ---- rmsnorm, softmax
 @functools.cache
-def emit_rmsnorm(flushing: bool = False) -> tuple[int, ...]:
+def emit_rmsnorm(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
     """funcs.rmsnorm over rows of n: one invocation per row.
     Bindings: 0 x f32[rows*n], 1 w f32[n], 2 tables, 3 y. Push: rows, n, r(1/n) bits, eps bits."""
-    k = _Module(flushing=flushing)
+    k = _Module(flushing=flushing, rte=rte)
     m = k.m
     xbuf, wbuf = k.buffer("x", m.f32), k.buffer("w", m.f32)
     k.tables = k.buffer("tables", m.f32)
@@ -329,10 +332,10 @@ def _softmax_row(e: Emit, n: int, read, write) -> int:
 
 
 @functools.cache
-def emit_softmax(flushing: bool = False) -> tuple[int, ...]:
+def emit_softmax(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
     """funcs.softmax over rows of n: one invocation per row.
     Bindings: 0 x f32[rows*n], 1 tables, 2 y. Push: rows, n."""
-    k = _Module(flushing=flushing)
+    k = _Module(flushing=flushing, rte=rte)
     m = k.m
     xbuf = k.buffer("x", m.f32)
     k.tables = k.buffer("tables", m.f32)
@@ -350,12 +353,12 @@ def emit_softmax(flushing: bool = False) -> tuple[int, ...]:
 
 
 @functools.cache
-def emit_unary(fn: str, flushing: bool = False) -> tuple[int, ...]:
+def emit_unary(fn: str, flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
     """y[i] = funcs.<fn>(x[i]) for fn in exp, recip, rsqrt (the functions the kernels use; for
     their own tests). Bindings: 0 x, 1 tables, 2 y. Push: n."""
     if fn not in ("exp", "recip", "rsqrt"):
         raise BankmlError(f"portable SPIR-V: no unary kernel {fn!r}")
-    k = _Module(flushing=flushing)
+    k = _Module(flushing=flushing, rte=rte)
     m = k.m
     xbuf = k.buffer("x", m.f32)
     k.tables = k.buffer("tables", m.f32)
@@ -368,12 +371,12 @@ def emit_unary(fn: str, flushing: bool = False) -> tuple[int, ...]:
 
 
 @functools.cache
-def emit_binary(op: str, flushing: bool = False) -> tuple[int, ...]:
+def emit_binary(op: str, flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
     """y[i] = arith.<op>(a[i], b[i]) for op in add, sub, mul: the f32 steps alone (for their
     tests). Bindings: 0 a, 1 b, 2 y. Push: n."""
     if op not in ("add", "sub", "mul"):
         raise BankmlError(f"portable SPIR-V: no binary kernel {op!r}")
-    k = _Module(flushing=flushing)
+    k = _Module(flushing=flushing, rte=rte)
     m = k.m
     abuf, bbuf = k.buffer("a", m.f32), k.buffer("b", m.f32)
     obuf = k.buffer("y", m.f32, writable=True)
@@ -386,12 +389,12 @@ def emit_binary(op: str, flushing: bool = False) -> tuple[int, ...]:
 
 # ---- attention of one decode step
 @functools.cache
-def emit_attention(flushing: bool = False) -> tuple[int, ...]:
+def emit_attention(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
     """attention.attention for one query row: one invocation per head.
     Bindings: 0 q codes (H*D), 1 q info (H*D/32 blocks), 2 K cache rows, 3 V cache rows
     (n_kv x Hkv rows of f16 scale + D int8), 4 mask f32[n_kv], 5 tables, 6 scratch f32[H*n_kv],
     7 out f32[H*D]. Push: H, H/Hkv, Hkv, D, n_kv, scale bits."""
-    k = _Module(local=1, flushing=flushing)
+    k = _Module(local=1, flushing=flushing, rte=rte)
     m = k.m
     cbuf, ibuf, kbuf, vbuf = k.buffer("q_codes"), k.buffer("q_info"), k.buffer("k_cache"), k.buffer("v_cache")
     mbuf = k.buffer("mask", m.f32)
@@ -515,6 +518,7 @@ class PortableKernels:
         if not device.int64:
             raise runtime.DeviceRefused(f"Vulkan device {device.info}: the portable kernels need shaderInt64")
         self.d, self._programs, self.flushing = device, {}, flushing
+        self.rte = device.info.rte32
         self.tables = tables_bytes()
 
     def program(self, key, words, n_buffers, push_words):
@@ -541,7 +545,7 @@ class PortableKernels:
             raise BankmlError(f"portable matvec: {rows} rows of {row_bytes} bytes are not type {wtype} rows of {K}")
         _check_exponents(a)
         codes, info = act_buffers(a)
-        p = self.program(("matvec", wtype), emit_matvec(wtype, self.flushing), 4, 3)
+        p = self.program(("matvec", wtype), emit_matvec(wtype, self.flushing, self.rte), 4, 3)
         T = a.q.size // K
         out = p.run([w_raw.tobytes(), codes, info, 4 * rows * T], [rows, K // 32, row_bytes],
                     (-(-rows // LOCAL), T), {3: (_F32, rows * T)})
@@ -553,7 +557,7 @@ class PortableKernels:
         rows = x.size // n
         w = np.ones(n, _F32) if w is None else np.ascontiguousarray(w, _F32)
         inv_n = int(np.float32(1.0 / n).view(np.uint32))
-        p = self.program("rmsnorm", emit_rmsnorm(self.flushing), 4, 4)
+        p = self.program("rmsnorm", emit_rmsnorm(self.flushing, self.rte), 4, 4)
         out = p.run([x.tobytes(), w.tobytes(), self.tables, 4 * x.size],
                     [rows, n, inv_n, int(np.float32(eps).view(np.uint32))], -(-rows // LOCAL), {3: (_F32, x.size)})
         return out[3].reshape(x.shape)
@@ -562,21 +566,21 @@ class PortableKernels:
         x = np.ascontiguousarray(x, _F32)
         n = x.shape[-1]
         rows = x.size // n
-        p = self.program("softmax", emit_softmax(self.flushing), 3, 2)
+        p = self.program("softmax", emit_softmax(self.flushing, self.rte), 3, 2)
         out = p.run([x.tobytes(), self.tables, 4 * x.size], [rows, n], -(-rows // LOCAL), {2: (_F32, x.size)})
         return out[2].reshape(x.shape)
 
     def unary(self, fn: str, x: np.ndarray) -> np.ndarray:
         """funcs.exp / recip / rsqrt of every element."""
         x = np.ascontiguousarray(x, _F32)
-        p = self.program(("unary", fn), emit_unary(fn, self.flushing), 3, 1)
+        p = self.program(("unary", fn), emit_unary(fn, self.flushing, self.rte), 3, 1)
         return p.run([x.tobytes(), self.tables, 4 * x.size], [x.size], -(-x.size // LOCAL),
                      {2: (_F32, x.size)})[2].reshape(x.shape)
 
     def binary(self, op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         """arith.add / sub / mul of every pair."""
         a, b = np.ascontiguousarray(a, _F32), np.ascontiguousarray(b, _F32)
-        p = self.program(("binary", op), emit_binary(op, self.flushing), 3, 1)
+        p = self.program(("binary", op), emit_binary(op, self.flushing, self.rte), 3, 1)
         return p.run([a.tobytes(), b.tobytes(), 4 * a.size], [a.size], -(-a.size // LOCAL),
                      {2: (_F32, a.size)})[2].reshape(a.shape)
 
@@ -588,7 +592,7 @@ class PortableKernels:
         if n_kv % 32 or D % 32 or H % Hkv:
             raise BankmlError(f"portable attention: n_kv {n_kv} and D {D} must be multiples of 32, H {H} of Hkv {Hkv}")
         codes, info = act_buffers(quant.quantize_act(np.asarray(q, _F32)))
-        p = self.program("attention", emit_attention(self.flushing), 8, 6)
+        p = self.program("attention", emit_attention(self.flushing, self.rte), 8, 6)
         out = p.run([codes, info, np.ascontiguousarray(k).tobytes(), np.ascontiguousarray(v).tobytes(),
                      np.ascontiguousarray(mask, _F32).tobytes(), self.tables, 4 * H * n_kv, 4 * H * D],
                     [H, H // Hkv, Hkv, D, n_kv, int(np.float32(scale).view(np.uint32))], H, {7: (_F32, H * D)})

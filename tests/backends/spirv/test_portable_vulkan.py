@@ -55,7 +55,7 @@ MODULES = {f"matvec-{n}": (lambda t=t: PK.emit_matvec(t)) for n, t in TYPES.item
 MODULES |= {"rmsnorm": PK.emit_rmsnorm, "softmax": PK.emit_softmax, "attention": PK.emit_attention}
 MODULES |= {f"unary-{fn}": (lambda fn=fn: PK.emit_unary(fn)) for fn in ("exp", "recip", "rsqrt")}
 MODULES |= {f"binary-{op}": (lambda op=op: PK.emit_binary(op)) for op in ("add", "sub", "mul")}
-MODULES |= {"attention-flushing": lambda: PK.emit_attention(True)}
+MODULES |= {"attention-flushing": lambda: PK.emit_attention(True), "matvec-Q4_1-no-rte": lambda: PK.emit_matvec(Q4_1, rte=False)}
 
 
 @pytest.mark.parametrize("name", list(MODULES))
@@ -67,6 +67,7 @@ def test_module_passes_spirv_val_and_no_float_op_may_contract(name):
     assert float_ops and set(float_ops) <= set(re.findall(r"OpDecorate (%\S+) NoContraction", text))
     assert "OpExtInst" not in text and "Fma" not in text and "Float64" not in text
     assert "OpCapability Int64" in text
+    assert ("OpExecutionMode %main RoundingModeRTE 32" in text) == ("no-rte" not in name)
 
 
 # ---- matvec
