@@ -55,7 +55,8 @@ MODULES = {f"matvec-{n}": (lambda t=t: PK.emit_matvec(t)) for n, t in TYPES.item
 MODULES |= {"rmsnorm": PK.emit_rmsnorm, "softmax": PK.emit_softmax, "attention": PK.emit_attention}
 MODULES |= {f"unary-{fn}": (lambda fn=fn: PK.emit_unary(fn)) for fn in ("exp", "recip", "rsqrt")}
 MODULES |= {f"binary-{op}": (lambda op=op: PK.emit_binary(op)) for op in ("add", "sub", "mul")}
-MODULES |= {"attention-flushing": lambda: PK.emit_attention(True), "matvec-Q4_1-no-rte": lambda: PK.emit_matvec(Q4_1, rte=False)}
+MODULES |= {"attention-flushing": lambda: PK.emit_attention(True),
+            "matvec-Q4_1-no-rte": lambda: PK.emit_matvec(Q4_1, rte=False)}
 
 
 @pytest.mark.parametrize("name", list(MODULES))
