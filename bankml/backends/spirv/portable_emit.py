@@ -22,8 +22,9 @@
   Both end in `round_u64`, the correctly rounded u64 -> f32 conversion (leading bit, 24
   bits, nearest even with a sticky bit, exponent, overflow to inf, flush below 2^-126).
 
-Integers are u32/u64 SPIR-V types; signed ops (SLessThan, ShiftRightArithmetic, SConvert)
-read them as two's complement.
+Integers are u32/u64 SPIR-V types; signed ops (SLessThan, ShiftRightArithmetic) read them as
+two's complement. 32 -> 64-bit sign extension is two shifts: on lavapipe (Mesa, LLVM 15)
+OpSLessThan(OpBitcast(OpSConvert(x)), 0) came out false for negative x.
 """
 from __future__ import annotations
 
@@ -51,7 +52,6 @@ class Emit:
         of an add or mul becomes +0 and a product of exactly +-2^-126 becomes +0 too."""
         self.m, self.f, self.tables, self.flushing = m, f, tables, flushing
         self.u64 = m.type("TypeInt", 64, 0)
-        self.i64 = m.type("TypeInt", 64, 1)
         self._c64: dict[int, int] = {}
         self._n = 0
 
