@@ -36,10 +36,9 @@ OP = dict(Name=5, MemberName=6, Extension=10, MemoryModel=14, EntryPoint=15, Exe
           ControlBarrier=224, LoopMerge=246, SelectionMerge=247, Label=248, Branch=249,
           BranchConditional=250, Return=253,
           # used by the portable kernels (portable_*.py)
-          ConstantComposite=44, ConvertFToS=110, ConvertUToF=112, UConvert=113, SConvert=114, UDiv=134,
-          ShiftRightArithmetic=195, LogicalOr=166, LogicalNot=168, UGreaterThan=172,
-          SGreaterThan=173, SGreaterThanEqual=175, SLessThan=177, ULessThanEqual=178,
-          SLessThanEqual=179, FOrdLessThan=184, FOrdGreaterThan=186)
+          ConvertFToS=110, UConvert=113, UDiv=134, ShiftRightArithmetic=195, LogicalOr=166,
+          LogicalNot=168, UGreaterThan=172, SGreaterThan=173, SLessThan=177, ULessThanEqual=178,
+          FOrdLessThan=184, FOrdGreaterThan=186)
 # enums
 CAP_SHADER, CAP_INT64, CAP_DENORM_PRESERVE, CAP_RTE = 1, 11, 4464, 4467
 EXEC_GLCOMPUTE, MODE_LOCAL_SIZE, MODE_DENORM_PRESERVE, MODE_RTE = 5, 17, 4459, 4462
