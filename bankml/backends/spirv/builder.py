@@ -34,9 +34,13 @@ OP = dict(Name=5, MemberName=6, Extension=10, MemoryModel=14, EntryPoint=15, Exe
           ULessThan=176, ShiftRightLogical=194, ShiftLeftLogical=196, BitwiseOr=197,
           BitwiseXor=198, BitwiseAnd=199, BitFieldSExtract=202, BitFieldUExtract=203,
           ControlBarrier=224, LoopMerge=246, SelectionMerge=247, Label=248, Branch=249,
-          BranchConditional=250, Return=253)
+          BranchConditional=250, Return=253,
+          # used by the portable kernels (portable_*.py)
+          ConvertFToS=110, UConvert=113, UDiv=134, ShiftRightArithmetic=195, LogicalOr=166,
+          LogicalNot=168, UGreaterThan=172, SGreaterThan=173, SLessThan=177, ULessThanEqual=178,
+          FOrdLessThan=184, FOrdGreaterThan=186)
 # enums
-CAP_SHADER, CAP_DENORM_PRESERVE, CAP_RTE = 1, 4464, 4467
+CAP_SHADER, CAP_INT64, CAP_DENORM_PRESERVE, CAP_RTE = 1, 11, 4464, 4467
 EXEC_GLCOMPUTE, MODE_LOCAL_SIZE, MODE_DENORM_PRESERVE, MODE_RTE = 5, 17, 4459, 4462
 SC_INPUT, SC_WORKGROUP, SC_FUNCTION, SC_PUSH_CONSTANT, SC_STORAGE_BUFFER = 1, 4, 7, 9, 12
 DEC_BLOCK, DEC_ARRAY_STRIDE, DEC_BUILTIN, DEC_NON_WRITABLE = 2, 6, 11, 24

@@ -108,8 +108,11 @@ class Device:
         if qf is None:
             raise DeviceRefused(f"Vulkan device {self.info}: no compute queue")
         qinfo = vk.VkDeviceQueueCreateInfo(queueFamilyIndex=qf, queueCount=1, pQueuePriorities=[1.0])
+        # the portable kernels' exact sums need 64-bit integers: enabled where offered
+        self.int64 = bool(vk.vkGetPhysicalDeviceFeatures(self.pd).shaderInt64)
         self.dev = vk.vkCreateDevice(self.pd, vk.VkDeviceCreateInfo(
-            queueCreateInfoCount=1, pQueueCreateInfos=[qinfo]), None)
+            queueCreateInfoCount=1, pQueueCreateInfos=[qinfo],
+            pEnabledFeatures=vk.VkPhysicalDeviceFeatures(shaderInt64=self.int64)), None)
         self.queue = vk.vkGetDeviceQueue(self.dev, qf, 0)
         self.pool = vk.vkCreateCommandPool(self.dev, vk.VkCommandPoolCreateInfo(
             flags=vk.VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT, queueFamilyIndex=qf), None)
@@ -264,3 +267,80 @@ class Q1Matvec:
 def open_device(index: int) -> Device:
     """The device at this index, opened once per process."""
     return Device(index)
+
+
+class Program:
+    """Any compute module of `n_buffers` storage buffers (bindings 0..n-1) and `push_words` u32
+    push constants: each run uploads its inputs, dispatches once and reads back what it asks for.
+
+        p = Program(dev, words, n_buffers=4, push_words=3)
+        out = p.run([w, codes, info, 4 * rows], [rows, nsub, row_bytes], groups, {3: (np.float32, rows)})
+
+    An int in `buffers` is a buffer of that many bytes the kernel writes (output or scratch).
+    Buffers are made and freed per run (the portable kernels' tests; Q1Matvec keeps its weights).
+    """
+
+    def __init__(self, d: Device, words, n_buffers: int, push_words: int):
+        vk, self.d = d.vk, d
+        self.n, self.push_words = n_buffers, push_words
+        code = np.array(words, "<u4").tobytes()
+        self.module = vk.vkCreateShaderModule(d.dev, vk.VkShaderModuleCreateInfo(codeSize=len(code), pCode=code), None)
+        binds = [vk.VkDescriptorSetLayoutBinding(binding=i, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                                 descriptorCount=1, stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT)
+                 for i in range(n_buffers)]
+        self.dsl = vk.vkCreateDescriptorSetLayout(d.dev, vk.VkDescriptorSetLayoutCreateInfo(
+            bindingCount=n_buffers, pBindings=binds), None)
+        pcr = vk.VkPushConstantRange(stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT, offset=0, size=4 * push_words)
+        self.layout = vk.vkCreatePipelineLayout(d.dev, vk.VkPipelineLayoutCreateInfo(
+            setLayoutCount=1, pSetLayouts=[self.dsl], pushConstantRangeCount=1, pPushConstantRanges=[pcr]), None)
+        stage = vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=self.module,
+                                                   pName="main")
+        self.pipeline = vk.vkCreateComputePipelines(d.dev, vk.VK_NULL_HANDLE, 1, [
+            vk.VkComputePipelineCreateInfo(stage=stage, layout=self.layout)], None)[0]
+        size = vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=n_buffers)
+        self.dpool = vk.vkCreateDescriptorPool(d.dev, vk.VkDescriptorPoolCreateInfo(
+            maxSets=1, poolSizeCount=1, pPoolSizes=[size]), None)
+        self.dset = vk.vkAllocateDescriptorSets(d.dev, vk.VkDescriptorSetAllocateInfo(
+            descriptorPool=self.dpool, descriptorSetCount=1, pSetLayouts=[self.dsl]))[0]
+
+    def run(self, buffers: list, push: list[int], groups: int | tuple[int, int], read: dict[int, tuple]
+            ) -> dict[int, np.ndarray]:
+        """groups: workgroups in x, or (x, y)."""
+        if len(buffers) != self.n or len(push) != self.push_words:
+            raise BankmlError(f"Vulkan program of {self.n} buffers and {self.push_words} push words "
+                              f"given {len(buffers)} and {len(push)}")
+        vk = self.d.vk
+        bufs = []
+        try:
+            for b in buffers:
+                buf = self.d.buffer(b if isinstance(b, int) else len(b))
+                bufs.append(buf)
+                if not isinstance(b, int):
+                    buf.write(bytes(b))
+            infos = [vk.VkDescriptorBufferInfo(buffer=b.buf, offset=0, range=b.size) for b in bufs]
+            writes = [vk.VkWriteDescriptorSet(dstSet=self.dset, dstBinding=i, descriptorCount=1,
+                                              descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                              pBufferInfo=[infos[i]]) for i in range(self.n)]
+            vk.vkUpdateDescriptorSets(self.d.dev, self.n, writes, 0, None)
+            consts = vk.ffi.new(f"uint32_t[{max(1, self.push_words)}]", [p & 0xFFFFFFFF for p in push])
+
+            def record(cmd):
+                vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, self.pipeline)
+                vk.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, self.layout, 0, 1,
+                                           [self.dset], 0, None)
+                vk.vkCmdPushConstants(cmd, self.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, 4 * self.push_words, consts)
+                vk.vkCmdDispatch(cmd, gx, gy, 1)
+            gx, gy = groups if isinstance(groups, tuple) else (groups, 1)
+            self.d.submit(record)
+            return {i: bufs[i].read(dt, count) for i, (dt, count) in read.items()}
+        finally:
+            for b in bufs:
+                b.free()
+
+    def close(self) -> None:
+        vk, dev = self.d.vk, self.d.dev
+        vk.vkDestroyDescriptorPool(dev, self.dpool, None)
+        vk.vkDestroyPipeline(dev, self.pipeline, None)
+        vk.vkDestroyPipelineLayout(dev, self.layout, None)
+        vk.vkDestroyDescriptorSetLayout(dev, self.dsl, None)
+        vk.vkDestroyShaderModule(dev, self.module, None)

@@ -1,0 +1,509 @@
+"""The portable profile's SPIR-V kernels on Vulkan (lavapipe in CI) equal the numpy spec bit for bit:
+matvec of every weight type (fast int64 and wide sums), RMSNorm, softmax, exp/recip/rsqrt, the
+int8-cache attention of a decode step, and the same ops of a real SmolLM2/Qwen3 decode step."""
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+import bankml
+from bankml.backends.spirv import builder as B
+from bankml.backends.spirv import portable_kernels as PK
+from bankml.backends.spirv import runtime
+from bankml.gguf.reader import read_gguf
+from bankml.ir.ops import Op
+from bankml.profiles.portable import attention as A
+from bankml.profiles.portable import funcs, quant
+from bankml.quants import F16, Q1_0, Q2_0, Q4_1, Q8_0, WEIGHT_TYPES
+from bankml.testing import models
+
+F32 = np.float32
+TYPES = {"F16": F16, "Q8_0": Q8_0, "Q4_1": Q4_1, "Q1_0": Q1_0, "Q2_0": Q2_0}
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["device", "flushing"])
+def kern(request):
+    """The kernels as the device runs them, and as the worst device without DenormPreserve
+    would (`flushing`: every denormal add/mul result +0, products of +-2^-126 too): the bits
+    must not change."""
+    k = PK.PortableKernels(runtime.open_device(0), flushing=request.param)
+    yield k
+    k.close()
+
+
+@pytest.fixture(scope="module")
+def device_kern():
+    k = PK.PortableKernels(runtime.open_device(0))
+    yield k
+    k.close()
+
+
+def _same(got, want) -> bool:
+    got, want = np.asarray(got, F32), np.asarray(want, F32)
+    return got.shape == want.shape and np.array_equal(got.view(np.uint32), want.view(np.uint32))
+
+
+def _diff(got, want) -> str:
+    bad = np.flatnonzero(np.asarray(got, F32).view(np.uint32).ravel() != np.asarray(want, F32).view(np.uint32).ravel())
+    return f"{bad.size} differ, first {bad[:5]}: {np.ravel(got)[bad[:5]]} vs {np.ravel(want)[bad[:5]]}"
+
+
+# ---- the modules
+MODULES = {f"matvec-{n}": (lambda t=t: PK.emit_matvec(t)) for n, t in TYPES.items()}
+MODULES |= {"rmsnorm": PK.emit_rmsnorm, "softmax": PK.emit_softmax, "attention": PK.emit_attention}
+MODULES |= {f"unary-{fn}": (lambda fn=fn: PK.emit_unary(fn)) for fn in ("exp", "recip", "rsqrt")}
+MODULES |= {f"binary-{op}": (lambda op=op: PK.emit_binary(op)) for op in ("add", "sub", "mul")}
+MODULES |= {"attention-flushing": lambda: PK.emit_attention(True),
+            "matvec-Q4_1-no-rte": lambda: PK.emit_matvec(Q4_1, rte=False)}
+
+
+@pytest.mark.parametrize("name", list(MODULES))
+def test_module_passes_spirv_val_and_no_float_op_may_contract(name):
+    words = list(MODULES[name]())
+    B.validate(words)
+    text = B.disassemble(words)
+    float_ops = re.findall(r"^\s*(%\S+) = Op(?:FAdd|FSub|FMul) ", text, re.M)
+    assert float_ops and set(float_ops) <= set(re.findall(r"OpDecorate (%\S+) NoContraction", text))
+    assert "OpExtInst" not in text and "Fma" not in text and "Float64" not in text
+    assert "OpCapability Int64" in text
+    assert ("OpExecutionMode %main RoundingModeRTE 32" in text) == ("no-rte" not in name)
+
+
+# ---- matvec
+def _rand_rows(rng, wtype: int, rows: int, k: int, scale: float = 0.02) -> np.ndarray:
+    """Random rows of a weight type: random codes, normal f16 scales (and mins)."""
+    if wtype == F16:
+        return (rng.standard_normal((rows, k)) * scale).astype(np.float16).view(np.uint8).reshape(rows, -1)
+    wt = WEIGHT_TYPES[wtype]
+    r = rng.integers(0, 256, (rows, k // wt.block, wt.block_bytes), dtype=np.uint8)
+    nh = 2 if wtype == Q4_1 else 1
+    r[:, :, :2 * nh] = (rng.standard_normal(r.shape[:2] + (nh,)) * scale).astype(np.float16).view(np.uint8).reshape(
+        rows, -1, 2 * nh)
+    return r.reshape(rows, -1)
+
+
+def _k_for(wtype: int, k: int) -> int:
+    return k if k % WEIGHT_TYPES[wtype].block == 0 else 1536     # Q1_0 needs K % 128 == 0
+
+
+def _check_matvec(kern, w, wtype, a):
+    got = kern.matvec(w, wtype, a)
+    want = quant.mul_mat(w, wtype, a)[0]
+    assert _same(got, want), _diff(got, want)
+    return got
+
+
+@pytest.mark.parametrize("k", [576, 2048])
+@pytest.mark.parametrize("tname", list(TYPES))
+def test_matvec_random_rows(kern, tname, k):
+    wtype = TYPES[tname]
+    k = _k_for(wtype, k)
+    rng = np.random.default_rng(k + wtype)
+    w = _rand_rows(rng, wtype, 200, k)
+    x = rng.standard_normal((1, k)).astype(F32) * F32(3)
+    _check_matvec(kern, w, wtype, quant.quantize_act(x))
+
+
+def test_mul_mat_of_several_activation_rows_in_one_dispatch(kern):
+    rng = np.random.default_rng(9)
+    for wtype in (Q4_1, Q1_0):
+        w = _rand_rows(rng, wtype, 70, 512)
+        a = quant.quantize_act(rng.standard_normal((5, 512)).astype(F32))
+        got, want = kern.mul_mat(w, wtype, a), quant.mul_mat(w, wtype, a)
+        assert _same(got, want), _diff(got, want)
+
+
+def _acts(rng, k, e_lo, e_hi, zero_frac=0.0):
+    """ActBlocks with random codes, m in 8..15 and e in [e_lo, e_hi] (the wide path's inputs)."""
+    nb = k // 32
+    m = rng.integers(8, 16, (1, nb)).astype(np.int64)
+    m[rng.random((1, nb)) < zero_frac] = 0
+    e = rng.integers(e_lo, e_hi + 1, (1, nb)).astype(np.int64)
+    q = rng.integers(-127, 128, (1, k)).astype(np.int8)
+    q.reshape(1, nb, 32)[m == 0] = 0
+    return quant.ActBlocks(q, m, np.where(m == 0, 0, e), np.zeros((1, nb), bool))
+
+
+@pytest.mark.parametrize("tname", list(TYPES))
+def test_matvec_groups_spanning_hundreds_of_binades_take_the_wide_path(kern, tname):
+    """Activation block exponents over the whole range a quantized f32 can have (-136..118):
+    most groups' terms are far more than 64 bits apart."""
+    wtype = TYPES[tname]
+    k = _k_for(wtype, 576)
+    rng = np.random.default_rng(7 + wtype)
+    w = _rand_rows(rng, wtype, 64, k, scale=1.0)
+    for seed in range(3):
+        a = _acts(np.random.default_rng(seed), k, -136, 118, zero_frac=0.2)
+        _check_matvec(kern, w, wtype, a)
+        # spread near the int64 limit: exponents 40..70 apart
+        _check_matvec(kern, w, wtype, _acts(np.random.default_rng(10 + seed), k, -40, 30))
+
+
+def _q8_rows(d: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Q8_0 rows from f16 scales [rows, nb] and int8 codes [rows, nb*32]."""
+    rows, nb = d.shape
+    out = np.zeros((rows, nb, 34), np.uint8)
+    out[:, :, :2] = d.astype(np.float16).view(np.uint8).reshape(rows, nb, 2)
+    out[:, :, 2:] = q.astype(np.int8).view(np.uint8).reshape(rows, nb, 32)
+    return out.reshape(rows, -1)
+
+
+def _one_hot_act(m, e, nb=8):
+    """Blocks of one code 1 at element 0 with the given m and e: block j is worth m_j * 2^e_j."""
+    q = np.zeros((1, 32 * nb), np.int8)
+    q[0, ::32] = 1
+    m = np.asarray(m, np.int64)[None]
+    return quant.ActBlocks(q, m, np.asarray(e, np.int64)[None], np.zeros((1, nb), bool))
+
+
+def test_matvec_ties_sticky_cancellation_overflow_and_flush(kern):
+    """Rows built so each group's exact value is a chosen number: 2^24 + 1 (a tie, to even),
+    2^24 + 3 (a tie, up), a tie plus a term 157 binades below (sticky: up) or minus it (down),
+    an exact cancellation (fast and wide: +0), overflow (inf) and results below 2^-126 (zero of
+    their sign)."""
+    nb = 8
+    cases = [  # (weight codes at element 0 of each block (d = 1), act m, act e)
+        ([1, 1, 0, 0, 0, 0, 0, 0], [8, 8, 0, 0, 0, 0, 0, 0], [21, -3, 0, 0, 0, 0, 0, 0]),     # 2^24 + 1
+        ([1, 3, 0, 0, 0, 0, 0, 0], [8, 8, 0, 0, 0, 0, 0, 0], [21, -3, 0, 0, 0, 0, 0, 0]),     # 2^24 + 3
+        ([1, 1, 1, 0, 0, 0, 0, 0], [8, 8, 8, 0, 0, 0, 0, 0], [21, -3, -136, 0, 0, 0, 0, 0]),  # tie + tiny
+        ([1, 1, -1, 0, 0, 0, 0, 0], [8, 8, 8, 0, 0, 0, 0, 0], [21, -3, -136, 0, 0, 0, 0, 0]),  # tie - tiny
+        ([1, -1, 1, -1, 0, 0, 0, 0], [8, 8, 15, 15, 0, 0, 0, 0], [5, 5, -3, -3, 0, 0, 0, 0]),  # cancels (fast)
+        ([1, -1, 1, -1, 0, 0, 0, 0], [8, 8, 15, 15, 0, 0, 0, 0], [100, 100, -100, -100, 0, 0, 0, 0]),  # (wide)
+        ([127, 127, 0, 0, 0, 0, 0, 0], [15, 15, 0, 0, 0, 0, 0, 0], [118, 118, 0, 0, 0, 0, 0, 0]),  # inf
+        ([-127, 0, 0, 0, 0, 0, 0, 0], [15, 0, 0, 0, 0, 0, 0, 0], [118, 0, 0, 0, 0, 0, 0, 0]),  # finite, large
+        ([1, 0, 0, 0, 0, 0, 0, 0], [8, 0, 0, 0, 0, 0, 0, 0], [-136, 0, 0, 0, 0, 0, 0, 0]),  # 2^-133: +0
+        ([-1, 0, 0, 0, 0, 0, 0, 0], [8, 0, 0, 0, 0, 0, 0, 0], [-136, 0, 0, 0, 0, 0, 0, 0]),  # -0
+        ([1, 1, 0, 0, 0, 0, 0, 0], [15, 15, 0, 0, 0, 0, 0, 0], [-130, -130, 0, 0, 0, 0, 0, 0]),  # 2^-126 - ...
+        ([127, 127, 0, 0, 0, 0, 0, 0], [8, 8, 0, 0, 0, 0, 0, 0], [-136, 118, 0, 0, 0, 0, 0, 0]),
+    ]
+    for wq, am, ae in cases:
+        q = np.zeros((1, 32 * nb), np.int8)
+        q[0, ::32] = wq
+        w = _q8_rows(np.ones((1, nb), np.float16), q)
+        got = _check_matvec(kern, w, Q8_0, _one_hot_act(am, ae))
+        assert got.shape == (1,)
+    got = kern.matvec(_q8_rows(np.ones((1, nb), np.float16), np.tile([1] + [0] * 31, (1, nb))),
+                      Q8_0, _one_hot_act([8, 8, 0, 0, 0, 0, 0, 0], [21, -3, 0, 0, 0, 0, 0, 0]))
+    assert got[0] == F32(2 ** 24)                     # the tie went to even
+
+
+def test_matvec_terms_at_the_int64_limit(kern):
+    """F16 weights of 65504 and codes of 127: each sub-block term has 56 bits; exponents 3 apart
+    keep every aligned term within 59 bits (the int64 sum), 4..6 apart do not (the wide sum)."""
+    k = 256
+    w = np.full((4, k), 65504.0, np.float16)
+    w[1, ::2] = -65504.0
+    w[2, :128] = -65504.0
+    w[3, 200:] = -6.0e-8
+    w = w.view(np.uint8).reshape(4, -1)
+    for gap in (0, 3, 4, 6, 40):
+        for sign in (1, -1):
+            q = np.full((1, k), 127 * sign, np.int8)
+            q[0, 32:64] *= -1
+            m = np.full((1, 8), 15, np.int64)
+            e = np.array([[0] + [gap] * 7], np.int64)
+            _check_matvec(kern, w, F16, quant.ActBlocks(q, m, e, np.zeros((1, 8), bool)))
+
+
+def test_matvec_bad_blocks_nan_inf_zero_and_denormal_activations(kern):
+    rng = np.random.default_rng(3)
+    k = 576
+    for wtype in (F16, Q8_0, Q4_1, Q2_0):
+        w = _rand_rows(rng, wtype, 48, k)
+        if wtype == F16:
+            h = w.view(np.float16)
+            h[0, 5], h[1, 300], h[2, 7], h[3, 9] = np.inf, np.nan, 6e-8, -0.0       # bad, bad, subnormal, -0
+            h[4, :] = 65504.0
+        else:
+            bb = WEIGHT_TYPES[wtype].block_bytes
+            w[0, 0:2] = np.array([np.inf], np.float16).view(np.uint8)            # an inf scale: NaN group
+            w[1, bb:bb + 2] = np.array([np.nan], np.float16).view(np.uint8)
+            w[2, 0:2] = np.array([2 ** -24], np.float16).view(np.uint8)          # the least subnormal
+            w[3, 0:2] = np.array([-0.0], np.float16).view(np.uint8)
+            w[4, 0:2] = np.array([65504.0], np.float16).view(np.uint8)
+        for x in ([np.nan], [np.inf], [1e-40, -1e-45], [0.0], [3e38, -3e38]):
+            xs = rng.standard_normal((1, k)).astype(F32)
+            xs[0, 40:40 + len(x)] = x
+            xs[0, 256:288] = 0.0                                                  # a zero block
+            _check_matvec(kern, w, wtype, quant.quantize_act(xs))
+
+
+@pytest.fixture(scope="module")
+def ggufs():
+    files = {}
+    for name in ("smollm2-q4_1", "smollm2-f16", "smollm2-q8_0", "smollm2-q2_0", "qwen3-small-q1_0"):
+        files[name] = read_gguf(models.path(name))
+    return files
+
+
+def _tensor(gg, name: str, rows: int | None = None) -> tuple[np.ndarray, int, int]:
+    t = gg.tensors[name]
+    raw = gg.tensor_data(name)
+    w = raw.reshape(int(np.prod(t.shape[1:])), -1)
+    return (w if rows is None else w[:rows]), t.ggml_type, t.shape[0]
+
+
+@pytest.mark.parametrize("model,tensor,rows", [
+    ("smollm2-q4_1", "blk.0.attn_q.weight", None), ("smollm2-q4_1", "blk.0.ffn_down.weight", None),
+    ("smollm2-f16", "blk.3.attn_k.weight", None), ("smollm2-f16", "blk.0.ffn_down.weight", 256),
+    ("smollm2-q8_0", "token_embd.weight", 4096), ("smollm2-q2_0", "blk.1.ffn_gate.weight", None),
+    ("qwen3-small-q1_0", "blk.0.ffn_down.weight", None), ("qwen3-small-q1_0", "blk.2.attn_q.weight", None),
+])
+def test_matvec_real_model_rows(kern, ggufs, model, tensor, rows):
+    w, wtype, k = _tensor(ggufs[model], tensor, rows)
+    x = np.random.default_rng(k).standard_normal((1, k)).astype(F32)
+    _check_matvec(kern, w, wtype, quant.quantize_act(x))
+
+
+# ---- the f32 steps
+def _near_underflow_pairs(rng, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Pairs whose products and sums land at 2^-126 and just below it (the band where gradual
+    underflow rounds up to 2^-126), at zero, and among the specials."""
+    a = np.ldexp(1 + rng.integers(0, 2 ** 23, n) / 2 ** 23, rng.integers(-60, 60, n)).astype(F32)
+    b = (F32(2.0 ** -126) / a).astype(F32)
+    b = np.nextafter(b, b * 2 * np.sign(rng.standard_normal(n)).astype(F32))
+    b = b.view(np.uint32) + rng.integers(-3, 4, n).astype(np.uint32)
+    b = (b.view(F32) * np.where(rng.random(n) < 0.5, F32(-1), F32(1))).astype(F32)
+    near = np.ldexp(1 + rng.integers(0, 64, n) / 2 ** 23, -126).astype(F32)
+    other = -np.ldexp(1 + rng.integers(0, 64, n) / 2 ** 23, -126).astype(F32)
+    sp = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, 1e-45, -1e-40, 2.0 ** -126, -(2.0 ** -126), 1.0, 3e38], F32)
+    sa, sb = np.meshgrid(sp, sp)
+    return (np.concatenate([a, near, near, sa.ravel()]), np.concatenate([b, other, -near, sb.ravel()]))
+
+
+def test_add_sub_mul_near_underflow_and_specials(kern):
+    from bankml.profiles.portable import arith
+    a, b = _near_underflow_pairs(np.random.default_rng(5), 20000)
+    for op in ("add", "sub", "mul"):
+        got, want = kern.binary(op, a, b), getattr(arith, op)(a, b)
+        assert _same(got, want), (op, _diff(got, want))
+    assert (kern.binary("mul", a, b) == F32(2.0 ** -126)).sum() > 100      # the band is reached
+
+
+# ---- exp, recip, rsqrt
+def test_exp_recip_rsqrt_over_the_f32_bit_patterns_and_table_edges(kern):
+    bits = np.arange(0, 2 ** 32, 9973, dtype=np.uint64).astype(np.uint32)
+    specials = np.array([0, 0x80000000, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00001, 1, 0x807FFFFF,
+                         0x00800000, 0x7F7FFFFF], np.uint32)
+    x = np.concatenate([bits, specials]).view(F32)
+    # table edges: exp's n boundaries, rsqrt's 64 and recip's 64 intervals, each with both neighbours
+    n = np.arange(-6700, 5700, 7)
+    edges = [(n * np.log(2) / 64).astype(F32), np.ldexp(1 + np.arange(64) / 32, 0).astype(F32),
+             np.ldexp(1 + np.arange(64) / 64, -3).astype(F32)]
+    e = np.concatenate(edges)
+    x = np.concatenate([x, e, np.nextafter(e, F32(np.inf)), np.nextafter(e, -F32(np.inf)), [F32(-104), F32(89)]])
+    for fn in ("exp", "recip", "rsqrt"):
+        got, want = kern.unary(fn, x), getattr(funcs, fn)(x)
+        assert _same(got, want), (fn, _diff(got, want))
+
+
+# ---- rmsnorm and softmax
+def _edge_rows(n: int) -> np.ndarray:
+    rng = np.random.default_rng(n)
+    rows = rng.standard_normal((10, n)).astype(F32)
+    rows[1] = 0.0
+    rows[2, ::3] = -0.0
+    rows[3, :5] = [1e-40, -1e-42, 1e-45, -3e-39, 2e-38][:n]            # denormals read as signed zeros
+    rows[4, 7 % n] = np.nan
+    rows[5, 1 % n] = np.inf
+    rows[6] *= F32(1e19)                                                # squares overflow
+    rows[7] *= F32(1e-20)                                               # squares flush
+    rows[8, :] = F32(1.5)                                               # ties in the sums
+    rows[9, 3 % n] = -np.inf
+    return rows
+
+
+@pytest.mark.parametrize("n", [576, 2048, 100, 5, 1])
+def test_rmsnorm(kern, n):
+    rng = np.random.default_rng(n)
+    x = np.concatenate([rng.standard_normal((4, n)).astype(F32) * F32(5), _edge_rows(n)])
+    w = rng.standard_normal(n).astype(F32)
+    for eps, wt in ((1e-5, w), (1e-6, None), (0.0, w)):
+        got, want = kern.rmsnorm(x, wt, eps), funcs.rmsnorm(x, wt, eps)
+        assert _same(got, want), (eps, _diff(got, want))
+
+
+@pytest.mark.parametrize("n", [576, 2048, 100, 7, 1])
+def test_softmax(kern, n):
+    rng = np.random.default_rng(n + 1)
+    x = np.concatenate([rng.standard_normal((4, n)).astype(F32) * F32(30), _edge_rows(n)])
+    extra = np.full((2, n), -np.inf, F32)                               # a row of -inf: zeros
+    extra[1, 0] = 0.0                                                   # one finite value: 1 there
+    x = np.concatenate([x, extra])
+    got, want = kern.softmax(x), funcs.softmax(x)
+    assert _same(got, want), _diff(got, want)
+
+
+# ---- attention of one decode step
+def _attn_case(rng, H, Hkv, D, n_kv, visible, scale_q=1.0):
+    q = (rng.standard_normal((H, D)) * scale_q).astype(F32)
+    k = A.quantize_rows(rng.standard_normal((n_kv, Hkv, D)).astype(F32))
+    v = A.quantize_rows(rng.standard_normal((n_kv, Hkv, D)).astype(F32))
+    mask = np.where(np.arange(n_kv) < visible, F32(0), F32(-np.inf)).astype(F32)
+    return q, k, v, mask
+
+
+def _check_attention(kern, q, k, v, mask, scale):
+    got = kern.attention(q, k, v, mask, scale)
+    want = A.attention(q[None], k, v, mask[None], scale)[0]
+    assert _same(got, want), _diff(got, want)
+
+
+@pytest.mark.parametrize("H,Hkv,D,n_kv,visible", [
+    (9, 3, 64, 64, 40), (9, 3, 64, 256, 200), (8, 4, 128, 96, 96), (4, 4, 32, 32, 1), (9, 3, 64, 1120, 1100)])
+def test_attention_decode_step(kern, H, Hkv, D, n_kv, visible):
+    rng = np.random.default_rng(H * n_kv + D)
+    q, k, v, mask = _attn_case(rng, H, Hkv, D, n_kv, visible, scale_q=3.0)
+    _check_attention(kern, q, k, v, mask, 1 / np.sqrt(D))
+
+
+def test_attention_edges(kern):
+    rng = np.random.default_rng(11)
+    H, Hkv, D, n_kv = 6, 2, 64, 96
+    q, k, v, mask = _attn_case(rng, H, Hkv, D, n_kv, 70)
+    v[:32, 0] = A.quantize_rows(np.zeros((32, D), F32))                 # zero V rows (scale 0)
+    v[40, 1] = A.quantize_rows(np.full(D, 1e-3, F32))                    # one tiny row
+    k[5, 1] = A.quantize_rows(rng.standard_normal(D).astype(F32) * F32(1e4))  # one dominating score
+    _check_attention(kern, q, k, v, mask, 0.125)
+    qn = q.copy()
+    qn[1, 3] = np.nan                                                    # a bad q block: that head NaN
+    qn[4, :] = 0.0                                                       # a zero query: uniform weights
+    _check_attention(kern, qn, k, v, mask, 0.125)
+    qi = q * F32(1e30)                                                   # scores overflow
+    _check_attention(kern, qi, k, v, mask, 0.125)
+    _check_attention(kern, q, k, v, np.zeros(n_kv, F32), 1.0)           # nothing masked
+
+
+# ---- the ops of a real decode step
+def _decode_step_ops(name: str, n_prompt: int = 5):
+    """(node, its inputs' values, its value) for every mul_mat, rms_norm and flash_attn of one
+    decode step of the portable reference graph, read through the session's trace."""
+    vals, graphs, masks = {}, [], []
+    with bankml.load(models.path(name), backend="reference", profile="portable", n_ctx=128) as m:
+        s = m.session()
+        s.prefill(list(range(1, n_prompt + 1)))
+        run = m.runner.run
+
+        def capture(g, values, inputs, caches, trace=None):
+            graphs.append(g)
+            masks.append(np.asarray(inputs["kq_mask"], F32))
+            return run(g, values, inputs, caches, trace)
+        m.runner.run = capture
+        s.trace = lambda ub, n, v: vals.__setitem__(n.id, np.array(v, copy=True))
+        s.decode(7)
+        weights = {}
+        g = graphs[-1]
+        out = []
+        for n in g:
+            if n.op is Op.MUL_MAT:                     # qwen3's attn_output is unnamed: the spec's value
+                wn = g[n.inputs[0]]
+                weights.setdefault(wn.name, np.array(m.weight(wn.name)))
+                w, wtype, x = weights[wn.name], int(wn.params["ggml_type"]), vals[g[n.inputs[1]].inputs[0]]
+                want = vals[n.id] if n.id in vals else quant.mul_mat(w, wtype, quant.quantize_act(x.reshape(1, -1)))
+                out.append((n, (w, wtype, x), want))
+            elif n.id not in vals and n.op is not Op.FLASH_ATTN:
+                continue
+            if n.op is Op.RMS_NORM:
+                out.append((n, (vals[n.inputs[0]], n.params["eps"]), vals[n.id]))
+            elif n.op is Op.FLASH_ATTN:
+                reshape = next(r for r in g if r.op is Op.RESHAPE and r.inputs == (n.id,))
+                q, k, v = (vals[i] for i in n.inputs[:3])
+                out.append((n, (q, k, v, masks[-1][0], n.params["scale"]), vals[reshape.id]))
+        in_graph = {op: sum(1 for n in g if n.op is op) for op in (Op.MUL_MAT, Op.RMS_NORM, Op.FLASH_ATTN)}
+    return out, in_graph
+
+
+@pytest.mark.parametrize("name", ["smollm2-q4_1", "smollm2-f16", "smollm2-q8_0", "smollm2-q2_0", "qwen3-small-q1_0",
+                                  "qwen3-small-f16"])
+def test_the_ops_of_a_decode_step_give_the_spec_bits(device_kern, name):
+    kern = device_kern
+    ops, in_graph = _decode_step_ops(name)
+    counts = {Op.MUL_MAT: 0, Op.RMS_NORM: 0, Op.FLASH_ATTN: 0}
+    for n, args, want in ops:
+        if n.op is Op.MUL_MAT:
+            w, wtype, x = args
+            got = kern.matvec(w, wtype, quant.quantize_act(x.reshape(1, -1)))
+        elif n.op is Op.RMS_NORM:
+            x, eps = args
+            got = kern.rmsnorm(x, None, eps)
+        else:
+            q, k, v, mask, scale = args
+            got = kern.attention(q.reshape(q.shape[-2:]), k, v, mask, scale)
+        assert _same(got.reshape(want.shape), want), (n.op, n.name, _diff(got, want))
+        counts[n.op] += 1
+    assert counts == in_graph and all(counts.values()), (counts, in_graph)     # every one of the step
+
+
+# ---- the on-device check
+def test_lavapipe_passes_the_portable_on_device_check(kern):
+    from bankml.backends.spirv import portable_check
+    portable_check.check_device(kern)
+
+
+def test_a_device_that_differs_in_one_bit_is_refused_in_one_line(device_kern):
+    from bankml.backends.spirv import portable_check
+
+    class OffByOneUlp:
+        d = device_kern.d
+
+        def __getattr__(self, name):
+            return getattr(device_kern, name)
+
+        def softmax(self, x):
+            y = device_kern.softmax(x)
+            y.view(np.uint32)[0, 0] ^= 1
+            return y
+    with pytest.raises(runtime.DeviceRefused) as e:
+        portable_check.check_device(OffByOneUlp())
+    msg = str(e.value)
+    assert "failed the portable on-device check: softmax edge rows: 1 of" in msg and "first at 0" in msg
+    assert "staying on the CPU" in msg and "\n" not in msg
+
+
+def test_activation_exponents_beyond_quantize_acts_are_refused(device_kern):
+    from bankml.errors import BankmlError
+    w = _q8_rows(np.ones((1, 8), np.float16), np.zeros((1, 256), np.int8))
+    with pytest.raises(BankmlError, match="activation exponents -137..0 outside -136..118"):
+        device_kern.matvec(w, Q8_0, _one_hot_act([8] * 8, [-137] + [0] * 7))
+
+
+# ---- whole sessions with the kernels in place of the spec's ops
+def _spirv_lowerings(kern, calls: dict) -> dict:
+    """mul_mat, rms_norm and flash_attn of the reference backend's portable table, run by the
+    SPIR-V kernels (one dispatch per mul_mat and rms_norm, one per query row of flash_attn)."""
+    def mul_mat(env, g, n, w, a):
+        wtype = int(g[n.inputs[0]].params["ggml_type"])
+        calls[Op.MUL_MAT] += 1
+        return kern.mul_mat(w, wtype, a).reshape(*n.shape[:-1], -1)
+
+    def rms_norm(env, g, n, x):
+        calls[Op.RMS_NORM] += 1
+        return kern.rmsnorm(x, None, n.params["eps"])
+
+    def flash_attn(env, g, n, q, k, v, mask):
+        calls[Op.FLASH_ATTN] += 1
+        mask = np.asarray(mask, F32)
+        return np.stack([kern.attention(q[t], k, v, mask[t], n.params["scale"]) for t in range(q.shape[0])])
+    return {Op.MUL_MAT: mul_mat, Op.RMS_NORM: rms_norm, Op.FLASH_ATTN: flash_attn}
+
+
+@pytest.mark.parametrize("name", ["smollm2-q4_1", "qwen3-small-q1_0"])
+def test_logits_rows_with_the_spirv_kernels_equal_the_specs(device_kern, monkeypatch, name):
+    """A prefill (every row) and decodes with every mul_mat, rms_norm and flash_attn on lavapipe:
+    every logits row is the reference's, bit for bit."""
+    from bankml.backends.reference import portable
+    toks = np.random.default_rng(4).integers(0, 49152, 9).tolist()
+
+    def rows():
+        with bankml.load(models.path(name), backend="reference", profile="portable", n_ctx=128) as m:
+            s = m.session()
+            return np.concatenate([s.prefill(toks[:6], outputs="all")] + [s.decode(t)[None] for t in toks[6:]])
+    want = rows()
+    calls = dict.fromkeys((Op.MUL_MAT, Op.RMS_NORM, Op.FLASH_ATTN), 0)
+    for op, fn in _spirv_lowerings(device_kern, calls).items():
+        monkeypatch.setitem(portable.LOWERINGS, op, fn)
+    got = rows()
+    assert all(calls.values()), calls
+    assert _same(got, want), _diff(got, want)
