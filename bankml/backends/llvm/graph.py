@@ -35,6 +35,7 @@ from bankml.backends.llvm import (kernels_attention, kernels_glu, kernels_matmul
                                   kernels_matmul_q, kernels_norm, kernels_quantize, kernels_rope, kernels_rows)
 from bankml.backends.llvm import kernels_matmul_legacy, kernels_matmul_repack  # noqa: F401
 from bankml.backends.llvm import kernels_attention_quant  # noqa: F401  (HADAMARD; quantized-cache hooks)
+from bankml.backends.llvm import kernels_portable  # noqa: F401  (the portable profile's kernels)
 from bankml.backends.llvm.common import i8p, i64, intrinsic, new_function, void
 from bankml.ir.dims import upper
 from bankml.ir.graph import Graph
