@@ -41,6 +41,7 @@ from bankml.ir.dims import upper
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
+from bankml.profiles.portable.orders import CACHE_TYPE
 from bankml.quants import F16, Q8_0, Q8_1, Q8_K
 
 _IGNORED_PARAMS = ("tensor", "layer", "n_threads")       # n_threads: llama_threads comes in dims[4]
@@ -76,6 +77,8 @@ def nbytes(n: Node) -> int:
         if t == Q8_K:                     # block_q8_K: 292 bytes per 256 values
             return M * (K // 256 * 292)
         return M * (2 * K if t == F16 else K // 32 * (34 if t == Q8_0 else 36 if t == Q8_1 else 0))
+    if n.dtype == CACHE_TYPE:             # portable K/V rows: an f16 scale, head_dim int8 codes
+        return math.prod(upper(n.shape[:-1])) * (2 + n.shape[-1])
     size = {"f32": 4, "f16": 2, "i32": 4, "F32": 4}.get(n.dtype)
     if size is None:
         raise ValueError(f"node {n.name or n.id}: no buffer size for dtype {n.dtype}")
