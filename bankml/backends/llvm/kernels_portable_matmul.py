@@ -1,0 +1,439 @@
+"""The portable profile's QUANTIZE, MUL_MAT and GET_ROWS on the llvm backend (bits of
+bankml/profiles/portable/quant.py: quantize_act, mul_mat, get_rows).
+
+pq8, the activation buffer (orders.ACT_TYPE; QUANTIZE's output), one row after another, per
+block of 32 values 36 bytes:
+    bytes 0..31  the codes (int8, -127..127)
+    bytes 32..33 e (int16): the block scale is m * 2^e
+    byte  34     m (uint8, 8..15; 0 for an all-zero or bad block)
+    byte  35     bad (uint8, 1 where the block holds a NaN or an infinity)
+
+QUANTIZE, per block: x canonical (denormals read as zero); bad = any non-finite; absmax as the
+largest |x| bits; (m, e) from its significand C and exponent p as act_scale; codes =
+rint(x * 2^-e / m) in f64 (x * 2^-e exact, one correctly rounded vdivpd, then roundeven: the
+spec's steps), clamped to +-127, all 0 where m = 0 or bad.
+
+MUL_MAT, per (weight row, column) and group of 256 elements (8 sub-blocks of 32): each
+sub-block's exact integer dot (vpmaddubsw / vpmaddwd; F16: code * significand in i32, shifted
+by the f16 exponent in i64 lanes), its term dot * am * ws at exponent ae + wx (Q4_1 a second
+term am * ms * sum(codes) at ae + mx), the group's terms summed exactly and rounded once
+(portable_exact.round_terms: i64 when they fit, an i512 otherwise), NaN where a weight scale
+is inf or NaN or an activation block is bad; the groups added in order with the profile's f32
+add. Q2_0 codes are unpacked in a permuted order (byte 8p+i is element 4i+p) and the
+activation permuted to match once per column (an integer dot is the same in any order).
+Threads split weight rows; columns run in tiles of up to 4 (the weight unpacked once per tile).
+
+GET_ROWS of a weight: every weight's exact value rounded once (round_i64), NaN in a 32-block
+with a bad scale (F16: a 32-block holding an inf or NaN); of an f32 node: the ggml row copy.
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+
+from bankml.backends.llvm import kernels_rows
+from bankml.backends.llvm.common import f32, f64, for_range, i8, i16, i32, i64, intrinsic, new_function, size, \
+    thread_range, typed
+from bankml.backends.llvm.kernels_matmul import at, psign, scratch, sums_us8, v32i8
+from bankml.backends.llvm.kernels_matmul_q import q1_0_neg_signs, q1_0_sums
+from bankml.backends.llvm.portable_exact import round_i64, round_terms
+from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
+from bankml.errors import LoweringError
+from bankml.ir.dims import prod_range
+from bankml.ir.graph import Graph
+from bankml.ir.node import Node
+from bankml.ir.ops import Op
+from bankml.profiles.portable import orders as po
+from bankml.quants import F16, Q1_0, Q2_0, Q4_1, Q8_0, WEIGHT_TYPES
+
+BLOCK_BYTES = 36                 # pq8 bytes per 32 values
+TYPES = (F16, Q8_0, Q4_1, Q1_0, Q2_0)
+TILE = 4                         # columns per tile
+_D = 127 << 13                   # quant._D
+
+v8i32, v8i64, v16i64 = ir.VectorType(i32, 8), ir.VectorType(i64, 8), ir.VectorType(i64, 16)
+v32i32, v32i64, v32i16 = ir.VectorType(i32, 32), ir.VectorType(i64, 32), ir.VectorType(i16, 32)
+v32f32, v32f64 = ir.VectorType(f32, 32), ir.VectorType(f64, 32)
+_PERM = [4 * (j % 8) + j // 8 for j in range(32)]          # Q2_0 code order: byte 8p+i is element 4i+p
+_UNPERM = [_PERM.index(k) for k in range(32)]
+QNAN = 0x7FC00000
+
+
+def pq8_bytes(k: int) -> int:
+    """Bytes of one pq8 activation row of k values."""
+    return k // 32 * BLOCK_BYTES
+
+
+def vconst(t: ir.VectorType, v):
+    return ir.Constant(t, [v] * t.count)
+
+
+def splat_v(b: ir.IRBuilder, x, n: int):
+    t = ir.VectorType(x.type, n)
+    u = b.insert_element(ir.Constant(t, ir.Undefined), x, i32(0))
+    return b.shuffle_vector(u, ir.Constant(t, ir.Undefined), ir.Constant(ir.VectorType(i32, n), [0] * n))
+
+
+def reduce(b: ir.IRBuilder, kind: str, v):
+    e = v.type.element
+    return b.call(intrinsic(b.module, f"llvm.vector.reduce.{kind}.v{v.type.count}i{e.width}", e, [v.type]), [v])
+
+
+def _start(m, n):
+    fn, b = new_function(m, kernel_name(n), kernel_type(n))
+    fn.linkage = "internal"
+    return fn, b
+
+
+# ---- QUANTIZE --------------------------------------------------------------------------------
+
+@kernel(Op.QUANTIZE, profile="portable")
+def define_quantize(m: ir.Module, g: Graph, n: Node) -> ir.Function:
+    x = g[n.inputs[0]]
+    K = x.shape[-1]
+    if n.order != po.QUANTIZE or n.params.get("type") != po.ACT_TYPE or x.dtype != "f32" or K % 32:
+        raise LoweringError(f"quantize {n.name or n.id}: portable llvm quantizes f32 rows of 32k into {po.ACT_TYPE}")
+    fn, b = _start(m, n)
+    out, src, ith, nth, dims = fn.args
+    nblk = b.mul(size(b, dims, x.shape[:-1]), i64(K // 32))
+    lo, hi = thread_range(b, nblk, ith, nth)
+    with for_range(b, lo, hi, name="blk") as ib:
+        xb = b.load(at(b, src, b.mul(ib, i64(128)), v32i32), align=4)
+        field = b.and_(xb, vconst(v32i32, 0x7F800000))
+        nonfinite = b.icmp_unsigned("==", field, vconst(v32i32, 0x7F800000))
+        keep = b.and_(b.icmp_unsigned("!=", field, vconst(v32i32, 0)), b.not_(nonfinite))
+        xc = b.select(keep, xb, vconst(v32i32, 0))                       # canon; non-finite read as 0
+        bad = b.icmp_unsigned("!=", reduce(b, "or", b.zext(nonfinite, ir.VectorType(i8, 32))), i8(0))
+        amax = reduce(b, "umax", b.and_(xc, vconst(v32i32, 0x7FFFFFFF)))  # |x| bits order as |x|
+        amax = b.select(bad, i32(0), amax)
+        c = b.or_(b.and_(amax, i32(0x7FFFFF)), i32(0x800000))
+        p = b.sub(b.lshr(amax, i32(23)), i32(127))
+        m1 = b.udiv(b.add(c, i32(_D - 1)), i32(_D))
+        m2 = b.udiv(b.add(c, i32(2 * _D - 1)), i32(2 * _D))
+        small = b.icmp_unsigned("<=", m1, i32(15))
+        zero = b.icmp_unsigned("==", amax, i32(0))
+        ms = b.select(zero, i32(0), b.select(small, m1, m2))
+        e = b.select(zero, i32(0), b.select(small, b.sub(p, i32(10)), b.sub(p, i32(9))))
+        # rint(x * 2^-e / m): 2^-e as f64 bits, one division, roundeven, clamp
+        pow2 = b.bitcast(b.shl(b.zext(b.sub(i32(1023), e), i64), i64(52)), f64)
+        y = b.fmul(b.fpext(b.bitcast(xc, v32f32), v32f64), splat_v(b, pow2, 32))
+        y = b.fdiv(y, splat_v(b, b.uitofp(b.select(zero, i32(1), ms), f64), 32))
+        rne = intrinsic(b.module, "llvm.roundeven.v32f64", v32f64, [v32f64])
+        y = b.call(rne, [y])
+        y = b.select(b.fcmp_ordered(">", y, vconst(v32f64, 127.0)), vconst(v32f64, 127.0), y)
+        y = b.select(b.fcmp_ordered("<", y, vconst(v32f64, -127.0)), vconst(v32f64, -127.0), y)
+        q = b.fptosi(y, v32i8)
+        q = b.select(b.or_(zero, bad), vconst(v32i8, 0), q)
+        ob = b.mul(ib, i64(BLOCK_BYTES))
+        b.store(q, at(b, out, ob, v32i8), align=1)
+        b.store(b.trunc(e, i16), at(b, out, b.add(ob, i64(32)), i16), align=1)
+        b.store(b.trunc(ms, i8), at(b, out, b.add(ob, i64(34)), i8), align=1)
+        b.store(b.zext(bad, i8), at(b, out, b.add(ob, i64(35)), i8), align=1)
+    b.ret_void()
+    return fn
+
+
+# ---- weights ---------------------------------------------------------------------------------
+
+def f16_parts(b: ir.IRBuilder, h):
+    """(signed significand, exponent, bad) of f16 bits h (i32 or <n x i32>), as quant.f16_parts."""
+    t = h.type
+    c = (lambda v: vconst(t, v)) if isinstance(t, ir.VectorType) else (lambda v: ir.Constant(t, v))
+    e5 = b.and_(b.lshr(h, c(10)), c(31))
+    m10 = b.and_(h, c(1023))
+    den = b.icmp_unsigned("==", e5, c(0))
+    sig = b.select(den, m10, b.or_(m10, c(1024)))
+    exp = b.select(den, c(-24), b.sub(e5, c(25)))
+    neg = b.icmp_unsigned("!=", b.and_(h, c(0x8000)), c(0))
+    return b.select(neg, b.sub(c(0), sig), sig), exp, b.icmp_unsigned("==", e5, c(31))
+
+
+def sub_layout(wtype: int, j: int) -> tuple[int, int | None, int]:
+    """(offset of d, of min or None, of the quants) of sub-block j (0..7) of a 256-group."""
+    if wtype == Q8_0:
+        return 34 * j, None, 34 * j + 2
+    if wtype == Q4_1:
+        return 20 * j, 20 * j + 2, 20 * j + 4
+    if wtype == Q1_0:
+        return 18 * (j // 4), None, 18 * (j // 4) + 2 + 4 * (j % 4)
+    if wtype == Q2_0:
+        return 18 * (j // 2), None, 18 * (j // 2) + 2 + 8 * (j % 2)
+    return 0, None, 64 * j                                      # F16: no scale
+
+
+def group_bytes(wtype: int) -> int:
+    return 512 if wtype == F16 else WEIGHT_TYPES[wtype].row_bytes(256)
+
+
+def q4_1_nibbles(b, w, off):
+    qs = b.load(at(b, w, off, ir.VectorType(i8, 16)), align=1)
+    lo = b.and_(qs, vconst(ir.VectorType(i8, 16), 15))
+    hi = b.lshr(qs, vconst(ir.VectorType(i8, 16), 4))
+    return b.shuffle_vector(lo, hi, ir.Constant(v32i32, list(range(32))))
+
+
+def q2_0_codes(b, w, off):
+    """The 32 codes (0..3) of 8 bytes of Q2_0 quants in the permuted order (byte 8p+i: plane p of byte i)."""
+    word = b.load(at(b, w, off, i64), align=1)
+    v = splat_v(b, word, 4)
+    planes = b.lshr(v, ir.Constant(ir.VectorType(i64, 4), [0, 2, 4, 6]))
+    return b.bitcast(b.and_(planes, vconst(ir.VectorType(i64, 4), 0x0303030303030303)), v32i8)
+
+
+def f16_weights(b, w, off):
+    """(signed significand <32 x i32>, left shift <32 x i64>, any inf/NaN) of 32 f16 weights:
+    weight * 2^24 = sig << shift."""
+    h = b.zext(b.load(at(b, w, off, v32i16), align=1), v32i32)
+    sig, exp, bad = f16_parts(b, h)
+    shift = b.zext(b.add(exp, vconst(v32i32, 24)), v32i64)
+    return sig, shift, reduce(b, "or", b.zext(bad, ir.VectorType(i8, 32)))
+
+
+# ---- MUL_MAT ---------------------------------------------------------------------------------
+
+class Cols:
+    """Per column of a tile, per sub-block s: am, ae, bad, sum of codes (i32 scratch [C][npad]),
+    and the codes in Q2_0's permuted order ([C][K] bytes)."""
+
+    def __init__(self, b, K: int, C: int, wtype: int):
+        self.npad = -(-K // 256) * 8
+        n = C * self.npad
+        self.am, self.ae, self.bad = (scratch(b, i32, n, name) for name in ("act.m", "act.e", "act.bad"))
+        self.csum = scratch(b, i32, n, "act.sum") if wtype in (Q4_1, Q2_0) else None
+        self.perm = scratch(b, i8, C * K, "act.perm") if wtype == Q2_0 else None
+        self.K = K
+        self.x = []
+
+    def prep(self, b, xrows):
+        K, npad = self.K, self.npad
+        self.x = xrows
+        for c, x in enumerate(xrows):
+            with for_range(b, 0, K // 32, name="prep") as s:
+                ob = b.mul(s, i64(BLOCK_BYTES))
+                slot = b.add(s, i64(c * npad))
+                b.store(b.sext(b.load(at(b, x, b.add(ob, i64(32)), i16), align=1), i32), b.gep(self.ae, [slot]))
+                b.store(b.zext(b.load(at(b, x, b.add(ob, i64(34)), i8)), i32), b.gep(self.am, [slot]))
+                b.store(b.zext(b.load(at(b, x, b.add(ob, i64(35)), i8)), i32), b.gep(self.bad, [slot]))
+                if self.csum is not None or self.perm is not None:
+                    q = b.load(at(b, x, ob, v32i8), align=1)
+                    b.store(reduce(b, "add", b.sext(q, v32i32)), b.gep(self.csum, [slot]))
+                if self.perm is not None:
+                    qp = b.shuffle_vector(q, ir.Constant(v32i8, ir.Undefined), ir.Constant(v32i32, _PERM))
+                    b.store(qp, typed(b, b.gep(self.perm, [b.add(b.mul(s, i64(32)), i64(c * K))]), v32i8), align=1)
+            for s in range(K // 32, npad):                     # padding: am = 0 makes the terms 0
+                for arr in (self.am, self.ae, self.bad):
+                    b.store(i32(0), b.gep(arr, [i64(c * npad + s)]))
+        return self
+
+    def vec(self, b, arr, c: int, s0):
+        """<8 x i32> of arr for column c, sub-blocks s0..s0+7."""
+        return b.load(typed(b, b.gep(arr, [b.add(s0, i64(c * self.npad))]), v8i32), align=4)
+
+    def codes(self, b, c: int, s, permuted: bool = False):
+        if permuted:
+            return b.load(typed(b, b.gep(self.perm, [b.add(b.mul(s, i64(32)), i64(c * self.K))]), v32i8), align=1)
+        return b.load(at(b, self.x[c], b.mul(s, i64(BLOCK_BYTES)), v32i8), align=1)
+
+
+def sub_dots(b, wtype: int, w, goff, j: int, s, cols: Cols) -> tuple[list, ir.Value | None]:
+    """Sub-block j of the group at w + goff: per column its exact integer dot (i64), and for
+    F16 whether its weights hold an inf or NaN (else None: the scale says)."""
+    _, _, qo = sub_layout(wtype, j)
+    qoff = b.add(goff, i64(qo))
+    C = len(cols.x)
+    if wtype == F16:
+        sig, shift, bad = f16_weights(b, w, qoff)
+        out = []
+        for c in range(C):
+            prod = b.mul(sig, b.sext(cols.codes(b, c, s), v32i32))          # |.| < 2^18
+            out.append(reduce(b, "add", b.shl(b.sext(prod, v32i64), shift)))
+        return out, b.icmp_unsigned("!=", bad, i8(0))
+    if wtype == Q8_0:
+        wq = b.load(at(b, w, qoff, v32i8), align=1)
+        wabs = psign(b, wq, wq)
+        lanes = [sums_us8(b, wabs, psign(b, cols.codes(b, c, s), wq)) for c in range(C)]
+    elif wtype == Q4_1:
+        wq = q4_1_nibbles(b, w, qoff)
+        lanes = [sums_us8(b, wq, cols.codes(b, c, s)) for c in range(C)]
+    elif wtype == Q1_0:
+        neg = q1_0_neg_signs(b, b.load(at(b, w, qoff, i32), align=1))
+        lanes = [q1_0_sums(b, cols.codes(b, c, s), neg) for c in range(C)]
+    else:                                                                   # Q2_0: codes - 1
+        wq = q2_0_codes(b, w, qoff)
+        lanes = [sums_us8(b, wq, cols.codes(b, c, s, permuted=True)) for c in range(C)]
+    dots = [reduce(b, "add", v) for v in lanes]
+    if wtype == Q2_0:
+        dots = [b.sub(d, b.load(b.gep(cols.csum, [b.add(s, i64(c * cols.npad))]))) for c, d in enumerate(dots)]
+    return [b.sext(d, i64) for d in dots], None
+
+
+def group(b, wtype: int, w, gi, nsub: int, cols: Cols) -> list:
+    """The rounded results (f32, one per column) of the group gi of a weight row: nsub sub-blocks."""
+    goff = b.mul(gi, i64(group_bytes(wtype)))
+    s0 = b.mul(gi, i64(8))
+    C = len(cols.x)
+    dots = [ir.Constant(v8i64, [0] * 8)] * C
+    h = ir.Constant(v8i32, [0] * 8)
+    hm = ir.Constant(v8i32, [0] * 8)
+    wbad = ir.Constant(ir.IntType(1), 0)
+    for j in range(nsub):
+        s = b.add(s0, i64(j))
+        ds, bad = sub_dots(b, wtype, w, goff, j, s, cols)
+        dots = [b.insert_element(v, d, i32(j)) for v, d in zip(dots, ds)]
+        if bad is not None:
+            wbad = b.or_(wbad, bad)
+        if wtype != F16:
+            do, mo, _ = sub_layout(wtype, j)
+            h = b.insert_element(h, b.zext(b.load(at(b, w, b.add(goff, i64(do)), i16), align=1), i32), i32(j))
+            if mo is not None:
+                hm = b.insert_element(hm, b.zext(b.load(at(b, w, b.add(goff, i64(mo)), i16), align=1), i32), i32(j))
+    if wtype != F16:
+        ws, wx, bad = f16_parts(b, h)
+        wbad = b.or_(wbad, b.icmp_unsigned("!=", reduce(b, "or", b.zext(bad, ir.VectorType(i8, 8))), i8(0)))
+        if wtype == Q4_1:
+            mss, mx, mbad = f16_parts(b, hm)
+            wbad = b.or_(wbad, b.icmp_unsigned("!=", reduce(b, "or", b.zext(mbad, ir.VectorType(i8, 8))), i8(0)))
+    out = []
+    for c in range(C):
+        am, ae = cols.vec(b, cols.am, c, s0), cols.vec(b, cols.ae, c, s0)
+        abad = reduce(b, "or", cols.vec(b, cols.bad, c, s0))
+        if wtype == F16:
+            p = b.mul(dots[c], b.sext(am, v8i64))
+            x = b.sext(b.add(ae, vconst(v8i32, -24)), v8i64)
+        else:
+            p = b.mul(dots[c], b.sext(b.mul(am, ws), v8i64))
+            x = b.sext(b.add(ae, wx), v8i64)
+        if wtype == Q4_1:
+            csum = cols.vec(b, cols.csum, c, s0)
+            p2 = b.sext(b.mul(b.mul(csum, am), mss), v8i64)                # |.| < 2^27
+            x2 = b.sext(b.add(ae, mx), v8i64)
+            both = ir.Constant(ir.VectorType(i32, 16), list(range(16)))
+            p, x = b.shuffle_vector(p, p2, both), b.shuffle_vector(x, x2, both)
+        r = round_terms(b, p, x)
+        isbad = b.or_(wbad, b.icmp_unsigned("!=", abad, i32(0)))
+        out.append(b.select(isbad, b.bitcast(i32(QNAN), f32), r))
+    return out
+
+
+def add_f32(b, x, y):
+    """arith.add of canonical f32 values: one rounding, a denormal result to zero of its sign,
+    a NaN to the one NaN."""
+    s = b.bitcast(b.fadd(x, y), i32)
+    tiny = b.icmp_unsigned("==", b.and_(s, i32(0x7F800000)), i32(0))
+    s = b.select(tiny, b.and_(s, i32(0x80000000)), s)
+    nan = b.icmp_unsigned(">", b.and_(s, i32(0x7FFFFFFF)), i32(0x7F800000))
+    return b.bitcast(b.select(nan, i32(QNAN), s), f32)
+
+
+@kernel(Op.MUL_MAT, profile="portable")
+def define_mul_mat(m: ir.Module, g: Graph, n: Node) -> ir.Function:
+    w, xq = g[n.inputs[0]], g[n.inputs[1]]
+    if n.order != po.MUL_MAT or w.op is not Op.WEIGHT or xq.op is not Op.QUANTIZE or xq.params.get("type") != po.ACT_TYPE:
+        raise LoweringError(f"mul_mat {n.name or n.id}: portable llvm wants {po.MUL_MAT.kernel} of a weight "
+                            f"and a {po.ACT_TYPE} quantize")
+    wtype = int(w.params["ggml_type"])
+    N, K = w.shape
+    if wtype not in TYPES:
+        raise LoweringError(f"mul_mat {n.name or n.id}: the portable profile reads no weight type {wtype}")
+    if n.shape[-1] != N or xq.shape[-1] != K or K % WEIGHT_TYPES[wtype].block or K % 32:
+        raise LoweringError(f"mul_mat {n.name or n.id}: shapes do not fit the weight")
+    wrb, xrb = WEIGHT_TYPES[wtype].row_bytes(K), pq8_bytes(K)
+    nfull, tail = K // 256, K % 256 // 32
+    _, M_hi = prod_range(n.shape[:-1])
+    fn, b = _start(m, n)
+    out, wp, xp, ith, nth, dims = fn.args
+    yp = typed(b, out, f32)
+    M = size(b, dims, n.shape[:-1])
+    lo, hi = thread_range(b, N, ith, nth)
+    C = max(1, min(TILE, M_hi))
+    tiles = [Cols(b, K, C, wtype)] + ([Cols(b, K, 1, wtype)] if C > 1 else [])
+
+    def column_tile(cols: Cols, m0):
+        C = len(cols.x)
+        with for_range(b, lo, hi, name="row") as r:
+            wrow = b.gep(wp, [b.mul(r, i64(wrb))])
+            slots = []
+            for _ in range(C):
+                with b.goto_entry_block():
+                    slots.append(b.alloca(f32, name="acc"))
+                b.store(f32(-0.0), slots[-1])
+            with for_range(b, 0, nfull, name="grp") as gi:
+                for slot, v in zip(slots, group(b, wtype, wrow, gi, 8, cols)):
+                    b.store(add_f32(b, b.load(slot), v), slot)
+            if tail:
+                for slot, v in zip(slots, group(b, wtype, wrow, i64(nfull), tail, cols)):
+                    b.store(add_f32(b, b.load(slot), v), slot)
+            for c, slot in enumerate(slots):
+                b.store(b.load(slot), b.gep(yp, [b.add(b.mul(b.add(m0, i64(c)), i64(N)), r)]))
+
+    full = b.sdiv(M, i64(C))
+    with for_range(b, 0, full, name="ct") as t:
+        m0 = b.mul(t, i64(C))
+        column_tile(tiles[0].prep(b, [b.gep(xp, [b.mul(b.add(m0, i64(c)), i64(xrb))]) for c in range(C)]), m0)
+    if C > 1:
+        with for_range(b, b.mul(full, i64(C)), M, name="c1") as m0:
+            column_tile(tiles[1].prep(b, [b.gep(xp, [b.mul(m0, i64(xrb))])]), m0)
+    b.ret_void()
+    return fn
+
+
+# ---- GET_ROWS --------------------------------------------------------------------------------
+
+def sub_values(b, wtype: int, row, s):
+    """The 32 weights of sub-block s of a row as f32, each its exact value rounded once; NaN
+    where the block's scale (F16: any of the 32) is inf or NaN."""
+    if wtype == F16:
+        sig, shift, bad = f16_weights(b, row, b.mul(s, i64(64)))
+        vals = round_i64(b, b.shl(b.sext(sig, v32i64), shift), vconst(v32i32, -24))
+        isbad = b.icmp_unsigned("!=", bad, i8(0))
+    else:
+        per = WEIGHT_TYPES[wtype].block // 32                          # sub-blocks per weight block
+        do, mo, qo = sub_layout(wtype, 0)
+        base = b.mul(b.udiv(s, i64(per)), i64(WEIGHT_TYPES[wtype].block_bytes))
+        qoff = b.add(base, b.add(i64(qo), b.mul(b.urem(s, i64(per)), i64(4 if wtype == Q1_0 else 8))))
+        if wtype == Q8_0:
+            q = b.sext(b.load(at(b, row, qoff, v32i8), align=1), v32i32)
+        elif wtype == Q4_1:
+            q = b.zext(q4_1_nibbles(b, row, qoff), v32i32)
+        elif wtype == Q1_0:
+            bits = b.bitcast(b.load(at(b, row, qoff, i32), align=1), ir.VectorType(ir.IntType(1), 32))
+            q = b.select(bits, vconst(v32i32, 1), vconst(v32i32, -1))
+        else:
+            codes = b.zext(q2_0_codes(b, row, qoff), v32i32)
+            q = b.sub(b.shuffle_vector(codes, ir.Constant(v32i32, ir.Undefined), ir.Constant(v32i32, _UNPERM)),
+                      vconst(v32i32, 1))
+        ws, wx, isbad = f16_parts(b, b.zext(b.load(at(b, row, b.add(base, i64(do)), i16), align=1), i32))
+        p = b.sext(b.mul(q, splat_v(b, ws, 32)), v32i64)                  # |.| < 2^15
+        if mo is None:
+            vals = round_i64(b, p, splat_v(b, wx, 32))
+        else:
+            ms, mx, mbad = f16_parts(b, b.zext(b.load(at(b, row, b.add(base, i64(mo)), i16), align=1), i32))
+            isbad = b.or_(isbad, mbad)
+            xm = b.select(b.icmp_signed("<", wx, mx), wx, mx)
+            s_ = b.add(b.shl(p, splat_v(b, b.zext(b.sub(wx, xm), i64), 32)),
+                       splat_v(b, b.shl(b.sext(ms, i64), b.zext(b.sub(mx, xm), i64)), 32))
+            vals = round_i64(b, s_, splat_v(b, xm, 32))
+    return b.select(isbad, b.bitcast(vconst(v32i32, QNAN), v32f32), vals)
+
+
+@kernel(Op.GET_ROWS, profile="portable")
+def define_get_rows(m: ir.Module, g: Graph, n: Node) -> ir.Function:
+    src = g[n.inputs[0]]
+    if src.op is not Op.WEIGHT:
+        return kernels_rows.define_get_rows(m, g, n)             # rows of an f32 node: a copy
+    wtype = int(src.params["ggml_type"])
+    K = n.shape[-1]
+    if n.order != po.GET_ROWS or wtype not in TYPES or K % 32:
+        raise LoweringError(f"get_rows {n.name or n.id}: portable llvm reads {po.GET_ROWS.kernel} rows of "
+                            f"F16, Q8_0, Q4_1, Q1_0, Q2_0")
+    rb = WEIGHT_TYPES[wtype].row_bytes(K)
+    fn, b = _start(m, n)
+    out, sp, ids, ith, nth, dims = fn.args
+    R = size(b, dims, n.shape[:-1])
+    lo, hi = thread_range(b, R, ith, nth)
+    with for_range(b, lo, hi, name="r") as r:
+        row = b.gep(sp, [b.mul(b.sext(b.load(b.gep(typed(b, ids, i32), [r])), i64), i64(rb))])
+        with for_range(b, 0, K // 32, name="s") as s:
+            off = b.mul(b.add(b.mul(r, i64(K)), b.mul(s, i64(32))), i64(4))
+            b.store(sub_values(b, wtype, row, s), at(b, out, off, v32f32), align=4)
+    b.ret_void()
+    return fn
