@@ -35,7 +35,7 @@ from bankml.backends.llvm.common import f32, f64, for_range, i8, i16, i32, i64, 
     thread_range, typed
 from bankml.backends.llvm.kernels_matmul import at, psign, scratch, sums_us8, v32i8
 from bankml.backends.llvm.kernels_matmul_q import q1_0_neg_signs, q1_0_sums
-from bankml.backends.llvm.portable_exact import round_i64, round_terms
+from bankml.backends.llvm.portable_exact import round_i64, round_terms, round_terms_bounded
 from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
 from bankml.errors import LoweringError
 from bankml.ir.dims import prod_range
@@ -234,36 +234,72 @@ class Cols:
         return b.load(at(b, self.x[c], b.mul(s, i64(BLOCK_BYTES)), v32i8), align=1)
 
 
-def sub_dots(b, wtype: int, w, goff, j: int, s, cols: Cols) -> tuple[list, ir.Value | None]:
-    """Sub-block j of the group at w + goff: per column its exact integer dot (i64), and for
-    F16 whether its weights hold an inf or NaN (else None: the scale says)."""
-    _, _, qo = sub_layout(wtype, j)
-    qoff = b.add(goff, i64(qo))
+def f16_dots(b, w, qoff, s, cols: Cols) -> tuple[list, ir.Value]:
+    """F16 sub-block at w + qoff: per column its exact integer dot (i64; weights * 2^24), and
+    whether the 32 weights hold an inf or NaN."""
+    sig, shift, bad = f16_weights(b, w, qoff)
+    out = []
+    for c in range(len(cols.x)):
+        prod = b.mul(sig, b.sext(cols.codes(b, c, s), v32i32))              # |.| < 2^18
+        out.append(reduce(b, "add", b.shl(b.sext(prod, v32i64), shift)))
+    return out, b.icmp_unsigned("!=", bad, i8(0))
+
+
+def int8_lanes(b, wtype: int, w, qoff, s, cols: Cols) -> list:
+    """Per column, lane l = the exact sum of weight * code over elements 4l..4l+3 of the
+    sub-block (Q2_0: codes 0..3 against the permuted activation; the -1 comes with csum)."""
     C = len(cols.x)
-    if wtype == F16:
-        sig, shift, bad = f16_weights(b, w, qoff)
-        out = []
-        for c in range(C):
-            prod = b.mul(sig, b.sext(cols.codes(b, c, s), v32i32))          # |.| < 2^18
-            out.append(reduce(b, "add", b.shl(b.sext(prod, v32i64), shift)))
-        return out, b.icmp_unsigned("!=", bad, i8(0))
     if wtype == Q8_0:
         wq = b.load(at(b, w, qoff, v32i8), align=1)
         wabs = psign(b, wq, wq)
-        lanes = [sums_us8(b, wabs, psign(b, cols.codes(b, c, s), wq)) for c in range(C)]
-    elif wtype == Q4_1:
+        return [sums_us8(b, wabs, psign(b, cols.codes(b, c, s), wq)) for c in range(C)]
+    if wtype == Q4_1:
         wq = q4_1_nibbles(b, w, qoff)
-        lanes = [sums_us8(b, wq, cols.codes(b, c, s)) for c in range(C)]
-    elif wtype == Q1_0:
+        return [sums_us8(b, wq, cols.codes(b, c, s)) for c in range(C)]
+    if wtype == Q1_0:
         neg = q1_0_neg_signs(b, b.load(at(b, w, qoff, i32), align=1))
-        lanes = [q1_0_sums(b, cols.codes(b, c, s), neg) for c in range(C)]
-    else:                                                                   # Q2_0: codes - 1
-        wq = q2_0_codes(b, w, qoff)
-        lanes = [sums_us8(b, wq, cols.codes(b, c, s, permuted=True)) for c in range(C)]
-    dots = [reduce(b, "add", v) for v in lanes]
-    if wtype == Q2_0:
-        dots = [b.sub(d, b.load(b.gep(cols.csum, [b.add(s, i64(c * cols.npad))]))) for c, d in enumerate(dots)]
-    return [b.sext(d, i64) for d in dots], None
+        return [q1_0_sums(b, cols.codes(b, c, s), neg) for c in range(C)]
+    wq = q2_0_codes(b, w, qoff)
+    return [sums_us8(b, wq, cols.codes(b, c, s, permuted=True)) for c in range(C)]
+
+
+def lane_sums(b, vs: list):
+    """<8 x i32> whose lane j is the sum of the 8 lanes of vs[j] (8 vectors): two levels of
+    vphaddd, then the two 128-bit halves added."""
+    phadd = intrinsic(b.module, "llvm.x86.avx2.phadd.d", v8i32, [v8i32, v8i32])
+    h = [b.call(phadd, [vs[i], vs[i + 1]]) for i in range(0, 8, 2)]
+    q0, q1 = b.call(phadd, [h[0], h[1]]), b.call(phadd, [h[2], h[3]])
+    lo = b.shuffle_vector(q0, q1, ir.Constant(v8i32, [0, 1, 2, 3, 8, 9, 10, 11]))
+    hi = b.shuffle_vector(q0, q1, ir.Constant(v8i32, [4, 5, 6, 7, 12, 13, 14, 15]))
+    return b.add(lo, hi)
+
+
+# bits of |term| per type: |dot| * am * |ws| (dot < 2^19 Q8_0, 2^16 Q4_1, 2^12 Q1_0, 2^13 Q2_0;
+# am <= 15, ws <= 2047), Q4_1's min term |am * csum * ms| < 2^27
+TERM_BITS = {Q8_0: 34, Q4_1: 31, Q1_0: 27, Q2_0: 28}
+
+
+def scale_bits(b, wtype: int, w, goff, nsub: int):
+    """<8 x i32> f16 bits of the weight scale d of sub-blocks 0..7 (0 past nsub), and for Q4_1
+    those of the mins: each distinct block's scale loaded once."""
+    per = WEIGHT_TYPES[wtype].block // 32
+    nd = -(-nsub // per)
+    t = ir.VectorType(i32, nd)
+    v = ir.Constant(t, [0] * nd)
+    for k in range(nd):
+        do, mo, _ = sub_layout(wtype, k * per)
+        word = b.zext(b.load(at(b, w, b.add(goff, i64(do)), i16), align=1), i32) if mo is None else \
+            b.load(at(b, w, b.add(goff, i64(do)), i32), align=1)            # Q4_1: d and min in one word
+        v = b.insert_element(v, word, i32(k))
+    idx = [j // per if j < nsub else nd for j in range(8)]
+    v = b.shuffle_vector(v, ir.Constant(t, [0] * nd), ir.Constant(v8i32, idx))
+    if wtype != Q4_1:
+        return v, None
+    return b.and_(v, vconst(v8i32, 0xFFFF)), b.lshr(v, vconst(v8i32, 16))
+
+
+def any_lane(b, v):
+    return b.icmp_unsigned("!=", reduce(b, "or", b.zext(v, ir.VectorType(i8, v.type.count))), i8(0))
 
 
 def group(b, wtype: int, w, gi, nsub: int, cols: Cols) -> list:
@@ -271,45 +307,46 @@ def group(b, wtype: int, w, gi, nsub: int, cols: Cols) -> list:
     goff = b.mul(gi, i64(group_bytes(wtype)))
     s0 = b.mul(gi, i64(8))
     C = len(cols.x)
-    dots = [ir.Constant(v8i64, [0] * 8)] * C
-    h = ir.Constant(v8i32, [0] * 8)
-    hm = ir.Constant(v8i32, [0] * 8)
-    wbad = ir.Constant(ir.IntType(1), 0)
-    for j in range(nsub):
-        s = b.add(s0, i64(j))
-        ds, bad = sub_dots(b, wtype, w, goff, j, s, cols)
-        dots = [b.insert_element(v, d, i32(j)) for v, d in zip(dots, ds)]
-        if bad is not None:
-            wbad = b.or_(wbad, bad)
-        if wtype != F16:
-            do, mo, _ = sub_layout(wtype, j)
-            h = b.insert_element(h, b.zext(b.load(at(b, w, b.add(goff, i64(do)), i16), align=1), i32), i32(j))
-            if mo is not None:
-                hm = b.insert_element(hm, b.zext(b.load(at(b, w, b.add(goff, i64(mo)), i16), align=1), i32), i32(j))
-    if wtype != F16:
-        ws, wx, bad = f16_parts(b, h)
-        wbad = b.or_(wbad, b.icmp_unsigned("!=", reduce(b, "or", b.zext(bad, ir.VectorType(i8, 8))), i8(0)))
-        if wtype == Q4_1:
-            mss, mx, mbad = f16_parts(b, hm)
-            wbad = b.or_(wbad, b.icmp_unsigned("!=", reduce(b, "or", b.zext(mbad, ir.VectorType(i8, 8))), i8(0)))
     out = []
+    if wtype == F16:
+        dots = [ir.Constant(v8i64, [0] * 8)] * C
+        wbad = ir.Constant(ir.IntType(1), 0)
+        for j in range(nsub):
+            ds, bad = f16_dots(b, w, b.add(goff, i64(64 * j)), b.add(s0, i64(j)), cols)
+            dots = [b.insert_element(v, d, i32(j)) for v, d in zip(dots, ds)]
+            wbad = b.or_(wbad, bad)
+        for c in range(C):
+            am, ae = cols.vec(b, cols.am, c, s0), cols.vec(b, cols.ae, c, s0)
+            p = b.mul(dots[c], b.sext(am, v8i64))                             # |.| < 2^57
+            r = round_terms(b, p, b.sext(b.add(ae, vconst(v8i32, -24)), v8i64))
+            isbad = b.or_(wbad, b.icmp_unsigned("!=", reduce(b, "or", cols.vec(b, cols.bad, c, s0)), i32(0)))
+            out.append(b.select(isbad, b.bitcast(i32(QNAN), f32), r))
+        return out
+    zero = ir.Constant(v8i32, [0] * 8)
+    lanes = [[zero] * 8 for _ in range(C)]
+    for j in range(nsub):
+        qoff = b.add(goff, i64(sub_layout(wtype, j)[2]))
+        for c, v in enumerate(int8_lanes(b, wtype, w, qoff, b.add(s0, i64(j)), cols)):
+            lanes[c][j] = v
+    h, hm = scale_bits(b, wtype, w, goff, nsub)
+    ws, wx, bad = f16_parts(b, h)
+    wbad = any_lane(b, bad)
+    if hm is not None:
+        mss, mx, mbad = f16_parts(b, hm)
+        wbad = b.or_(wbad, any_lane(b, mbad))
     for c in range(C):
+        dots = lane_sums(b, lanes[c])
         am, ae = cols.vec(b, cols.am, c, s0), cols.vec(b, cols.ae, c, s0)
-        abad = reduce(b, "or", cols.vec(b, cols.bad, c, s0))
-        if wtype == F16:
-            p = b.mul(dots[c], b.sext(am, v8i64))
-            x = b.sext(b.add(ae, vconst(v8i32, -24)), v8i64)
-        else:
-            p = b.mul(dots[c], b.sext(b.mul(am, ws), v8i64))
-            x = b.sext(b.add(ae, wx), v8i64)
+        if wtype == Q2_0:
+            dots = b.sub(dots, cols.vec(b, cols.csum, c, s0))                 # codes - 1
+        p = b.mul(b.sext(dots, v8i64), b.sext(b.mul(am, ws), v8i64))
+        x = b.add(ae, wx)
         if wtype == Q4_1:
-            csum = cols.vec(b, cols.csum, c, s0)
-            p2 = b.sext(b.mul(b.mul(csum, am), mss), v8i64)                # |.| < 2^27
-            x2 = b.sext(b.add(ae, mx), v8i64)
+            p2 = b.sext(b.mul(b.mul(cols.vec(b, cols.csum, c, s0), am), mss), v8i64)
             both = ir.Constant(ir.VectorType(i32, 16), list(range(16)))
-            p, x = b.shuffle_vector(p, p2, both), b.shuffle_vector(x, x2, both)
-        r = round_terms(b, p, x)
-        isbad = b.or_(wbad, b.icmp_unsigned("!=", abad, i32(0)))
+            p, x = b.shuffle_vector(p, p2, both), b.shuffle_vector(x, b.add(ae, mx), both)
+        r = round_terms_bounded(b, p, x, TERM_BITS[wtype])
+        isbad = b.or_(wbad, b.icmp_unsigned("!=", reduce(b, "or", cols.vec(b, cols.bad, c, s0)), i32(0)))
         out.append(b.select(isbad, b.bitcast(i32(QNAN), f32), r))
     return out
 
