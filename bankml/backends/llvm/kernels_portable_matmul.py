@@ -28,6 +28,8 @@ with a bad scale (F16: a 32-block holding an inf or NaN); of an f32 node: the gg
 """
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from llvmlite import ir
 
 from bankml.backends.llvm import kernels_rows
@@ -35,7 +37,7 @@ from bankml.backends.llvm.common import f32, f64, for_range, i8, i16, i32, i64, 
     thread_range, typed
 from bankml.backends.llvm.kernels_matmul import at, psign, scratch, sums_us8, v32i8
 from bankml.backends.llvm.kernels_matmul_q import q1_0_neg_signs, q1_0_sums
-from bankml.backends.llvm.portable_exact import round_i64, round_terms
+from bankml.backends.llvm.portable_exact import room, round_i64, round_shifted, round_terms
 from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
 from bankml.errors import LoweringError
 from bankml.ir.dims import prod_range
@@ -191,13 +193,18 @@ def f16_weights(b, w, off):
 # ---- MUL_MAT ---------------------------------------------------------------------------------
 
 class Cols:
-    """Per column of a tile, per sub-block s: am, ae, bad, sum of codes (i32 scratch [C][npad]),
-    and the codes in Q2_0's permuted order ([C][K] bytes)."""
+    """Per column of a tile, per sub-block s: am, ae, bad, sum of codes, sa (i32 scratch
+    [C][npad]); per group g: aemin, aspread, gbad (i32 scratch [C][ngroups]); and the codes in
+    Q2_0's permuted order ([C][K] bytes). Over the blocks of a group with am != 0, aemin is the
+    least ae, aspread the largest ae - aemin, sa = ae - aemin (0 where am = 0); gbad: any bad."""
 
     def __init__(self, b, K: int, C: int, wtype: int):
-        self.npad = -(-K // 256) * 8
+        self.ng = -(-K // 256)
+        self.npad = self.ng * 8
         n = C * self.npad
-        self.am, self.ae, self.bad = (scratch(b, i32, n, name) for name in ("act.m", "act.e", "act.bad"))
+        self.am, self.ae, self.bad, self.sa = (scratch(b, i32, n, name) for name in ("act.m", "act.e", "act.bad", "act.sa"))
+        self.aemin, self.aspread, self.gbad = (scratch(b, i32, C * self.ng, name)
+                                               for name in ("act.emin", "act.spread", "act.gbad"))
         self.csum = scratch(b, i32, n, "act.sum") if wtype in (Q4_1, Q2_0) else None
         self.perm = scratch(b, i8, C * K, "act.perm") if wtype == Q2_0 else None
         self.K = K
@@ -220,9 +227,27 @@ class Cols:
                     qp = b.shuffle_vector(q, ir.Constant(v32i8, ir.Undefined), ir.Constant(v32i32, _PERM))
                     b.store(qp, typed(b, b.gep(self.perm, [b.add(b.mul(s, i64(32)), i64(c * K))]), v32i8), align=1)
             for s in range(K // 32, npad):                     # padding: am = 0 makes the terms 0
-                for arr in (self.am, self.ae, self.bad):
-                    b.store(i32(0), b.gep(arr, [i64(c * npad + s)]))
+                for arr in (self.am, self.ae, self.bad, self.csum):
+                    if arr is not None:
+                        b.store(i32(0), b.gep(arr, [i64(c * npad + s)]))
+            with for_range(b, 0, self.ng, name="prepg") as gi:
+                s0 = b.mul(gi, i64(8))
+                am, ae = self.vec(b, self.am, c, s0), self.vec(b, self.ae, c, s0)
+                nz = b.icmp_unsigned("!=", am, vconst(v8i32, 0))
+                emin = reduce(b, "smin", b.select(nz, ae, vconst(v8i32, 1 << 20)))
+                emax = reduce(b, "smax", b.select(nz, ae, vconst(v8i32, -(1 << 20))))
+                none = b.icmp_signed("==", emin, i32(1 << 20))
+                emin = b.select(none, i32(0), emin)
+                slot = b.add(gi, i64(c * self.ng))
+                b.store(emin, b.gep(self.aemin, [slot]))
+                b.store(b.select(none, i32(0), b.sub(emax, emin)), b.gep(self.aspread, [slot]))
+                b.store(reduce(b, "or", self.vec(b, self.bad, c, s0)), b.gep(self.gbad, [slot]))
+                sa = b.select(nz, b.sub(ae, splat_v(b, emin, 8)), vconst(v8i32, 0))
+                b.store(sa, typed(b, b.gep(self.sa, [b.add(s0, i64(c * npad))]), v8i32), align=4)
         return self
+
+    def per_group(self, b, arr, c: int, gi):
+        return b.load(b.gep(arr, [b.add(gi, i64(c * self.ng))]))
 
     def vec(self, b, arr, c: int, s0):
         """<8 x i32> of arr for column c, sub-blocks s0..s0+7."""
@@ -234,36 +259,97 @@ class Cols:
         return b.load(at(b, self.x[c], b.mul(s, i64(BLOCK_BYTES)), v32i8), align=1)
 
 
-def sub_dots(b, wtype: int, w, goff, j: int, s, cols: Cols) -> tuple[list, ir.Value | None]:
-    """Sub-block j of the group at w + goff: per column its exact integer dot (i64), and for
-    F16 whether its weights hold an inf or NaN (else None: the scale says)."""
-    _, _, qo = sub_layout(wtype, j)
-    qoff = b.add(goff, i64(qo))
+def f16_dots(b, w, qoff, s, cols: Cols) -> tuple[list, ir.Value]:
+    """F16 sub-block at w + qoff: per column its exact integer dot (i64; weights * 2^24), and
+    whether the 32 weights hold an inf or NaN."""
+    sig, shift, bad = f16_weights(b, w, qoff)
+    out = []
+    for c in range(len(cols.x)):
+        prod = b.mul(sig, b.sext(cols.codes(b, c, s), v32i32))              # |.| < 2^18
+        out.append(reduce(b, "add", b.shl(b.sext(prod, v32i64), shift)))
+    return out, b.icmp_unsigned("!=", bad, i8(0))
+
+
+def int8_lanes(b, wtype: int, w, qoff, s, cols: Cols) -> list:
+    """Per column, lane l = the exact sum of weight * code over elements 4l..4l+3 of the
+    sub-block (Q2_0: codes 0..3 against the permuted activation; the -1 comes with csum)."""
     C = len(cols.x)
-    if wtype == F16:
-        sig, shift, bad = f16_weights(b, w, qoff)
-        out = []
-        for c in range(C):
-            prod = b.mul(sig, b.sext(cols.codes(b, c, s), v32i32))          # |.| < 2^18
-            out.append(reduce(b, "add", b.shl(b.sext(prod, v32i64), shift)))
-        return out, b.icmp_unsigned("!=", bad, i8(0))
     if wtype == Q8_0:
         wq = b.load(at(b, w, qoff, v32i8), align=1)
         wabs = psign(b, wq, wq)
-        lanes = [sums_us8(b, wabs, psign(b, cols.codes(b, c, s), wq)) for c in range(C)]
-    elif wtype == Q4_1:
+        return [sums_us8(b, wabs, psign(b, cols.codes(b, c, s), wq)) for c in range(C)]
+    if wtype == Q4_1:
         wq = q4_1_nibbles(b, w, qoff)
-        lanes = [sums_us8(b, wq, cols.codes(b, c, s)) for c in range(C)]
-    elif wtype == Q1_0:
+        return [sums_us8(b, wq, cols.codes(b, c, s)) for c in range(C)]
+    if wtype == Q1_0:
         neg = q1_0_neg_signs(b, b.load(at(b, w, qoff, i32), align=1))
-        lanes = [q1_0_sums(b, cols.codes(b, c, s), neg) for c in range(C)]
-    else:                                                                   # Q2_0: codes - 1
-        wq = q2_0_codes(b, w, qoff)
-        lanes = [sums_us8(b, wq, cols.codes(b, c, s, permuted=True)) for c in range(C)]
-    dots = [reduce(b, "add", v) for v in lanes]
-    if wtype == Q2_0:
-        dots = [b.sub(d, b.load(b.gep(cols.csum, [b.add(s, i64(c * cols.npad))]))) for c, d in enumerate(dots)]
-    return [b.sext(d, i64) for d in dots], None
+        return [q1_0_sums(b, cols.codes(b, c, s), neg) for c in range(C)]
+    wq = q2_0_codes(b, w, qoff)
+    return [sums_us8(b, wq, cols.codes(b, c, s, permuted=True)) for c in range(C)]
+
+
+def lane_sums(b, vs: list):
+    """<8 x i32> whose lane j is the sum of the 8 lanes of vs[j] (8 vectors): two levels of
+    vphaddd, then the two 128-bit halves added."""
+    phadd = intrinsic(b.module, "llvm.x86.avx2.phadd.d", v8i32, [v8i32, v8i32])
+    h = [b.call(phadd, [vs[i], vs[i + 1]]) for i in range(0, 8, 2)]
+    q0, q1 = b.call(phadd, [h[0], h[1]]), b.call(phadd, [h[2], h[3]])
+    lo = b.shuffle_vector(q0, q1, ir.Constant(v8i32, [0, 1, 2, 3, 8, 9, 10, 11]))
+    hi = b.shuffle_vector(q0, q1, ir.Constant(v8i32, [4, 5, 6, 7, 12, 13, 14, 15]))
+    return b.add(lo, hi)
+
+
+# bits of |term| per type: |dot| * am * |ws| (dot < 2^19 Q8_0, 2^16 Q4_1, 2^12 Q1_0, 2^13 Q2_0;
+# am <= 15, ws <= 2047), Q4_1's min term |am * csum * ms| < 2^27
+TERM_BITS = {Q8_0: 34, Q4_1: 31, Q1_0: 27, Q2_0: 28}
+
+
+class Scales(NamedTuple):
+    """A group's weight scales on 8 lanes (sub-blocks; 0 past the group's end): ws the signed
+    significands, wsh = wx - wref; for Q4_1 ms, msh = mx - wref of the mins. wref is the least
+    exponent, spread the largest less wref, bad: a scale is inf or NaN."""
+    ws: ir.Value
+    wsh: ir.Value
+    ms: ir.Value | None
+    msh: ir.Value | None
+    wref: ir.Value
+    spread: ir.Value
+    bad: ir.Value
+
+
+def weight_scales(b, wtype: int, w, goff, nsub: int) -> Scales:
+    """Each distinct block's f16 scale loaded and decoded once (Q1_0: 2 per group, Q2_0: 4),
+    then spread over the sub-blocks' lanes."""
+    per = WEIGHT_TYPES[wtype].block // 32
+    nd = -(-nsub // per)
+    t = ir.VectorType(i32, nd)
+    v = ir.Constant(t, [0] * nd)
+    for k in range(nd):
+        do, mo, _ = sub_layout(wtype, k * per)
+        word = b.zext(b.load(at(b, w, b.add(goff, i64(do)), i16), align=1), i32) if mo is None else \
+            b.load(at(b, w, b.add(goff, i64(do)), i32), align=1)            # Q4_1: d and min in one word
+        v = b.insert_element(v, word, i32(k))
+    if wtype == Q4_1:                                                         # [d..., min...]
+        v = b.shuffle_vector(b.and_(v, vconst(t, 0xFFFF)), b.lshr(v, vconst(t, 16)),
+                             ir.Constant(ir.VectorType(i32, 2 * nd), list(range(2 * nd))))
+    sig, exp, bad = f16_parts(b, v)
+    wref, wmax = reduce(b, "smin", exp), reduce(b, "smax", exp)
+    sh = b.sub(exp, splat_v(b, wref, exp.type.count))
+
+    def lanes(x, first):
+        idx = [first + j // per if j < nsub else first for j in range(8)]
+        return b.shuffle_vector(x, ir.Constant(x.type, [0] * x.type.count), ir.Constant(v8i32, idx))
+
+    pad = ir.Constant(v8i32, [-1 if j < nsub else 0 for j in range(8)])
+    ws = b.and_(lanes(sig, 0), pad)                                          # 0 past nsub: no term
+    if wtype == Q4_1:
+        return Scales(ws, lanes(sh, 0), b.and_(lanes(sig, nd), pad), lanes(sh, nd), wref, b.sub(wmax, wref),
+                      any_lane(b, bad))
+    return Scales(ws, lanes(sh, 0), None, None, wref, b.sub(wmax, wref), any_lane(b, bad))
+
+
+def any_lane(b, v):
+    return b.icmp_unsigned("!=", reduce(b, "or", b.zext(v, ir.VectorType(i8, v.type.count))), i8(0))
 
 
 def group(b, wtype: int, w, gi, nsub: int, cols: Cols) -> list:
@@ -271,45 +357,46 @@ def group(b, wtype: int, w, gi, nsub: int, cols: Cols) -> list:
     goff = b.mul(gi, i64(group_bytes(wtype)))
     s0 = b.mul(gi, i64(8))
     C = len(cols.x)
-    dots = [ir.Constant(v8i64, [0] * 8)] * C
-    h = ir.Constant(v8i32, [0] * 8)
-    hm = ir.Constant(v8i32, [0] * 8)
-    wbad = ir.Constant(ir.IntType(1), 0)
-    for j in range(nsub):
-        s = b.add(s0, i64(j))
-        ds, bad = sub_dots(b, wtype, w, goff, j, s, cols)
-        dots = [b.insert_element(v, d, i32(j)) for v, d in zip(dots, ds)]
-        if bad is not None:
-            wbad = b.or_(wbad, bad)
-        if wtype != F16:
-            do, mo, _ = sub_layout(wtype, j)
-            h = b.insert_element(h, b.zext(b.load(at(b, w, b.add(goff, i64(do)), i16), align=1), i32), i32(j))
-            if mo is not None:
-                hm = b.insert_element(hm, b.zext(b.load(at(b, w, b.add(goff, i64(mo)), i16), align=1), i32), i32(j))
-    if wtype != F16:
-        ws, wx, bad = f16_parts(b, h)
-        wbad = b.or_(wbad, b.icmp_unsigned("!=", reduce(b, "or", b.zext(bad, ir.VectorType(i8, 8))), i8(0)))
-        if wtype == Q4_1:
-            mss, mx, mbad = f16_parts(b, hm)
-            wbad = b.or_(wbad, b.icmp_unsigned("!=", reduce(b, "or", b.zext(mbad, ir.VectorType(i8, 8))), i8(0)))
     out = []
+    if wtype == F16:
+        dots = [ir.Constant(v8i64, [0] * 8)] * C
+        wbad = ir.Constant(ir.IntType(1), 0)
+        for j in range(nsub):
+            ds, bad = f16_dots(b, w, b.add(goff, i64(64 * j)), b.add(s0, i64(j)), cols)
+            dots = [b.insert_element(v, d, i32(j)) for v, d in zip(dots, ds)]
+            wbad = b.or_(wbad, bad)
+        for c in range(C):
+            am, ae = cols.vec(b, cols.am, c, s0), cols.vec(b, cols.ae, c, s0)
+            p = b.mul(dots[c], b.sext(am, v8i64))                             # |.| < 2^57
+            r = round_terms(b, p, b.sext(b.add(ae, vconst(v8i32, -24)), v8i64))
+            isbad = b.or_(wbad, b.icmp_unsigned("!=", reduce(b, "or", cols.vec(b, cols.bad, c, s0)), i32(0)))
+            out.append(b.select(isbad, b.bitcast(i32(QNAN), f32), r))
+        return out
+    zero = ir.Constant(v8i32, [0] * 8)
+    lanes = [[zero] * 8 for _ in range(C)]
+    for j in range(nsub):
+        qoff = b.add(goff, i64(sub_layout(wtype, j)[2]))
+        for c, v in enumerate(int8_lanes(b, wtype, w, qoff, b.add(s0, i64(j)), cols)):
+            lanes[c][j] = v
+    sc = weight_scales(b, wtype, w, goff, nsub)
+    n = 16 if wtype == Q4_1 else 8
     for c in range(C):
-        am, ae = cols.vec(b, cols.am, c, s0), cols.vec(b, cols.ae, c, s0)
-        abad = reduce(b, "or", cols.vec(b, cols.bad, c, s0))
-        if wtype == F16:
-            p = b.mul(dots[c], b.sext(am, v8i64))
-            x = b.sext(b.add(ae, vconst(v8i32, -24)), v8i64)
-        else:
-            p = b.mul(dots[c], b.sext(b.mul(am, ws), v8i64))
-            x = b.sext(b.add(ae, wx), v8i64)
+        dots = lane_sums(b, lanes[c])
+        am, sa = cols.vec(b, cols.am, c, s0), cols.vec(b, cols.sa, c, s0)
+        if wtype == Q2_0:
+            dots = b.sub(dots, cols.vec(b, cols.csum, c, s0))                 # codes - 1
+        p = b.mul(b.sext(dots, v8i64), b.sext(b.mul(am, sc.ws), v8i64))
+        sh = b.add(sa, sc.wsh)
         if wtype == Q4_1:
-            csum = cols.vec(b, cols.csum, c, s0)
-            p2 = b.sext(b.mul(b.mul(csum, am), mss), v8i64)                # |.| < 2^27
-            x2 = b.sext(b.add(ae, mx), v8i64)
+            p2 = b.sext(b.mul(b.mul(cols.vec(b, cols.csum, c, s0), am), sc.ms), v8i64)
             both = ir.Constant(ir.VectorType(i32, 16), list(range(16)))
-            p, x = b.shuffle_vector(p, p2, both), b.shuffle_vector(x, x2, both)
-        r = round_terms(b, p, x)
-        isbad = b.or_(wbad, b.icmp_unsigned("!=", abad, i32(0)))
+            p, sh = b.shuffle_vector(p, p2, both), b.shuffle_vector(sh, b.add(sa, sc.msh), both)
+        aemin = cols.per_group(b, cols.aemin, c, gi)
+        fits = b.icmp_signed("<=", b.add(cols.per_group(b, cols.aspread, c, gi), sc.spread),
+                             i32(room(TERM_BITS[wtype], n)))
+        x = b.add(sh, splat_v(b, b.add(aemin, sc.wref), n))
+        r = round_shifted(b, p, sh, b.add(aemin, sc.wref), fits, x)
+        isbad = b.or_(sc.bad, b.icmp_unsigned("!=", cols.per_group(b, cols.gbad, c, gi), i32(0)))
         out.append(b.select(isbad, b.bitcast(i32(QNAN), f32), r))
     return out
 

@@ -2,6 +2,8 @@
 
     round_i64(b, s, x)    s * 2^x (s i64, x i32; scalars or vectors of equal lanes) rounded once
     round_terms(b, p, x)  sum_k p[k] * 2^x[k] (p, x <n x i64>) exactly, rounded once (a scalar f32)
+    round_terms_bounded(b, p, x, pbits)   the same for |p| < 2^pbits known, x <n x i32> (faster test)
+    round_shifted(b, p, sh, xref, fits, x)  the same with the alignment made by the caller
 
 Rounding (arith.int_to_f32 / round_exact): the exact value is rounded to 24 significant bits,
 nearest even, at an unbounded exponent; a result of 2^128 or more is +-inf, one below 2^-126 is
@@ -80,6 +82,42 @@ def round_terms(b: ir.IRBuilder, p, x):
             fast_block = b.block
         with wide:
             r_wide = _call_wide(b, p, x)
+            wide_block = b.block
+    r = b.phi(f32, name="exact")
+    r.add_incoming(r_fast, fast_block)
+    r.add_incoming(r_wide, wide_block)
+    return r
+
+
+def round_terms_bounded(b: ir.IRBuilder, p, x, pbits: int):
+    """round_terms for p <n x i64> known to satisfy |p| < 2^pbits, x <n x i32>: the fast test is
+    the spread of the nonzero terms' exponents (i32 lanes), at most room(pbits, n)."""
+    n = p.type.count
+    vt, xt = p.type, x.type
+    nz = b.icmp_signed("!=", p, _const(vt, 0))
+    xmin = _reduce(b, "smin", b.select(nz, x, _const(xt, 1 << 29)))
+    xmax = _reduce(b, "smax", b.select(nz, x, _const(xt, -(1 << 29))))
+    sh = b.select(nz, b.sub(x, _splat(b, xmin, n)), _const(xt, 0))
+    fits = b.icmp_signed("<=", b.sub(xmax, xmin), i32(room(pbits, n)))
+    return round_shifted(b, p, sh, xmin, fits, x)
+
+
+def room(pbits: int, n: int) -> int:
+    """The largest exponent spread at which n terms below 2^pbits, aligned, sum exactly in an i64."""
+    return 62 - pbits - (n - 1).bit_length()
+
+
+def round_shifted(b: ir.IRBuilder, p, sh, xref, fits, x):
+    """sum_k p[k] * 2^x[k] rounded once, where the caller has aligned the terms: when `fits`
+    (i1), x[k] = xref + sh[k] for every nonzero p[k] and the sum of p[k] << sh[k] is an exact
+    i64; otherwise the i512 path. p <n x i64>; sh, x <n x i32>; xref i32."""
+    vt = p.type
+    with b.if_else(fits, likely=True) as (fast, wide):
+        with fast:
+            r_fast = round_i64(b, _reduce(b, "add", b.shl(p, b.zext(sh, vt))), xref)
+            fast_block = b.block
+        with wide:
+            r_wide = _call_wide(b, p, b.sext(x, vt))
             wide_block = b.block
     r = b.phi(f32, name="exact")
     r.add_incoming(r_fast, fast_block)
