@@ -22,6 +22,7 @@ import numpy as np
 from llvmlite import ir
 
 from bankml.backends.llvm import portable_math as pm
+from bankml.backends.llvm.portable_exact import room, round_shifted
 from bankml.backends.llvm.common import (dim, f16, f32, f64, for_range, i1, i8, i16, i32, i64, intrinsic,
                                          new_function, size, thread_range, typed, v8f32)
 from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
@@ -285,8 +286,14 @@ def define_set_rows(m: ir.Module, g: Graph, n: Node) -> ir.Function:
 
 # ---------------------------------------------------------------- FLASH_ATTN
 
-FAST_SPREAD = 24          # q block exponents within 24 binades: a score's exact sum fits in int64
-WIDE = ir.IntType(320)    # otherwise: 34-bit terms spread over up to 254 + 26 binades
+TERM_BITS = 34            # a score's term per block: |dot| < 2^19, m <= 15, |k scale significand| < 2^11
+
+
+def _vector(b: ir.IRBuilder, xs: list, t: ir.VectorType) -> ir.Value:
+    v = ir.Constant(t, ir.Undefined)
+    for lane, x in enumerate(xs):
+        v = b.insert_element(v, x, i32(lane))
+    return v
 
 
 def _act_scale(b: ir.IRBuilder, amax: ir.Value):
@@ -401,33 +408,27 @@ def define_flash_attn(m: ir.Module, g: Graph, n: Node) -> ir.Function:
             sh = b.select(b.icmp_signed("!=", mq, i64(0)), b.sub(eq, emin), i64(0))
             shifts.append(sh)
             spread = b.select(b.icmp_signed(">", sh, spread), sh, spread)
-        fast = b.icmp_signed("<=", spread, i64(FAST_SPREAD))
+        fits = b.icmp_signed("<=", spread, i64(room(TERM_BITS, nsub)))
+        vn64, vn32 = ir.VectorType(i64, nsub), ir.VectorType(i32, nsub)
+        sh_v = _vector(b, [b.trunc(sh, i32) for sh in shifts], vn32)
+        ae_v = _vector(b, [b.trunc(eq, i32) for eq in es], vn32)
         emin32 = b.trunc(emin, i32)
         qv = [b.load(b.bitcast(b.gep(qcodes, [i64(sb * QK)]), v32i32.as_pointer()), align=4) for sb in range(nsub)]
+        red = intrinsic(m, "llvm.vector.reduce.add.v32i32", i32, [v32i32])
         # 2. scores: exact q.k rounded once, * scale, + mask; their max and any NaN
         mx, anynan = _Var(b, f32, f32(float("-inf")), entry), _Var(b, i1, i1(0), entry)
-        score = _Var(b, f32, f32(0.0), entry)
         kv_mask_row = b.mul(mrow, nkv)
         with for_range(b, 0, nkv, name="j") as j:
             krow = b.gep(k, [b.mul(b.add(b.mul(j, i64(Hkv)), hk), i64(R))])
             ks, kx, kbad = _f16_parts(b, b.load(b.bitcast(krow, i16.as_pointer()), align=1))
-            dots = []
-            for sb in range(nsub):
+            terms = []
+            for sb in range(nsub):             # q block sb . k block sb, times both scales' significands
                 kc = b.sext(b.load(b.bitcast(b.gep(krow, [i64(2 + sb * QK)]), v32i8.as_pointer()), align=1), v32i32)
-                red = intrinsic(m, "llvm.vector.reduce.add.v32i32", i32, [v32i32])
-                dots.append(b.mul(b.sext(b.call(red, [b.mul(kc, qv[sb])]), i64), ms[sb]))   # < 2^23
-            with b.if_else(fast) as (then, otherwise):
-                with then:
-                    s = i64(0)
-                    for d_, sh in zip(dots, shifts):
-                        s = b.add(s, b.shl(d_, sh))
-                    score.set(pm.round_int(b, b.mul(s, ks), b.add(emin32, kx)))
-                with otherwise:
-                    s = WIDE(0)
-                    for d_, sh in zip(dots, shifts):
-                        s = b.add(s, b.shl(b.sext(b.mul(d_, ks), WIDE), b.zext(sh, WIDE)))
-                    score.set(pm.round_int(b, s, b.add(emin32, kx)))
-            sc = pm.with_bits(b, b.or_(badq, kbad), pm.QNAN, score.get())
+                dot = b.sext(b.call(red, [b.mul(kc, qv[sb])]), i64)                     # |.| < 2^19
+                terms.append(b.mul(b.mul(dot, ms[sb]), ks))                             # |.| < 2^34
+            kxv = pm.splat(b, kx, vn32)
+            score = round_shifted(b, _vector(b, terms, vn64), sh_v, b.add(emin32, kx), fits, b.add(ae_v, kxv))
+            sc = pm.with_bits(b, b.or_(badq, kbad), pm.QNAN, score)
             sc = pm.mul(b, sc, scale)
             mk = pm.canon(b, b.fpext(b.load(b.gep(pmask, [b.add(kv_mask_row, j)])), f32))
             sc = pm.add(b, sc, mk)

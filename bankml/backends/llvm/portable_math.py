@@ -12,8 +12,7 @@ and repeats the numpy spec one step for one step:
   as LLVM constant arrays, looked up lane by lane.
 - scale2: y * 2^k exactly by adding k to the exponent field, +-inf above the range and zero of
   y's sign below 2^-126 (arith.scale2, for finite y).
-- round_int: an integer of any width times 2^x rounded once to f32, nearest even, then scale2
-  (arith.int_to_f32 / arith.round_exact's last step).
+Exact integer sums rounded once (arith.round_exact) are portable_exact.py's.
 """
 from __future__ import annotations
 
@@ -174,29 +173,6 @@ def scale2(b: ir.IRBuilder, y: ir.Value, k: ir.Value) -> ir.Value:
     out = b.select(b.icmp_signed(">", e2, const(it, 254)), b.or_(sign, const(it, EXPO)), out)
     out = b.select(b.icmp_signed("==", e, const(it, 0)), u, out)
     return b.bitcast(out, y.type)
-
-
-def round_int(b: ir.IRBuilder, n: ir.Value, x: ir.Value) -> ir.Value:
-    """n * 2^x (n an integer of any width, x i32) rounded once to f32 (nearest even), then
-    flushed or overflowed (arith.int_to_f32; arith._big_to_f32 for wide n). Zero is +0."""
-    t = n.type
-    if t.width <= 64:
-        return scale2(b, b.sitofp(n, f32), x)
-    neg = b.icmp_signed("<", n, t(0))
-    a = b.select(neg, b.sub(t(0), n), n)
-    ctlz = b.call(intrinsic(b.module, f"llvm.ctlz.i{t.width}", t, [t, ir.IntType(1)]), [a, ir.IntType(1)(0)])
-    length = b.sub(t(t.width), ctlz)
-    drop = b.select(b.icmp_signed(">", length, t(24)), b.sub(length, t(24)), t(0))
-    q = b.lshr(a, drop)
-    rest = b.and_(a, b.sub(b.shl(t(1), drop), t(1)))
-    half = b.lshr(b.shl(t(1), drop), t(1))                       # 0 when nothing is dropped
-    odd = b.icmp_unsigned("!=", b.and_(q, t(1)), t(0))
-    up = b.or_(b.icmp_unsigned(">", rest, half),
-               b.and_(b.and_(b.icmp_unsigned("==", rest, half), b.icmp_unsigned("!=", half, t(0))), odd))
-    q32 = b.add(b.trunc(q, i32), b.zext(up, i32))                # <= 2^24: exact in f32
-    y = scale2(b, b.uitofp(q32, f32), b.add(x, b.trunc(drop, i32)))
-    y = b.bitcast(b.or_(bits(b, y), b.select(neg, const(i32, SIGN), i32(0))), f32)
-    return b.select(b.icmp_unsigned("==", a, t(0)), f32(0.0), y)
 
 
 # ---------------------------------------------------------------- the functions (funcs.py)
