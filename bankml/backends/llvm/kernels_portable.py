@@ -4,12 +4,21 @@ bankml/profiles/portable/ step for step with the emitters of portable_math.py, s
 are the reference backend's (backends/reference/portable.py) for every thread count:
 
 - RMS_NORM  funcs.rmsnorm without w: x * rsqrt(fold_sum(x*x) * r(1/n) + eps) (the weight is a MUL)
-- ADD, MUL  arith.add / arith.mul, the second operand broadcast over the leading dims
+- ADD, MUL  arith.add / arith.mul, an operand of fewer dims broadcast over the leading ones
 - SWIGLU    mul(silu(gate), up)
 - ROPE      rope.rope_table (the fraction of a turn from integer arithmetic on t_i's bits) and
             rope.rope, pairs (2i, 2i+1) in mode norm, (i, i + n/2) in mode neox; YaRN refused
 - SET_ROWS  attention.quantize_rows into the int8 cache rows (f16 scale, then int8 codes)
-- FLASH_ATTN attention.attention: exact scores, softmax, 8-bit weights per 32 cells
+- FLASH_ATTN attention.attention per (query row, head) (K/V head h // (H/Hkv)): q quantized per
+            32 as quant.quantize_act, each score the exact integer dot of the codes times both
+            scales rounded once (portable_exact.round_shifted, the alignment made once per q
+            row), softmax over the n_kv cells in a stack buffer, then per block of 32 cells the
+            power-of-two scale, exact int32 sums and one rounding, blocks added in cell order
+            (a block whose weights are all 0 adds -0.0: skipped)
+
+Threads split rows (RMS_NORM), chunks of 8 values (ADD, MUL, SWIGLU), tokens (ROPE),
+(token, K/V head) rows (SET_ROWS) or (query row, head) pairs (FLASH_ATTN); no result depends
+on the split.
 
 The K/V cache of a layer is the session's array of rows of attention.cache_dtype(D): per
 (cell, K/V head) 2 bytes of f16 scale, then D int8 codes (2 + D bytes, packed).
