@@ -368,7 +368,7 @@ def define_flash_attn(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     pq, pout, pmask = typed(b, q, f32), typed(b, out, f32), typed(b, mask, f16)
     nkv = dim(b, dims, n_kv)
     entry = ir.IRBuilder()
-    qcodes = b.alloca(i32, size=D, name="qcodes")
+    qcodes = b.alloca(i8, size=D, name="qcodes")
     scores = b.alloca(f32, size=nkv, name="scores")
     sums = b.alloca(i32, size=D, name="sums")
     v32i8, v32i32 = ir.VectorType(i8, QK), ir.VectorType(i32, QK)
@@ -401,7 +401,7 @@ def define_flash_attn(m: ir.Module, g: Graph, n: Node) -> ir.Function:
                 y = b.select(b.fcmp_ordered(">", y, f64(127.0)), f64(127.0), y)
                 y = b.select(b.fcmp_ordered("<", y, f64(-127.0)), f64(-127.0), y)
                 fin = b.fcmp_ordered("<", pm.fabs64(b, y), f64(float("inf")))
-                code = b.select(b.or_(zero_codes, b.not_(fin)), i32(0), b.fptosi(y, i32))
+                code = b.select(b.or_(zero_codes, b.not_(fin)), i8(0), b.fptosi(y, i8))
                 b.store(code, b.gep(qcodes, [b.add(i, i64(sb * QK))]))
             badq = b.or_(badq, blk_bad)
             ms.append(mq)
@@ -422,7 +422,8 @@ def define_flash_attn(m: ir.Module, g: Graph, n: Node) -> ir.Function:
         sh_v = _vector(b, [b.trunc(sh, i32) for sh in shifts], vn32)
         ae_v = _vector(b, [b.trunc(eq, i32) for eq in es], vn32)
         emin32 = b.trunc(emin, i32)
-        qv = [b.load(b.bitcast(b.gep(qcodes, [i64(sb * QK)]), v32i32.as_pointer()), align=4) for sb in range(nsub)]
+        qv = [b.sext(b.load(b.bitcast(b.gep(qcodes, [i64(sb * QK)]), v32i8.as_pointer()), align=1), v32i32)
+              for sb in range(nsub)]
         red = intrinsic(m, "llvm.vector.reduce.add.v32i32", i32, [v32i32])
         # 2. scores: exact q.k rounded once, * scale, + mask; their max and any NaN
         mx, anynan = _Var(b, f32, f32(float("-inf")), entry), _Var(b, i1, i1(0), entry)
