@@ -10,11 +10,14 @@ test_portable_model.py holds that on the reference backend).
 from __future__ import annotations
 
 import hashlib
+import json
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 import bankml
+from bankml.cli import main
 from bankml.testing import models
 
 # model -> tokens of the reference prefill (the llvm prompts are its prefixes)
@@ -79,3 +82,13 @@ def test_decode_to_1100_cells_equal_for_threads_1_2_3_and_one_prefill(name):
     if name.startswith("qwen3"):
         with bankml.load(models.path(name), backend="reference", profile="portable", n_ctx=2048) as m:
             assert _sha(m.session().prefill(toks, outputs="all")) == rows
+
+
+def test_cli_run_portable_on_llvm_generates_the_reference_backends_tokens():
+    args = ["run", str(models.path("qwen3-small-q1_0")), "--profile", "portable", "-p", "The capital of",
+            "--raw", "-n", "6", "--temp", "0", "--json"]
+    out = {be: CliRunner().invoke(main, [*args, "--backend", be]) for be in ("llvm", "reference")}
+    for be, r in out.items():
+        assert r.exit_code == 0, (be, r.output)
+    tokens = {be: json.loads(r.output.strip().splitlines()[-1])["tokens"] for be, r in out.items()}
+    assert len(tokens["llvm"]) == 6 and tokens["llvm"] == tokens["reference"]
