@@ -50,6 +50,7 @@ from bankml.quants import F16, Q1_0, Q2_0, Q4_1, Q8_0, WEIGHT_TYPES
 BLOCK_BYTES = 36                 # pq8 bytes per 32 values
 TYPES = (F16, Q8_0, Q4_1, Q1_0, Q2_0)
 TILE = 4                         # columns per tile
+ROWS = 1                         # rows per tile of one column
 _D = 127 << 13                   # quant._D
 
 v8i32, v8i64, v16i64 = ir.VectorType(i32, 8), ir.VectorType(i64, 8), ir.VectorType(i64, 16)
@@ -260,14 +261,24 @@ class Cols:
 
 
 def f16_dots(b, w, qoff, s, cols: Cols) -> tuple[list, ir.Value]:
-    """F16 sub-block at w + qoff: per column its exact integer dot (i64; weights * 2^24), and
-    whether the 32 weights hold an inf or NaN."""
-    sig, shift, bad = f16_weights(b, w, qoff)
+    """F16 sub-block at w + qoff: per column its exact integer dot of weights * 2^24 and codes
+    (i64), and whether the 32 weights hold an inf or NaN. Each product weight * code is exact
+    in f32 (11 + 8 bits), and their sum in f64 in any order: every partial sum is a multiple
+    of 2^-24 below 2^28 (|weight| <= 65504, 32 codes <= 127), 52 bits."""
+    hb = b.load(at(b, w, qoff, v32i16), align=1)
+    bad = any_lane(b, b.icmp_unsigned("==", b.and_(hb, vconst(v32i16, 0x7C00)), vconst(v32i16, 0x7C00)))
+    wf = b.fpext(b.bitcast(hb, ir.VectorType(ir.HalfType(), 32)), v32f32)
     out = []
     for c in range(len(cols.x)):
-        prod = b.mul(sig, b.sext(cols.codes(b, c, s), v32i32))              # |.| < 2^18
-        out.append(reduce(b, "add", b.shl(b.sext(prod, v32i64), shift)))
-    return out, b.icmp_unsigned("!=", bad, i8(0))
+        prod = b.fpext(b.fmul(wf, b.sitofp(cols.codes(b, c, s), v32f32)), v32f64)
+        while prod.type.count > 1:
+            n = prod.type.count // 2
+            lo = b.shuffle_vector(prod, prod, ir.Constant(ir.VectorType(i32, n), list(range(n))))
+            hi = b.shuffle_vector(prod, prod, ir.Constant(ir.VectorType(i32, n), list(range(n, 2 * n))))
+            prod = b.fadd(lo, hi)
+        dot = b.select(bad, f64(0.0), b.fmul(b.extract_element(prod, i32(0)), f64(2.0 ** 24)))
+        out.append(b.fptosi(dot, i64))
+    return out, bad
 
 
 def int8_lanes(b, wtype: int, w, qoff, s, cols: Cols) -> list:
@@ -402,11 +413,15 @@ def group(b, wtype: int, w, gi, nsub: int, cols: Cols) -> list:
 
 
 def add_f32(b, x, y):
-    """arith.add of canonical f32 values: one rounding, a denormal result to zero of its sign,
-    a NaN to the one NaN."""
+    """arith.add of f32 values without NaN payloads to keep: one rounding, a denormal result to
+    zero of its sign. A NaN stays a NaN (maybe x86's default one): canon_nan makes it the one."""
     s = b.bitcast(b.fadd(x, y), i32)
     tiny = b.icmp_unsigned("==", b.and_(s, i32(0x7F800000)), i32(0))
-    s = b.select(tiny, b.and_(s, i32(0x80000000)), s)
+    return b.bitcast(b.select(tiny, b.and_(s, i32(0x80000000)), s), f32)
+
+
+def canon_nan(b, x):
+    s = b.bitcast(x, i32)
     nan = b.icmp_unsigned(">", b.and_(s, i32(0x7FFFFFFF)), i32(0x7F800000))
     return b.bitcast(b.select(nan, i32(QNAN), s), f32)
 
@@ -434,23 +449,38 @@ def define_mul_mat(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     C = max(1, min(TILE, M_hi))
     tiles = [Cols(b, K, C, wtype)] + ([Cols(b, K, 1, wtype)] if C > 1 else [])
 
-    def column_tile(cols: Cols, m0):
+    def row_tile(cols: Cols, m0, r0, R: int):
+        """Rows r0..r0+R-1 against the tile's columns: their groups side by side."""
         C = len(cols.x)
-        with for_range(b, lo, hi, name="row") as r:
-            wrow = b.gep(wp, [b.mul(r, i64(wrb))])
-            slots = []
-            for _ in range(C):
-                with b.goto_entry_block():
-                    slots.append(b.alloca(f32, name="acc"))
-                b.store(f32(-0.0), slots[-1])
-            with for_range(b, 0, nfull, name="grp") as gi:
-                for slot, v in zip(slots, group(b, wtype, wrow, gi, 8, cols)):
-                    b.store(add_f32(b, b.load(slot), v), slot)
-            if tail:
-                for slot, v in zip(slots, group(b, wtype, wrow, i64(nfull), tail, cols)):
-                    b.store(add_f32(b, b.load(slot), v), slot)
-            for c, slot in enumerate(slots):
-                b.store(b.load(slot), b.gep(yp, [b.add(b.mul(b.add(m0, i64(c)), i64(N)), r)]))
+        wrows = [b.gep(wp, [b.mul(b.add(r0, i64(i)), i64(wrb))]) for i in range(R)]
+        slots = []
+        for _ in range(R * C):
+            with b.goto_entry_block():
+                slots.append(b.alloca(f32, name="acc"))
+            b.store(f32(-0.0), slots[-1])
+
+        def add_group(gi, nsub):
+            vals = [v for w in wrows for v in group(b, wtype, w, gi, nsub, cols)]
+            for slot, v in zip(slots, vals):
+                b.store(add_f32(b, b.load(slot), v), slot)
+
+        with for_range(b, 0, nfull, name="grp") as gi:
+            add_group(gi, 8)
+        if tail:
+            add_group(i64(nfull), tail)
+        for i in range(R):
+            for c in range(C):
+                y = canon_nan(b, b.load(slots[i * C + c]))
+                b.store(y, b.gep(yp, [b.add(b.mul(b.add(m0, i64(c)), i64(N)), b.add(r0, i64(i)))]))
+
+    def column_tile(cols: Cols, m0):
+        R = ROWS if len(cols.x) == 1 else 1
+        pairs = b.sdiv(b.sub(hi, lo), i64(R))
+        with for_range(b, 0, pairs, name="rows") as k:
+            row_tile(cols, m0, b.add(lo, b.mul(k, i64(R))), R)
+        if R > 1:
+            with for_range(b, b.add(lo, b.mul(pairs, i64(R))), hi, name="row") as r:
+                row_tile(cols, m0, r, 1)
 
     full = b.sdiv(M, i64(C))
     with for_range(b, 0, full, name="ct") as t:
