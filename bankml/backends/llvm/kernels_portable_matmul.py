@@ -21,7 +21,9 @@ term am * ms * sum(codes) at ae + mx), the group's terms summed exactly and roun
 is inf or NaN or an activation block is bad; the groups added in order with the profile's f32
 add. Q2_0 codes are unpacked in a permuted order (byte 8p+i is element 4i+p) and the
 activation permuted to match once per column (an integer dot is the same in any order).
-Threads split weight rows; columns run in tiles of up to 4 (the weight unpacked once per tile).
+Threads split weight rows; with several columns a thread's rows run in chunks of CHUNK_BYTES
+(kept in L2 while every column passes), the columns in tiles of up to 4 (the weight unpacked
+once per tile).
 
 GET_ROWS of a weight: every weight's exact value rounded once (round_i64), NaN in a 32-block
 with a bad scale (F16: a 32-block holding an inf or NaN); of an f32 node: the ggml row copy.
@@ -34,8 +36,8 @@ from llvmlite import ir
 
 from bankml.backends.llvm import kernels_rows
 from bankml.backends.llvm.common import f32, f64, for_range, i8, i16, i32, i64, intrinsic, new_function, size, \
-    thread_range, typed
-from bankml.backends.llvm.kernels_matmul import at, psign, scratch, sums_us8, v32i8
+    smin, thread_range, typed
+from bankml.backends.llvm.kernels_matmul import CHUNK_BYTES, at, psign, scratch, sums_us8, v32i8
 from bankml.backends.llvm.kernels_matmul_q import q1_0_neg_signs, q1_0_sums
 from bankml.backends.llvm.portable_exact import room, round_i64, round_shifted, round_terms
 from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
@@ -50,7 +52,6 @@ from bankml.quants import F16, Q1_0, Q2_0, Q4_1, Q8_0, WEIGHT_TYPES
 BLOCK_BYTES = 36                 # pq8 bytes per 32 values
 TYPES = (F16, Q8_0, Q4_1, Q1_0, Q2_0)
 TILE = 4                         # columns per tile
-ROWS = 1                         # rows per tile of one column
 _D = 127 << 13                   # quant._D
 
 v8i32, v8i64, v16i64 = ir.VectorType(i32, 8), ir.VectorType(i64, 8), ir.VectorType(i64, 16)
@@ -449,46 +450,46 @@ def define_mul_mat(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     C = max(1, min(TILE, M_hi))
     tiles = [Cols(b, K, C, wtype)] + ([Cols(b, K, 1, wtype)] if C > 1 else [])
 
-    def row_tile(cols: Cols, m0, r0, R: int):
-        """Rows r0..r0+R-1 against the tile's columns: their groups side by side."""
+    def row(cols: Cols, m0, r):
+        """Weight row r against the tile's columns: groups added in order per column."""
         C = len(cols.x)
-        wrows = [b.gep(wp, [b.mul(b.add(r0, i64(i)), i64(wrb))]) for i in range(R)]
+        wrow = b.gep(wp, [b.mul(r, i64(wrb))])
         slots = []
-        for _ in range(R * C):
+        for _ in range(C):
             with b.goto_entry_block():
                 slots.append(b.alloca(f32, name="acc"))
             b.store(f32(-0.0), slots[-1])
 
         def add_group(gi, nsub):
-            vals = [v for w in wrows for v in group(b, wtype, w, gi, nsub, cols)]
-            for slot, v in zip(slots, vals):
+            for slot, v in zip(slots, group(b, wtype, wrow, gi, nsub, cols)):
                 b.store(add_f32(b, b.load(slot), v), slot)
 
         with for_range(b, 0, nfull, name="grp") as gi:
             add_group(gi, 8)
         if tail:
             add_group(i64(nfull), tail)
-        for i in range(R):
-            for c in range(C):
-                y = canon_nan(b, b.load(slots[i * C + c]))
-                b.store(y, b.gep(yp, [b.add(b.mul(b.add(m0, i64(c)), i64(N)), b.add(r0, i64(i)))]))
+        for c, slot in enumerate(slots):
+            b.store(canon_nan(b, b.load(slot)), b.gep(yp, [b.add(b.mul(b.add(m0, i64(c)), i64(N)), r)]))
 
-    def column_tile(cols: Cols, m0):
-        R = ROWS if len(cols.x) == 1 else 1
-        pairs = b.sdiv(b.sub(hi, lo), i64(R))
-        with for_range(b, 0, pairs, name="rows") as k:
-            row_tile(cols, m0, b.add(lo, b.mul(k, i64(R))), R)
-        if R > 1:
-            with for_range(b, b.add(lo, b.mul(pairs, i64(R))), hi, name="row") as r:
-                row_tile(cols, m0, r, 1)
+    def column_tiles(rlo, rhi):
+        full = b.sdiv(M, i64(C))
+        with for_range(b, 0, full, name="ct") as t:
+            m0 = b.mul(t, i64(C))
+            cols = tiles[0].prep(b, [b.gep(xp, [b.mul(b.add(m0, i64(c)), i64(xrb))]) for c in range(C)])
+            with for_range(b, rlo, rhi, name="row") as r:
+                row(cols, m0, r)
+        if C > 1:
+            with for_range(b, b.mul(full, i64(C)), M, name="c1") as m0:
+                cols = tiles[1].prep(b, [b.gep(xp, [b.mul(m0, i64(xrb))])])
+                with for_range(b, rlo, rhi, name="row1") as r:
+                    row(cols, m0, r)
 
-    full = b.sdiv(M, i64(C))
-    with for_range(b, 0, full, name="ct") as t:
-        m0 = b.mul(t, i64(C))
-        column_tile(tiles[0].prep(b, [b.gep(xp, [b.mul(b.add(m0, i64(c)), i64(xrb))]) for c in range(C)]), m0)
-    if C > 1:
-        with for_range(b, b.mul(full, i64(C)), M, name="c1") as m0:
-            column_tile(tiles[1].prep(b, [b.gep(xp, [b.mul(m0, i64(xrb))])]), m0)
+    if M_hi == 1:
+        column_tiles(lo, hi)
+    else:                            # rows in chunks that stay in L2 while every column passes
+        chunk = max(1, CHUNK_BYTES // wrb)
+        with for_range(b, lo, hi, step=chunk, name="chunk") as r0:
+            column_tiles(r0, smin(b, b.add(r0, i64(chunk)), hi))
     b.ret_void()
     return fn
 
