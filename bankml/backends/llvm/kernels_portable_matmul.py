@@ -14,13 +14,20 @@ rint(x * 2^-e / m) in f64 (x * 2^-e exact, one correctly rounded vdivpd, then ro
 spec's steps), clamped to +-127, all 0 where m = 0 or bad.
 
 MUL_MAT, per (weight row, column) and group of 256 elements (8 sub-blocks of 32): each
-sub-block's exact integer dot (vpmaddubsw / vpmaddwd; F16: code * significand in i32, shifted
-by the f16 exponent in i64 lanes), its term dot * am * ws at exponent ae + wx (Q4_1 a second
-term am * ms * sum(codes) at ae + mx), the group's terms summed exactly and rounded once
-(portable_exact.round_terms: i64 when they fit, an i512 otherwise), NaN where a weight scale
-is inf or NaN or an activation block is bad; the groups added in order with the profile's f32
-add. Q2_0 codes are unpacked in a permuted order (byte 8p+i is element 4i+p) and the
-activation permuted to match once per column (an integer dot is the same in any order).
+sub-block's exact integer dot, its term dot * am * ws at exponent ae + wx (Q4_1 a second term
+am * ms * sum(codes) at ae + mx), the group's terms summed exactly and rounded once, NaN where a
+weight scale is inf or NaN or an activation block is bad; the groups added in order with the
+profile's f32 add (a NaN made the one NaN once, at the end). Any exact sum gives the spec's bits:
+- int8 weights (Q8_0, Q4_1, Q1_0 +-1, Q2_0 code - 1): vpmaddubsw / vpmaddwd lanes, the 8 sub-
+  blocks' lane sums by vphaddd; per column, once per call, each group's least activation
+  exponent aemin over blocks with m != 0 and the spread above it (Cols); per weight row each
+  distinct block scale decoded once, its exponents' least wref and spread. The terms aligned
+  at aemin + wref sum in i64 lanes when the two spreads add up to at most
+  portable_exact.room (|term| < 2^TERM_BITS), else through the i512 (round_shifted).
+- F16: per sub-block the products weight * code exact in f32, summed exactly in f64 (the dot
+  of weights * 2^24 as an i64), the terms by portable_exact.round_terms.
+Q2_0 codes are unpacked in a permuted order (byte 8p+i is element 4i+p) and the activation
+permuted to match once per column (an integer dot is the same in any order).
 Threads split weight rows; with several columns a thread's rows run in chunks of CHUNK_BYTES
 (kept in L2 while every column passes), the columns in tiles of up to 4 (the weight unpacked
 once per tile).
@@ -54,7 +61,7 @@ TYPES = (F16, Q8_0, Q4_1, Q1_0, Q2_0)
 TILE = 4                         # columns per tile
 _D = 127 << 13                   # quant._D
 
-v8i32, v8i64, v16i64 = ir.VectorType(i32, 8), ir.VectorType(i64, 8), ir.VectorType(i64, 16)
+v8i32, v8i64 = ir.VectorType(i32, 8), ir.VectorType(i64, 8)
 v32i32, v32i64, v32i16 = ir.VectorType(i32, 32), ir.VectorType(i64, 32), ir.VectorType(i16, 32)
 v32f32, v32f64 = ir.VectorType(f32, 32), ir.VectorType(f64, 32)
 _PERM = [4 * (j % 8) + j // 8 for j in range(32)]          # Q2_0 code order: byte 8p+i is element 4i+p
