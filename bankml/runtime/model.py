@@ -230,8 +230,8 @@ def _check_profile(profile: str, backend: str, gpu) -> None:
     from bankml.profiles import PROFILES
     if profile not in PROFILES:
         raise BankmlError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
-    if profile == "portable" and backend != "reference":
-        raise BankmlError("profile 'portable' runs on the reference backend only for now (backend='reference')")
+    if profile == "portable" and backend not in ("reference", "llvm"):
+        raise BankmlError(f"profile 'portable' runs on the reference and llvm backends, not {backend!r}")
     if profile == "portable" and gpu not in (None, "off"):
         raise BankmlError("profile 'portable' has no GPU lowering yet; leave gpu off")
 

@@ -59,5 +59,5 @@ def test_unknown_profile_or_an_unlowered_backend_is_one_clear_error():
     with pytest.raises(BankmlError, match="unknown profile"):
         bankml.load(models.path("qwen3-small-q1_0"), profile="fast")
     r = CliRunner().invoke(main, ["run", str(models.path("qwen3-small-q1_0")), "--profile", "portable", "-p", "x",
-                                  "--raw", "-n", "1", "--backend", "llvm"])
-    assert r.exit_code == 1 and "reference backend only" in r.output
+                                  "--raw", "-n", "1", "--backend", "llvm", "--gpu", "0"])
+    assert r.exit_code == 1 and "no GPU lowering" in r.output

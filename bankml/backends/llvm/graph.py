@@ -35,11 +35,14 @@ from bankml.backends.llvm import (kernels_attention, kernels_glu, kernels_matmul
                                   kernels_matmul_q, kernels_norm, kernels_quantize, kernels_rope, kernels_rows)
 from bankml.backends.llvm import kernels_matmul_legacy, kernels_matmul_repack  # noqa: F401
 from bankml.backends.llvm import kernels_attention_quant  # noqa: F401  (HADAMARD; quantized-cache hooks)
+from bankml.backends.llvm import kernels_portable  # noqa: F401  (the portable profile's kernels)
+from bankml.backends.llvm import kernels_portable_matmul  # profile "portable"; its pq8 layout
 from bankml.backends.llvm.common import i8p, i64, intrinsic, new_function, void
 from bankml.ir.dims import upper
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
+from bankml.profiles.portable import orders as po
 from bankml.quants import F16, Q8_0, Q8_1, Q8_K
 
 _IGNORED_PARAMS = ("tensor", "layer", "n_threads")       # n_threads: llama_threads comes in dims[4]
@@ -70,11 +73,15 @@ def root(g: Graph, i: int) -> int:
 
 def nbytes(n: Node) -> int:
     """Bytes of a node's buffer (registry.py's layouts)."""
+    if n.op is Op.QUANTIZE and n.params["type"] == po.ACT_TYPE:      # pq8: kernels_portable_matmul.py
+        return math.prod(upper(n.shape[:-1])) * kernels_portable_matmul.pq8_bytes(n.shape[-1])
     if n.op is Op.QUANTIZE:
         t, K, M = int(n.params["type"]), n.shape[-1], math.prod(upper(n.shape[:-1]))
         if t == Q8_K:                     # block_q8_K: 292 bytes per 256 values
             return M * (K // 256 * 292)
         return M * (2 * K if t == F16 else K // 32 * (34 if t == Q8_0 else 36 if t == Q8_1 else 0))
+    if n.dtype == po.CACHE_TYPE:             # portable K/V rows: an f16 scale, head_dim int8 codes
+        return math.prod(upper(n.shape[:-1])) * (2 + n.shape[-1])
     size = {"f32": 4, "f16": 2, "i32": 4, "F32": 4}.get(n.dtype)
     if size is None:
         raise ValueError(f"node {n.name or n.id}: no buffer size for dtype {n.dtype}")

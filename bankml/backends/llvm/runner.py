@@ -35,6 +35,8 @@ from bankml.ir.dims import DIM_SLOTS, Bindings, concrete, upper
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
+from bankml.profiles.portable.attention import cache_dtype
+from bankml.profiles.portable.orders import CACHE_TYPE
 
 _NP = {"f32": np.float32, "F32": np.float32, "f16": np.float16, "i32": np.int32}
 
@@ -155,7 +157,10 @@ def _release_freed_heap() -> None:
 def _checked(n: Node, a: np.ndarray) -> np.ndarray:
     if not (isinstance(a, np.ndarray) and a.flags.c_contiguous):
         raise BankmlError(f"{n.params.get('tensor') or n.op.value}: the llvm backend needs a C-contiguous array")
-    if n.op is Op.CACHE and n.dtype != "f16":       # a quantized cache: [kv_size, row_bytes] block bytes
+    if n.op is Op.CACHE and n.dtype == CACHE_TYPE:   # portable: rows [kv_size, n_head_kv] of cache_dtype(head_dim)
+        if a.dtype != cache_dtype(n.shape[-1]) or a.shape[1:] != tuple(n.shape[1:2]) or a.shape[0] < upper(n.shape)[0]:
+            raise BankmlError(f"cache {n.params}: {a.dtype}{list(a.shape)} does not fit {n.dtype} rows {list(upper(n.shape))}")
+    elif n.op is Op.CACHE and n.dtype != "f16":       # a quantized cache: [kv_size, row_bytes] block bytes
         if a.dtype != np.uint8 or a.ndim != 2 or a.shape[0] < upper(n.shape)[0]:
             raise BankmlError(f"cache {n.params}: {a.dtype}{list(a.shape)} does not fit {n.dtype} rows")
     elif n.op is Op.CACHE and (a.dtype != np.float16 or a.shape[1:] != n.shape[1:] or a.shape[0] < upper(n.shape)[0]):
