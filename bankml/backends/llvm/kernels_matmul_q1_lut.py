@@ -175,10 +175,19 @@ def lut_tile(b, K: int, wrows, x, d, tbl):
     order = [r for rs in _ROWSETS for r in rs]
     with for_range(b, 0, nblk, name="lut.t") as ib:         # pass 1: transpose the bits, gather wd
         wb = b.mul(ib, i64(18))
-        h = ir.Constant(v16f16, ir.Undefined)
-        for i, r in enumerate(order):
-            h = b.insert_element(h, b.load(at(b, wrows[r], wb, f16), align=1), i32(i))
-        b.store(b.fpext(h, v16f32), typed_gep(b, wds, b.mul(ib, i64(16)), v16f32), align=4)
+        quads = []                      # the 16 f16 scales packed in 4 i64 (integer loads, shifts and ors)
+        for q in range(4):
+            word = None
+            for j in range(4):
+                h = b.zext(b.load(at(b, wrows[order[4 * q + j]], wb, i16), align=1), i64)
+                h = b.shl(h, i64(16 * j)) if j else h
+                word = h if word is None else b.or_(word, h)
+            quads.append(word)
+        v4i64 = ir.VectorType(i64, 4)
+        h = ir.Constant(v4i64, ir.Undefined)
+        for q, word in enumerate(quads):
+            h = b.insert_element(h, word, i32(q))
+        b.store(b.fpext(b.bitcast(h, v16f16), v16f32), typed_gep(b, wds, b.mul(ib, i64(16)), v16f32), align=4)
         byte = _transposed(b, wrows, wb)
         for u in range(2):
             for k in range(4):
