@@ -169,7 +169,8 @@ def lut_tile(b, K: int, wrows, x, d, tbl):
         words = [b.bitcast(b.shuffle_vector(low, high, _mask(m)), v16i16) for m in (lo_bw, hi_bw)]
         return [b.call(madd, [w, k]) for w in words for k in (_EVEN, _ODD)]
 
-    nblk = K // 128
+    nblk, row_bytes = K // 128, K // 128 * 18
+    prefetch = intrinsic(b.module, "llvm.prefetch.p0i8", ir.VoidType(), [ir.PointerType(i8), i32, i32, i32])
     bits = scratch(b, v32i8, 8 * nblk, "lut.bits")          # [block][u * 4 + k]: transposed bit bytes
     wds = scratch(b, f32, 16 * nblk, "lut.wd")              # [block][row set][4]: f32(wd)
     order = [r for rs in _ROWSETS for r in rs]
@@ -198,6 +199,11 @@ def lut_tile(b, K: int, wrows, x, d, tbl):
         u, n = divmod(c, 2)
 
         def step(ib, acc):
+            # the next 16 rows (a contiguous 16 * row_bytes bytes) into cache while this group
+            # computes: 72 bytes an iteration over the 4 * nblk iterations of pass 2
+            ahead = b.add(i64(ROWS * row_bytes + c * nblk * 72), b.mul(ib, i64(72)))
+            for o in (0, 64):
+                b.call(prefetch, [b.gep(wrows[0], [b.add(ahead, i64(o))]), i32(0), i32(1), i32(1)])
             blk = [None] * 4
             for k in range(4):
                 kb = b.add(b.mul(ib, i64(4)), i64(k))
