@@ -15,7 +15,9 @@ Float steps per (row, column) pair, exactly as backends/reference/matmul.py:
   float steps of the eight pairs run side by side in the lanes of one vector.
 Per column tile, prep converts the activation's f16 scales to f32 scratch [block][column]; per
 tile of several columns, Q8_0 and Q4_1 make their products r(wd*ad) into scratch first
-(_products). Q1_0 expands its bits as ggml's AVX2 vec_dot does (q1_0_neg_signs, q1_0_sums).
+(_products). Q1_0 against several columns (and a thread's last rows) expands its bits as ggml's
+AVX2 vec_dot does (q1_0_neg_signs, q1_0_sums); against one column (decode), 16 rows at a time
+take their integer sums from per-token lookup tables (kernels_matmul_q1_lut.py).
 """
 from __future__ import annotations
 

@@ -15,16 +15,19 @@ every (sub-block, lane), the 16 signed sums of its four activations are tabulate
 (t >> 8, in -2..1). The tables are shared by every weight row: 16 rows run together, and one
 vpshufb looks up 32 (row, lane) sums at once.
 
-The rows keep the GGUF layout (no repacking). Per 128-block, the 16 bytes of bits of 16 rows
-are transposed (three unpack stages and a vpermq) into 8 vectors, each holding one bit byte of
-the 16 rows in its low 128-bit half and the next byte in its high half. A byte's low nibble is
-lane 2b of its sub-block, its high nibble lane 2b+1, so a vector's nibbles give the lane pairs
-(0, 2), (1, 3), (4, 6), (5, 7) of one sub-block: "combo" c = 0..3, tables in the same layout.
-vpunpck{l,h}bw of the low and high bytes gives the sums as i16 (8 rows per half), vpmaddwd
-with (1, 0) or (0, 1) widens four rows of each half to i32. So every float vector holds four
-rows' lanes (qa | qb) of one combo, and the float chain above runs lane by lane in it. At the
-end, hsum8 = ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7)) is the vector sum of combos 0 and 2 (v0+v4 |
-v2+v6), combos 1 and 3, each folded low half + high half.
+The rows keep the GGUF layout (no repacking). Pass 1, per 128-block: the 16 bytes of bits of
+16 rows are transposed (three unpack stages and a vpermq) into 8 vectors, each holding one bit
+byte of the 16 rows in its low 128-bit half and the next byte in its high half, and stored to
+stack scratch with the rows' scales. A byte's low nibble is lane 2b of its sub-block, its high
+nibble lane 2b+1, so a vector's nibbles give the lane pairs (0, 2), (1, 3), (4, 6), (5, 7) of
+one sub-block: "combo" c = 0..3, the tables in the same layout. Pass 2 runs combo by combo over
+all blocks (4 accumulators and 4 blk chains stay in registers): vpshufb of the low and of the
+high bytes, vpunpck{l,h}bw to i16 (8 rows per half), vpmaddwd with (1, 0) or (0, 1) widens four
+rows of each half to i32. So every float vector holds four rows' lanes (qa | qb) of one combo,
+and the float chain above runs lane by lane in it. At the end, hsum8 = ((v0+v4)+(v2+v6)) +
+((v1+v5)+(v3+v7)) is the vector sum of combos 0 and 2 (v0+v4 | v2+v6), combos 1 and 3, each
+folded low half + high half. Pass 2 also prefetches the next 16 rows: a decode streams its
+weights from DRAM.
 """
 from __future__ import annotations
 
@@ -35,10 +38,10 @@ from bankml.backends.llvm.common import f16, f32, for_range, i8, i16, i32, i64, 
 from bankml.backends.llvm.kernels_matmul import at, block_loop, fma, scratch, splat, v16i16, v32i8, zero8
 
 ROWS = 16                       # weight rows of one lookup tile
-TABLE_BYTES = 4 * 2 * 32        # per 32-block: 4 combos x (low, high) x 32 bytes
+TABLE_BYTES = 4 * 2 * 32        # tables per 32-block: 4 combos x (low, high) x 32 bytes
 COMBOS = [(0, 2), (1, 3), (4, 6), (5, 7)]      # (lane in the low half, lane in the high half)
 
-v8i32, v8f32, v16i32 = ir.VectorType(i32, 8), ir.VectorType(f32, 8), ir.VectorType(i32, 16)
+v8i32, v8f32 = ir.VectorType(i32, 8), ir.VectorType(f32, 8)
 v4f32 = ir.VectorType(f32, 4)
 
 
@@ -125,7 +128,7 @@ def _signs(i: int) -> list[int]:
 
 
 def build_tables(b, K: int, x, tbl) -> None:
-    """tbl[kb][c][low/high][32]: for 32-block kb and combo c = (qa, qb), byte p of the low half
+    """tbl[c][kb][low/high][32]: for combo c = (qa, qb) and 32-block kb, byte p of the low half
     is pattern p's sum over lane qa (elements 4qa..4qa+3, +a where bit i of p is set, -a where
     clear), of the high half the same for lane qb; low and high (signed) bytes of the sum."""
     v32i16 = ir.VectorType(i16, 32)
@@ -153,82 +156,89 @@ _ROWSETS = [[0, 2, 4, 6], [1, 3, 5, 7], [8, 10, 12, 14], [9, 11, 13, 15]]   # ro
 
 
 def lut_tile(b, K: int, wrows, x, d, tbl):
-    """The 16 outputs of rows wrows against the column whose tables are tbl and f32 scales d
-    (d[kb]: f32(a.d) of 32-block kb). Returns [[value]] * 16."""
+    """The 16 outputs of rows wrows (consecutive rows of the matrix) against the column whose
+    tables are tbl and f32 scales d (d[kb]: f32(a.d) of 32-block kb). Returns [[value]] * 16."""
     assert len(wrows) == ROWS
-    pshufb = intrinsic(b.module, "llvm.x86.avx2.pshuf.b", v32i8, [v32i8, v32i8])
-    madd = intrinsic(b.module, "llvm.x86.avx2.pmadd.wd", v8i32, [v16i16, v16i16])
-    v16f16, v16f32 = ir.VectorType(f16, 16), ir.VectorType(f32, 16)
-    lo_bw, hi_bw = _unpack_idx(32, False), _unpack_idx(32, True)
-
-    def sums(idx, base):
-        """The i32 sums of the 4 row sets for one combo's nibbles idx at table offset base."""
-        tl = b.load(at(b, tbl, base, v32i8), align=32)
-        th = b.load(at(b, tbl, b.add(base, i64(32)), v32i8), align=32)
-        low, high = b.call(pshufb, [tl, idx]), b.call(pshufb, [th, idx])
-        words = [b.bitcast(b.shuffle_vector(low, high, _mask(m)), v16i16) for m in (lo_bw, hi_bw)]
-        return [b.call(madd, [w, k]) for w in words for k in (_EVEN, _ODD)]
-
-    nblk, row_bytes = K // 128, K // 128 * 18
-    prefetch = intrinsic(b.module, "llvm.prefetch.p0i8", ir.VoidType(), [ir.PointerType(i8), i32, i32, i32])
+    nblk = K // 128
     bits = scratch(b, v32i8, 8 * nblk, "lut.bits")          # [block][u * 4 + k]: transposed bit bytes
-    wds = scratch(b, f32, 16 * nblk, "lut.wd")              # [block][row set][4]: f32(wd)
-    order = [r for rs in _ROWSETS for r in rs]
-    with for_range(b, 0, nblk, name="lut.t") as ib:         # pass 1: transpose the bits, gather wd
-        wb = b.mul(ib, i64(18))
-        quads = []                      # the 16 f16 scales packed in 4 i64 (integer loads, shifts and ors)
-        for q in range(4):
-            word = None
-            for j in range(4):
-                h = b.zext(b.load(at(b, wrows[order[4 * q + j]], wb, i16), align=1), i64)
-                h = b.shl(h, i64(16 * j)) if j else h
-                word = h if word is None else b.or_(word, h)
-            quads.append(word)
-        v4i64 = ir.VectorType(i64, 4)
-        h = ir.Constant(v4i64, ir.Undefined)
-        for q, word in enumerate(quads):
-            h = b.insert_element(h, word, i32(q))
-        b.store(b.fpext(b.bitcast(h, v16f16), v16f32), typed_gep(b, wds, b.mul(ib, i64(16)), v16f32), align=4)
-        byte = _transposed(b, wrows, wb)
-        for u in range(2):
-            for k in range(4):
-                b.store(byte[4 * k + 2 * u], b.gep(bits, [b.add(b.mul(ib, i64(8)), i64(4 * u + k))]), align=32)
-
-    accs = [None] * 16
-    for c in range(4):                  # pass 2, combo by combo: 4 accumulators and 4 blk chains live
-        u, n = divmod(c, 2)
-
-        def step(ib, acc):
-            # the next 16 rows (a contiguous 16 * row_bytes bytes) into cache while this group
-            # computes: 72 bytes an iteration over the 4 * nblk iterations of pass 2
-            ahead = b.add(i64(ROWS * row_bytes + c * nblk * 72), b.mul(ib, i64(72)))
-            for o in (0, 64):
-                b.call(prefetch, [b.gep(wrows[0], [b.add(ahead, i64(o))]), i32(0), i32(1), i32(1)])
-            blk = [None] * 4
-            for k in range(4):
-                kb = b.add(b.mul(ib, i64(4)), i64(k))
-                ad = splat(b, b.load(b.gep(d, [kb])))
-                v = b.load(b.gep(bits, [b.add(b.mul(ib, i64(8)), i64(4 * u + k))]), align=32)
-                if n:
-                    v = b.bitcast(b.lshr(b.bitcast(v, v16i16), ir.Constant(v16i16, [4] * 16)), v32i8)
-                base = b.add(i64(c * (K // 32) * 64), b.mul(kb, i64(64)))
-                for s, si in enumerate(sums(b.and_(v, _LO4), base)):
-                    f = b.sitofp(si, v8f32)
-                    blk[s] = b.fmul(ad, f) if k == 0 else fma(b, ad, f, blk[s])
-            out = []
-            for s in range(4):
-                w4 = b.load(typed_gep(b, wds, b.add(b.mul(ib, i64(16)), i64(4 * s)), v4f32), align=4)
-                out.append(fma(b, b.shuffle_vector(w4, w4, _mask([0, 1, 2, 3] * 2)), blk[s], acc[s]))
-            return out
-
-        accs[4 * c: 4 * c + 4] = block_loop(b, nblk, [zero8()] * 4, step)
+    wds = scratch(b, f32, 16 * nblk, "lut.wd")              # [block][16 rows, row sets in order]: f32(wd)
+    with for_range(b, 0, nblk, name="lut.t") as ib:
+        _transpose_block(b, wrows, ib, bits, wds)
+    accs = []
+    for c in range(4):
+        accs += block_loop(b, nblk, [zero8()] * 4, lambda ib, acc: _combo_step(b, K, wrows, d, tbl, bits, wds, c, ib, acc))
     out = [None] * ROWS
     for s, rs in enumerate(_ROWSETS):
         sv, uv = b.fadd(accs[s], accs[8 + s]), b.fadd(accs[4 + s], accs[12 + s])   # combos 0+2, 1+3
-
-        def fold(v):
-            return b.fadd(b.shuffle_vector(v, v, _mask(range(4))), b.shuffle_vector(v, v, _mask(range(4, 8))))
-        res = b.fadd(fold(sv), fold(uv))
+        res = b.fadd(_fold(b, sv), _fold(b, uv))
         for i, r in enumerate(rs):
             out[r] = [b.extract_element(res, i32(i))]
     return out
+
+
+def _fold(b, v):
+    """Low half + high half of an 8-lane vector."""
+    return b.fadd(b.shuffle_vector(v, v, _mask(range(4))), b.shuffle_vector(v, v, _mask(range(4, 8))))
+
+
+def _transpose_block(b, wrows, ib, bits, wds) -> None:
+    """Pass 1, block ib: the 16 rows' f16 scales as f32 (in row-set order; loaded as integers
+    and packed in 4 i64, cheaper than 16 vpinsrw) and their bit bytes transposed, into scratch."""
+    wb = b.mul(ib, i64(18))
+    order = [r for rs in _ROWSETS for r in rs]
+    v4i64 = ir.VectorType(i64, 4)
+    packed = ir.Constant(v4i64, ir.Undefined)
+    for q in range(4):
+        word = None
+        for j in range(4):
+            h = b.zext(b.load(at(b, wrows[order[4 * q + j]], wb, i16), align=1), i64)
+            h = b.shl(h, i64(16 * j)) if j else h
+            word = h if word is None else b.or_(word, h)
+        packed = b.insert_element(packed, word, i32(q))
+    scales = b.fpext(b.bitcast(packed, ir.VectorType(f16, 16)), ir.VectorType(f32, 16))
+    b.store(scales, typed_gep(b, wds, b.mul(ib, i64(16)), ir.VectorType(f32, 16)), align=4)
+    byte = _transposed(b, wrows, wb)
+    for u in range(2):
+        for k in range(4):
+            b.store(byte[4 * k + 2 * u], b.gep(bits, [b.add(b.mul(ib, i64(8)), i64(4 * u + k))]), align=32)
+
+
+def _combo_step(b, K, wrows, d, tbl, bits, wds, c, ib, acc):
+    """Pass 2, combo c, block ib: the four sub-blocks' blk chains of the 4 row sets, then
+    acc = fma(wd, blk, acc). Also prefetches the next 16 rows (16 * K/128 * 18 contiguous bytes,
+    72 an iteration over the 4 * K/128 iterations of pass 2): the decode reads them from DRAM."""
+    nblk = K // 128
+    prefetch = intrinsic(b.module, "llvm.prefetch.p0i8", ir.VoidType(), [ir.PointerType(i8), i32, i32, i32])
+    ahead = b.add(i64(ROWS * nblk * 18 + c * nblk * 72), b.mul(ib, i64(72)))
+    for o in (0, 64):
+        b.call(prefetch, [b.gep(wrows[0], [b.add(ahead, i64(o))]), i32(0), i32(1), i32(1)])
+    u, n = divmod(c, 2)
+    blk = [None] * 4
+    for k in range(4):
+        kb = b.add(b.mul(ib, i64(4)), i64(k))
+        ad = splat(b, b.load(b.gep(d, [kb])))
+        v = b.load(b.gep(bits, [b.add(b.mul(ib, i64(8)), i64(4 * u + k))]), align=32)
+        if n:
+            v = b.bitcast(b.lshr(b.bitcast(v, v16i16), ir.Constant(v16i16, [4] * 16)), v32i8)
+        base = b.add(i64(c * (K // 32) * 64), b.mul(kb, i64(64)))
+        for s, si in enumerate(_sums(b, tbl, base, b.and_(v, _LO4))):
+            f = b.sitofp(si, v8f32)
+            blk[s] = b.fmul(ad, f) if k == 0 else fma(b, ad, f, blk[s])
+    out = []
+    for s in range(4):
+        w4 = b.load(typed_gep(b, wds, b.add(b.mul(ib, i64(16)), i64(4 * s)), v4f32), align=4)
+        out.append(fma(b, b.shuffle_vector(w4, w4, _mask([0, 1, 2, 3] * 2)), blk[s], acc[s]))
+    return out
+
+
+def _sums(b, tbl, base, idx):
+    """The i32 sums of the 4 row sets, for nibbles idx (16 rows x lanes qa | qb) and the tables
+    at byte offset base: vpshufb of the low and of the high bytes, vpunpck{l,h}bw to i16, vpmaddwd
+    with (1, 0) and (0, 1) to i32."""
+    pshufb = intrinsic(b.module, "llvm.x86.avx2.pshuf.b", v32i8, [v32i8, v32i8])
+    madd = intrinsic(b.module, "llvm.x86.avx2.pmadd.wd", v8i32, [v16i16, v16i16])
+    tl = b.load(at(b, tbl, base, v32i8), align=32)
+    th = b.load(at(b, tbl, b.add(base, i64(32)), v32i8), align=32)
+    low, high = b.call(pshufb, [tl, idx]), b.call(pshufb, [th, idx])
+    words = [b.bitcast(b.shuffle_vector(low, high, _mask(_unpack_idx(32, hi))), v16i16) for hi in (False, True)]
+    return [b.call(madd, [w, k]) for w in words for k in (_EVEN, _ODD)]
