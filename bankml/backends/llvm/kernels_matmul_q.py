@@ -15,7 +15,9 @@ Float steps per (row, column) pair, exactly as backends/reference/matmul.py:
   float steps of the eight pairs run side by side in the lanes of one vector.
 Per column tile, prep converts the activation's f16 scales to f32 scratch [block][column]; per
 tile of several columns, Q8_0 and Q4_1 make their products r(wd*ad) into scratch first
-(_products). Q1_0 expands its bits as ggml's AVX2 vec_dot does (q1_0_neg_signs, q1_0_sums).
+(_products). Q1_0 against several columns (and a thread's last rows) expands its bits as ggml's
+AVX2 vec_dot does (q1_0_neg_signs, q1_0_sums); against one column (decode), 16 rows at a time
+take their integer sums from per-token lookup tables (kernels_matmul_q1_lut.py).
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ from llvmlite import ir
 from bankml.backends.llvm.common import f32, for_range, i1, i8, i32, i64, intrinsic
 from bankml.backends.llvm.kernels_matmul import TILERS, Tiler, at, block_loop, fma, hsum8, load_h, maddubs, psign, \
     scratch, splat, sums_us8, v16i8, v16i16, v32i8, zero8
+from bankml.backends.llvm.kernels_matmul_q1_lut import ROWS as LUT_ROWS, TABLE_BYTES, build_tables, lut_tile
 from bankml.ir import order as fo
 from bankml.quants import Q1_0, Q2_0, Q4_1, Q8_0
 
@@ -40,6 +43,7 @@ class Cols:
     s: object = None     # f32* [K/32][C]: f32(a.s) (q8_1)
     asum: object = None  # i32* [K/32][C]: sum of the block's 32 quants (Q2_0)
     aq: object = None    # i8* [K/32][C][32]: the quants, permuted as Q2_0 codes unpack (Q2_0)
+    lut: object = None   # i8* [K/32][TABLE_BYTES]: the one column's lookup tables (Q1_0, C = 1)
 
 
 def _shape(M: int) -> tuple[int, int]:
@@ -48,8 +52,8 @@ def _shape(M: int) -> tuple[int, int]:
 
 
 def _shape_q1_0(M: int) -> tuple[int, int]:
-    """Q1_0 rows are short: one column runs 4 rows at once."""
-    return (4, 1) if M == 1 else (1, min(M, 8))
+    """One column: 16 rows by table lookups (kernels_matmul_q1_lut.py); several: 1 row x 8."""
+    return (LUT_ROWS, 1) if M == 1 else (1, min(M, 8))
 
 
 def _shape_q2_0(M: int) -> tuple[int, int]:
@@ -57,12 +61,13 @@ def _shape_q2_0(M: int) -> tuple[int, int]:
     return (max(1, 8 // M), M) if M < 8 else (1, 8)
 
 
-def _alloc(with_s=False, q2=False):
+def _alloc(with_s=False, q2=False, lut=False):
     def alloc(b, K, C):
         nb = K // 32 * C
         return {"d": scratch(b, f32, nb, "act.d"), "s": scratch(b, f32, nb, "act.s") if with_s else None,
                 "asum": scratch(b, i32, nb, "act.sum") if q2 else None,
-                "aq": scratch(b, i8, 32 * nb, "act.q") if q2 else None}
+                "aq": scratch(b, i8, 32 * nb, "act.q") if q2 else None,
+                "lut": scratch(b, i8, K // 32 * TABLE_BYTES, "act.lut") if lut else None}
     return alloc
 
 
@@ -77,7 +82,7 @@ def _prep(bb: int):
     """Fill the scratch of a column tile from activation blocks of bb bytes (34: q8_0, 36: q8_1)."""
     def prep(b, K, xrows, scr):
         C = len(xrows)
-        cols = Cols(xrows, scr["d"], scr["s"], scr["asum"], scr["aq"])
+        cols = Cols(xrows, scr["d"], scr["s"], scr["asum"], scr["aq"], scr["lut"] if C == 1 else None)
         with for_range(b, 0, K // 32, name="prep") as kb:
             for c, x in enumerate(xrows):
                 xo = b.mul(kb, i64(bb))
@@ -91,6 +96,8 @@ def _prep(bb: int):
                     b.store(qp, typed_gep(b, cols.aq, b.mul(slot, i64(32)), v32i8), align=32)
                     vsum = intrinsic(b.module, "llvm.vector.reduce.add.v32i32", i32, [ir.VectorType(i32, 32)])
                     b.store(b.call(vsum, [b.sext(q, ir.VectorType(i32, 32))]), b.gep(cols.asum, [slot]))
+        if cols.lut is not None:
+            build_tables(b, K, xrows[0], cols.lut)
         return cols
     return prep
 
@@ -294,5 +301,13 @@ def _q2_0(b, K, wrows, cols):
 
 TILERS[(Q8_0, fo.Q8_0_DOT)] = Tiler(_shape, _alloc(), _prep(34), _q8_0)
 TILERS[(Q4_1, fo.Q4_1_DOT)] = Tiler(_shape, _alloc(with_s=True), _prep(36), _q4_1)
-TILERS[(Q1_0, fo.Q1_0_DOT)] = Tiler(_shape_q1_0, _alloc(), _prep(34), _q1_0)
+def _q1_0_tile(b, K, wrows, cols):
+    """16 rows against one column by table lookups; other tiles (several columns, a thread's
+    last rows) as _q1_0."""
+    if len(wrows) == LUT_ROWS and cols.lut is not None:
+        return lut_tile(b, K, wrows, cols.x[0], cols.d, cols.lut)
+    return _q1_0(b, K, wrows, cols)
+
+
+TILERS[(Q1_0, fo.Q1_0_DOT)] = Tiler(_shape_q1_0, _alloc(lut=True), _prep(34), _q1_0_tile)
 TILERS[(Q2_0, fo.Q2_0_DOT)] = Tiler(_shape_q2_0, _alloc(q2=True), _prep(34), _q2_0)
