@@ -14,14 +14,23 @@ rint(x * 2^-e / m) in f64 (x * 2^-e exact, one correctly rounded vdivpd, then ro
 spec's steps), clamped to +-127, all 0 where m = 0 or bad.
 
 MUL_MAT, per (weight row, column) and group of 256 elements (8 sub-blocks of 32): each
-sub-block's exact integer dot (vpmaddubsw / vpmaddwd; F16: code * significand in i32, shifted
-by the f16 exponent in i64 lanes), its term dot * am * ws at exponent ae + wx (Q4_1 a second
-term am * ms * sum(codes) at ae + mx), the group's terms summed exactly and rounded once
-(portable_exact.round_terms: i64 when they fit, an i512 otherwise), NaN where a weight scale
-is inf or NaN or an activation block is bad; the groups added in order with the profile's f32
-add. Q2_0 codes are unpacked in a permuted order (byte 8p+i is element 4i+p) and the
-activation permuted to match once per column (an integer dot is the same in any order).
-Threads split weight rows; columns run in tiles of up to 4 (the weight unpacked once per tile).
+sub-block's exact integer dot, its term dot * am * ws at exponent ae + wx (Q4_1 a second term
+am * ms * sum(codes) at ae + mx), the group's terms summed exactly and rounded once, NaN where a
+weight scale is inf or NaN or an activation block is bad; the groups added in order with the
+profile's f32 add (a NaN made the one NaN once, at the end). Any exact sum gives the spec's bits:
+- int8 weights (Q8_0, Q4_1, Q1_0 +-1, Q2_0 code - 1): vpmaddubsw / vpmaddwd lanes, the 8 sub-
+  blocks' lane sums by vphaddd; per column, once per call, each group's least activation
+  exponent aemin over blocks with m != 0 and the spread above it (Cols); per weight row each
+  distinct block scale decoded once, its exponents' least wref and spread. The terms aligned
+  at aemin + wref sum in i64 lanes when the two spreads add up to at most
+  portable_exact.room (|term| < 2^TERM_BITS), else through the i512 (round_shifted).
+- F16: per sub-block the products weight * code exact in f32, summed exactly in f64 (the dot
+  of weights * 2^24 as an i64), the terms by portable_exact.round_terms.
+Q2_0 codes are unpacked in a permuted order (byte 8p+i is element 4i+p) and the activation
+permuted to match once per column (an integer dot is the same in any order).
+Threads split weight rows; with several columns a thread's rows run in chunks of CHUNK_BYTES
+(kept in L2 while every column passes), the columns in tiles of up to 4 (the weight unpacked
+once per tile).
 
 GET_ROWS of a weight: every weight's exact value rounded once (round_i64), NaN in a 32-block
 with a bad scale (F16: a 32-block holding an inf or NaN); of an f32 node: the ggml row copy.
@@ -34,8 +43,8 @@ from llvmlite import ir
 
 from bankml.backends.llvm import kernels_rows
 from bankml.backends.llvm.common import f32, f64, for_range, i8, i16, i32, i64, intrinsic, new_function, size, \
-    thread_range, typed
-from bankml.backends.llvm.kernels_matmul import at, psign, scratch, sums_us8, v32i8
+    smin, thread_range, typed
+from bankml.backends.llvm.kernels_matmul import CHUNK_BYTES, at, psign, scratch, sums_us8, v32i8
 from bankml.backends.llvm.kernels_matmul_q import q1_0_neg_signs, q1_0_sums
 from bankml.backends.llvm.portable_exact import room, round_i64, round_shifted, round_terms
 from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
@@ -52,7 +61,7 @@ TYPES = (F16, Q8_0, Q4_1, Q1_0, Q2_0)
 TILE = 4                         # columns per tile
 _D = 127 << 13                   # quant._D
 
-v8i32, v8i64, v16i64 = ir.VectorType(i32, 8), ir.VectorType(i64, 8), ir.VectorType(i64, 16)
+v8i32, v8i64 = ir.VectorType(i32, 8), ir.VectorType(i64, 8)
 v32i32, v32i64, v32i16 = ir.VectorType(i32, 32), ir.VectorType(i64, 32), ir.VectorType(i16, 32)
 v32f32, v32f64 = ir.VectorType(f32, 32), ir.VectorType(f64, 32)
 _PERM = [4 * (j % 8) + j // 8 for j in range(32)]          # Q2_0 code order: byte 8p+i is element 4i+p
@@ -260,14 +269,24 @@ class Cols:
 
 
 def f16_dots(b, w, qoff, s, cols: Cols) -> tuple[list, ir.Value]:
-    """F16 sub-block at w + qoff: per column its exact integer dot (i64; weights * 2^24), and
-    whether the 32 weights hold an inf or NaN."""
-    sig, shift, bad = f16_weights(b, w, qoff)
+    """F16 sub-block at w + qoff: per column its exact integer dot of weights * 2^24 and codes
+    (i64), and whether the 32 weights hold an inf or NaN. Each product weight * code is exact
+    in f32 (11 + 8 bits), and their sum in f64 in any order: every partial sum is a multiple
+    of 2^-24 below 2^28 (|weight| <= 65504, 32 codes <= 127), 52 bits."""
+    hb = b.load(at(b, w, qoff, v32i16), align=1)
+    bad = any_lane(b, b.icmp_unsigned("==", b.and_(hb, vconst(v32i16, 0x7C00)), vconst(v32i16, 0x7C00)))
+    wf = b.fpext(b.bitcast(hb, ir.VectorType(ir.HalfType(), 32)), v32f32)
     out = []
     for c in range(len(cols.x)):
-        prod = b.mul(sig, b.sext(cols.codes(b, c, s), v32i32))              # |.| < 2^18
-        out.append(reduce(b, "add", b.shl(b.sext(prod, v32i64), shift)))
-    return out, b.icmp_unsigned("!=", bad, i8(0))
+        prod = b.fpext(b.fmul(wf, b.sitofp(cols.codes(b, c, s), v32f32)), v32f64)
+        while prod.type.count > 1:
+            n = prod.type.count // 2
+            lo = b.shuffle_vector(prod, prod, ir.Constant(ir.VectorType(i32, n), list(range(n))))
+            hi = b.shuffle_vector(prod, prod, ir.Constant(ir.VectorType(i32, n), list(range(n, 2 * n))))
+            prod = b.fadd(lo, hi)
+        dot = b.select(bad, f64(0.0), b.fmul(b.extract_element(prod, i32(0)), f64(2.0 ** 24)))
+        out.append(b.fptosi(dot, i64))
+    return out, bad
 
 
 def int8_lanes(b, wtype: int, w, qoff, s, cols: Cols) -> list:
@@ -402,11 +421,15 @@ def group(b, wtype: int, w, gi, nsub: int, cols: Cols) -> list:
 
 
 def add_f32(b, x, y):
-    """arith.add of canonical f32 values: one rounding, a denormal result to zero of its sign,
-    a NaN to the one NaN."""
+    """arith.add of f32 values without NaN payloads to keep: one rounding, a denormal result to
+    zero of its sign. A NaN stays a NaN (maybe x86's default one): canon_nan makes it the one."""
     s = b.bitcast(b.fadd(x, y), i32)
     tiny = b.icmp_unsigned("==", b.and_(s, i32(0x7F800000)), i32(0))
-    s = b.select(tiny, b.and_(s, i32(0x80000000)), s)
+    return b.bitcast(b.select(tiny, b.and_(s, i32(0x80000000)), s), f32)
+
+
+def canon_nan(b, x):
+    s = b.bitcast(x, i32)
     nan = b.icmp_unsigned(">", b.and_(s, i32(0x7FFFFFFF)), i32(0x7F800000))
     return b.bitcast(b.select(nan, i32(QNAN), s), f32)
 
@@ -434,31 +457,46 @@ def define_mul_mat(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     C = max(1, min(TILE, M_hi))
     tiles = [Cols(b, K, C, wtype)] + ([Cols(b, K, 1, wtype)] if C > 1 else [])
 
-    def column_tile(cols: Cols, m0):
+    def row(cols: Cols, m0, r):
+        """Weight row r against the tile's columns: groups added in order per column."""
         C = len(cols.x)
-        with for_range(b, lo, hi, name="row") as r:
-            wrow = b.gep(wp, [b.mul(r, i64(wrb))])
-            slots = []
-            for _ in range(C):
-                with b.goto_entry_block():
-                    slots.append(b.alloca(f32, name="acc"))
-                b.store(f32(-0.0), slots[-1])
-            with for_range(b, 0, nfull, name="grp") as gi:
-                for slot, v in zip(slots, group(b, wtype, wrow, gi, 8, cols)):
-                    b.store(add_f32(b, b.load(slot), v), slot)
-            if tail:
-                for slot, v in zip(slots, group(b, wtype, wrow, i64(nfull), tail, cols)):
-                    b.store(add_f32(b, b.load(slot), v), slot)
-            for c, slot in enumerate(slots):
-                b.store(b.load(slot), b.gep(yp, [b.add(b.mul(b.add(m0, i64(c)), i64(N)), r)]))
+        wrow = b.gep(wp, [b.mul(r, i64(wrb))])
+        slots = []
+        for _ in range(C):
+            with b.goto_entry_block():
+                slots.append(b.alloca(f32, name="acc"))
+            b.store(f32(-0.0), slots[-1])
 
-    full = b.sdiv(M, i64(C))
-    with for_range(b, 0, full, name="ct") as t:
-        m0 = b.mul(t, i64(C))
-        column_tile(tiles[0].prep(b, [b.gep(xp, [b.mul(b.add(m0, i64(c)), i64(xrb))]) for c in range(C)]), m0)
-    if C > 1:
-        with for_range(b, b.mul(full, i64(C)), M, name="c1") as m0:
-            column_tile(tiles[1].prep(b, [b.gep(xp, [b.mul(m0, i64(xrb))])]), m0)
+        def add_group(gi, nsub):
+            for slot, v in zip(slots, group(b, wtype, wrow, gi, nsub, cols)):
+                b.store(add_f32(b, b.load(slot), v), slot)
+
+        with for_range(b, 0, nfull, name="grp") as gi:
+            add_group(gi, 8)
+        if tail:
+            add_group(i64(nfull), tail)
+        for c, slot in enumerate(slots):
+            b.store(canon_nan(b, b.load(slot)), b.gep(yp, [b.add(b.mul(b.add(m0, i64(c)), i64(N)), r)]))
+
+    def column_tiles(rlo, rhi):
+        full = b.sdiv(M, i64(C))
+        with for_range(b, 0, full, name="ct") as t:
+            m0 = b.mul(t, i64(C))
+            cols = tiles[0].prep(b, [b.gep(xp, [b.mul(b.add(m0, i64(c)), i64(xrb))]) for c in range(C)])
+            with for_range(b, rlo, rhi, name="row") as r:
+                row(cols, m0, r)
+        if C > 1:
+            with for_range(b, b.mul(full, i64(C)), M, name="c1") as m0:
+                cols = tiles[1].prep(b, [b.gep(xp, [b.mul(m0, i64(xrb))])])
+                with for_range(b, rlo, rhi, name="row1") as r:
+                    row(cols, m0, r)
+
+    if M_hi == 1:
+        column_tiles(lo, hi)
+    else:                            # rows in chunks that stay in L2 while every column passes
+        chunk = max(1, CHUNK_BYTES // wrb)
+        with for_range(b, lo, hi, step=chunk, name="chunk") as r0:
+            column_tiles(r0, smin(b, b.add(r0, i64(chunk)), hi))
     b.ret_void()
     return fn
 

@@ -2,16 +2,16 @@
 
     round_i64(b, s, x)    s * 2^x (s i64, x i32; scalars or vectors of equal lanes) rounded once
     round_terms(b, p, x)  sum_k p[k] * 2^x[k] (p, x <n x i64>) exactly, rounded once (a scalar f32)
-    round_terms_bounded(b, p, x, pbits)   the same for |p| < 2^pbits known, x <n x i32> (faster test)
     round_shifted(b, p, sh, xref, fits, x)  the same with the alignment made by the caller
 
 Rounding (arith.int_to_f32 / round_exact): the exact value is rounded to 24 significant bits,
-nearest even, at an unbounded exponent; a result of 2^128 or more is +-inf, one below 2^-126 is
-zero of its sign; an exact zero is +0. `round_i64` gets the 24 bits from one sitofp (i64 -> f32
+nearest even, at an unbounded exponent; a rounded value of 2^128 or more is +-inf, one below
+2^-126 zero of its sign; an exact zero is +0. `round_i64` gets the 24 bits from one sitofp (i64 -> f32
 is correctly rounded: cvtsi2ss), then moves the exponent by x in the bits, as arith.scale2.
 
-`round_terms` is exact for any terms whose aligned sum fits 500 bits, which every group of the
-profile does (activation scale exponents -136..118, f16 exponents -24..6, |p| < 2^63):
+`round_terms` is exact for up to 32 terms with |p| < 2^63 whose nonzero terms' exponents span
+at most 440 (their aligned sum fits the i512), which every group of the profile does (activation
+scale exponents -136..118, f16 exponents -24..6: a span below 300):
 - fast path: every nonzero term shifted to the least exponent of the nonzero terms has at most
   58 bits (the spec's rule), so the sum of up to 32 of them is an exact i64: one round_i64;
 - wide path (a call, rare): the same alignment in an i512, whose top 62 bits (the bits below
@@ -87,19 +87,6 @@ def round_terms(b: ir.IRBuilder, p, x):
     r.add_incoming(r_fast, fast_block)
     r.add_incoming(r_wide, wide_block)
     return r
-
-
-def round_terms_bounded(b: ir.IRBuilder, p, x, pbits: int):
-    """round_terms for p <n x i64> known to satisfy |p| < 2^pbits, x <n x i32>: the fast test is
-    the spread of the nonzero terms' exponents (i32 lanes), at most room(pbits, n)."""
-    n = p.type.count
-    vt, xt = p.type, x.type
-    nz = b.icmp_signed("!=", p, _const(vt, 0))
-    xmin = _reduce(b, "smin", b.select(nz, x, _const(xt, 1 << 29)))
-    xmax = _reduce(b, "smax", b.select(nz, x, _const(xt, -(1 << 29))))
-    sh = b.select(nz, b.sub(x, _splat(b, xmin, n)), _const(xt, 0))
-    fits = b.icmp_signed("<=", b.sub(xmax, xmin), i32(room(pbits, n)))
-    return round_shifted(b, p, sh, xmin, fits, x)
 
 
 def room(pbits: int, n: int) -> int:

@@ -190,6 +190,15 @@ def test_decode_mul_mat_bits_equal_spec(t, k):
     check_mul_mat(weights(t, N_ROWS, k, rng), t, activations(1, k, rng), cols=1)
 
 
+@pytest.mark.parametrize("t", [Q1_0, Q4_1], ids=["Q1_0", "Q4_1"])
+def test_mul_mat_across_row_chunks(t):
+    """More rows than one L2 chunk (kernels_matmul.CHUNK_BYTES of weights), split over threads."""
+    rng = np.random.default_rng(300 + t)
+    k = 2048
+    raw = weights(t, 700 if t == Q1_0 else 300, k, rng)
+    check_mul_mat(raw, t, activations(5, k, rng), threads=(1, 2))
+
+
 REAL = [("smollm2-q4_1", "blk.0.ffn_up.weight"), ("smollm2-q4_1", "blk.3.ffn_down.weight"),
         ("smollm2-q8_0", "blk.0.attn_q.weight"), ("smollm2-f16", "blk.1.ffn_gate.weight"),
         ("smollm2-q2_0", "blk.0.attn_output.weight"), ("qwen3-small-q1_0", "blk.0.ffn_down.weight"),
