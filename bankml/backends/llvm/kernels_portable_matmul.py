@@ -46,6 +46,7 @@ from bankml.backends.llvm.common import f32, f64, for_range, i8, i16, i32, i64, 
     smin, thread_range, typed
 from bankml.backends.llvm.kernels_matmul import CHUNK_BYTES, at, psign, scratch, sums_us8, v32i8
 from bankml.backends.llvm.kernels_matmul_q import q1_0_neg_signs, q1_0_sums
+from bankml.backends.llvm import portable_f64 as pf
 from bankml.backends.llvm.portable_exact import room, round_i64, round_shifted, round_terms
 from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
 from bankml.errors import LoweringError
@@ -215,6 +216,8 @@ class Cols:
         self.aemin, self.aspread, self.gbad = (scratch(b, i32, C * self.ng, name)
                                                for name in ("act.emin", "act.spread", "act.gbad"))
         self.csum = scratch(b, i32, n, "act.sum") if wtype in (Q4_1, Q2_0) else None
+        self.af = scratch(b, f64, n, "act.f64")                      # am * 2^ae (portable_f64)
+        self.caf = scratch(b, f64, n, "act.sumf64") if wtype == Q4_1 else None   # csum * am * 2^ae
         self.perm = scratch(b, i8, C * K, "act.perm") if wtype == Q2_0 else None
         self.K = K
         self.x = []
@@ -253,14 +256,20 @@ class Cols:
                 b.store(reduce(b, "or", self.vec(b, self.bad, c, s0)), b.gep(self.gbad, [slot]))
                 sa = b.select(nz, b.sub(ae, splat_v(b, emin, 8)), vconst(v8i32, 0))
                 b.store(sa, typed(b, b.gep(self.sa, [b.add(s0, i64(c * npad))]), v8i32), align=4)
+                af = pf.act_scales(b, am, ae)
+                b.store(af, self.vec(b, self.af, c, s0, pf.v8f64, load=False), align=8)
+                if self.caf is not None:
+                    caf = b.fmul(b.sitofp(self.vec(b, self.csum, c, s0), pf.v8f64), af)
+                    b.store(caf, self.vec(b, self.caf, c, s0, pf.v8f64, load=False), align=8)
         return self
 
     def per_group(self, b, arr, c: int, gi):
         return b.load(b.gep(arr, [b.add(gi, i64(c * self.ng))]))
 
-    def vec(self, b, arr, c: int, s0):
-        """<8 x i32> of arr for column c, sub-blocks s0..s0+7."""
-        return b.load(typed(b, b.gep(arr, [b.add(s0, i64(c * self.npad))]), v8i32), align=4)
+    def vec(self, b, arr, c: int, s0, t: ir.VectorType = v8i32, load: bool = True):
+        """<8 x i32> (or t) of arr for column c, sub-blocks s0..s0+7 (load=False: its pointer)."""
+        p = typed(b, b.gep(arr, [b.add(s0, i64(c * self.npad))]), t)
+        return b.load(p, align=4) if load else p
 
     def codes(self, b, c: int, s, permuted: bool = False):
         if permuted:
@@ -420,18 +429,70 @@ def group(b, wtype: int, w, gi, nsub: int, cols: Cols) -> list:
     return out
 
 
+def scale_words(b, wtype: int, w, goff, nsub: int):
+    """<8 x i32>: lane j the f16 bits of sub-block j's scale (Q4_1: d | min << 16), each distinct
+    block's loaded once; lanes past nsub repeat lane 0."""
+    per = WEIGHT_TYPES[wtype].block // 32
+    nd = -(-nsub // per)
+    v = ir.Constant(ir.VectorType(i32, nd), [0] * nd)
+    for k in range(nd):
+        do, mo, _ = sub_layout(wtype, k * per)
+        word = b.zext(b.load(at(b, w, b.add(goff, i64(do)), i16), align=1), i32) if mo is None else \
+            b.load(at(b, w, b.add(goff, i64(do)), i32), align=1)
+        v = b.insert_element(v, word, i32(k))
+    return b.shuffle_vector(v, v, ir.Constant(v8i32, [j // per if j < nsub else 0 for j in range(8)]))
+
+
+def group4(b, wtype: int, wrows: list, gi, nsub: int, cols: Cols):
+    """The group gi of four weight rows against one column, summed in f64 (portable_f64):
+    (<4 x f32> the rounded results, i1 whether they are the spec's; else the exact path's)."""
+    goff = b.mul(gi, i64(group_bytes(wtype)))
+    s0 = b.mul(gi, i64(8))
+    zero = ir.Constant(v8i32, [0] * 8)
+    af = cols.vec(b, cols.af, 0, s0, pf.v8f64)
+    caf = cols.vec(b, cols.caf, 0, s0, pf.v8f64) if wtype == Q4_1 else None
+    terms, words = [], []
+    for w in wrows:
+        lanes = [zero] * 8
+        for j in range(nsub):
+            qoff = b.add(goff, i64(sub_layout(wtype, j)[2]))
+            lanes[j] = int8_lanes(b, wtype, w, qoff, b.add(s0, i64(j)), cols)[0]
+        dots = lane_sums(b, lanes)
+        if wtype == Q2_0:
+            dots = b.sub(dots, cols.vec(b, cols.csum, 0, s0))                 # codes - 1
+        wd = scale_words(b, wtype, w, goff, nsub)
+        t = b.fmul(b.sitofp(dots, pf.v8f64), b.fmul(pf.f16_values(b, wd), af))
+        if wtype == Q4_1:
+            t = b.fadd(t, b.fmul(pf.f16_values(b, wd, 16), caf))
+        terms.append(t)
+        words.append(wd)
+    r, untiny = pf.round4(b, pf.sum4(b, terms))
+    n = 16 if wtype == Q4_1 else 8
+    ok = pf.spread_ok(b, words, wtype == Q4_1, cols.per_group(b, cols.aspread, 0, gi),
+                      cols.per_group(b, cols.gbad, 0, gi), pf.limit(TERM_BITS[wtype], n))
+    return r, b.and_(ok, untiny)
+
+
 def add_f32(b, x, y):
     """arith.add of f32 values without NaN payloads to keep: one rounding, a denormal result to
     zero of its sign. A NaN stays a NaN (maybe x86's default one): canon_nan makes it the one."""
-    s = b.bitcast(b.fadd(x, y), i32)
-    tiny = b.icmp_unsigned("==", b.and_(s, i32(0x7F800000)), i32(0))
-    return b.bitcast(b.select(tiny, b.and_(s, i32(0x80000000)), s), f32)
+    ti = _ints(x.type)
+    c = (lambda v: vconst(ti, v)) if isinstance(ti, ir.VectorType) else i32
+    s = b.bitcast(b.fadd(x, y), ti)
+    tiny = b.icmp_unsigned("==", b.and_(s, c(0x7F800000)), c(0))
+    return b.bitcast(b.select(tiny, b.and_(s, c(0x80000000)), s), x.type)
 
 
 def canon_nan(b, x):
-    s = b.bitcast(x, i32)
-    nan = b.icmp_unsigned(">", b.and_(s, i32(0x7FFFFFFF)), i32(0x7F800000))
-    return b.bitcast(b.select(nan, i32(QNAN), s), f32)
+    ti = _ints(x.type)
+    c = (lambda v: vconst(ti, v)) if isinstance(ti, ir.VectorType) else i32
+    s = b.bitcast(x, ti)
+    nan = b.icmp_unsigned(">", b.and_(s, c(0x7FFFFFFF)), c(0x7F800000))
+    return b.bitcast(b.select(nan, c(QNAN), s), x.type)
+
+
+def _ints(t: ir.Type) -> ir.Type:
+    return ir.VectorType(i32, t.count) if isinstance(t, ir.VectorType) else i32
 
 
 @kernel(Op.MUL_MAT, profile="portable")
@@ -478,18 +539,48 @@ def define_mul_mat(m: ir.Module, g: Graph, n: Node) -> ir.Function:
         for c, slot in enumerate(slots):
             b.store(canon_nan(b, b.load(slot)), b.gep(yp, [b.add(b.mul(b.add(m0, i64(c)), i64(N)), r)]))
 
+    def rows4(cols: Cols, m0, r):
+        """Weight rows r..r+3 against one column: groups by group4, else the exact path."""
+        wrows = [b.gep(wp, [b.mul(b.add(r, i64(k)), i64(wrb))]) for k in range(4)]
+        with b.goto_entry_block():
+            acc = b.alloca(pf.v4f32, name="acc4")
+            exact = b.alloca(ir.ArrayType(f32, 4), name="exact4")
+        b.store(vconst(pf.v4f32, -0.0), acc)
+
+        def add_group(gi, nsub):
+            r4, ok = group4(b, wtype, wrows, gi, nsub, cols)
+            with b.if_then(b.not_(ok), likely=False):
+                with for_range(b, 0, 4, name="exact") as k:
+                    wk = b.gep(wp, [b.mul(b.add(r, k), i64(wrb))])
+                    b.store(group(b, wtype, wk, gi, nsub, cols)[0], b.gep(exact, [i64(0), k]))
+            v = b.select(ok, r4, b.load(typed(b, exact, pf.v4f32), align=4))
+            b.store(add_f32(b, b.load(acc), v), acc)
+
+        with for_range(b, 0, nfull, name="grp4") as gi:
+            add_group(gi, 8)
+        if tail:
+            add_group(i64(nfull), tail)
+        b.store(canon_nan(b, b.load(acc)), typed(b, b.gep(yp, [b.add(b.mul(m0, i64(N)), r)]), pf.v4f32), align=4)
+
+    def rows(cols: Cols, m0, rlo, rhi):
+        if len(cols.x) == 1 and wtype != F16:                # one column: four rows at a time
+            n4 = b.add(rlo, b.mul(b.sdiv(b.sub(rhi, rlo), i64(4)), i64(4)))
+            with for_range(b, rlo, n4, step=4, name="row4") as r:
+                rows4(cols, m0, r)
+            rlo = n4
+        with for_range(b, rlo, rhi, name="row") as r:
+            row(cols, m0, r)
+
     def column_tiles(rlo, rhi):
         full = b.sdiv(M, i64(C))
         with for_range(b, 0, full, name="ct") as t:
             m0 = b.mul(t, i64(C))
             cols = tiles[0].prep(b, [b.gep(xp, [b.mul(b.add(m0, i64(c)), i64(xrb))]) for c in range(C)])
-            with for_range(b, rlo, rhi, name="row") as r:
-                row(cols, m0, r)
+            rows(cols, m0, rlo, rhi)
         if C > 1:
             with for_range(b, b.mul(full, i64(C)), M, name="c1") as m0:
                 cols = tiles[1].prep(b, [b.gep(xp, [b.mul(m0, i64(xrb))])])
-                with for_range(b, rlo, rhi, name="row1") as r:
-                    row(cols, m0, r)
+                rows(cols, m0, rlo, rhi)
 
     if M_hi == 1:
         column_tiles(lo, hi)
