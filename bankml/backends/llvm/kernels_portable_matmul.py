@@ -44,8 +44,8 @@ from llvmlite import ir
 from bankml.backends.llvm import kernels_rows
 from bankml.backends.llvm.common import f32, f64, for_range, i8, i16, i32, i64, intrinsic, new_function, size, \
     smin, thread_range, typed
-from bankml.backends.llvm.kernels_matmul import CHUNK_BYTES, at, psign, scratch, sums_us8, v32i8
-from bankml.backends.llvm.kernels_matmul_q import q1_0_neg_signs, q1_0_sums
+from bankml.backends.llvm.kernels_matmul import CHUNK_BYTES, at, maddubs, psign, scratch, sums_us8, v32i8
+from bankml.backends.llvm.kernels_matmul_q import ONES, q1_0_neg_signs, q1_0_sums
 from bankml.backends.llvm import portable_f64 as pf
 from bankml.backends.llvm.portable_exact import room, round_i64, round_shifted, round_terms
 from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
@@ -215,7 +215,7 @@ class Cols:
         self.am, self.ae, self.bad, self.sa = (scratch(b, i32, n, name) for name in ("act.m", "act.e", "act.bad", "act.sa"))
         self.aemin, self.aspread, self.gbad = (scratch(b, i32, C * self.ng, name)
                                                for name in ("act.emin", "act.spread", "act.gbad"))
-        self.csum = scratch(b, i32, n, "act.sum") if wtype in (Q4_1, Q2_0) else None
+        self.csum = scratch(b, i32, n, "act.sum") if wtype in (Q4_1, Q2_0, Q1_0) else None
         self.af = scratch(b, f64, n, "act.f64")                      # am * 2^ae (portable_f64)
         self.caf = scratch(b, f64, n, "act.sumf64") if wtype == Q4_1 else None   # csum * am * 2^ae
         self.perm = scratch(b, i8, C * K, "act.perm") if wtype == Q2_0 else None
@@ -314,6 +314,34 @@ def int8_lanes(b, wtype: int, w, qoff, s, cols: Cols) -> list:
         return [q1_0_sums(b, cols.codes(b, c, s), neg) for c in range(C)]
     wq = q2_0_codes(b, w, qoff)
     return [sums_us8(b, wq, cols.codes(b, c, s, permuted=True)) for c in range(C)]
+
+
+_BYTE_SHUF = ir.Constant(v32i8, [j // 8 for j in range(32)])          # byte j: bits byte j / 8
+_BIT_MASKS = ir.Constant(v32i8, [1 << (j % 8) for j in range(32)])     # ... its bit j % 8
+
+
+def pair_sums16(b, wtype: int, w, qoff, s, cols: Cols):
+    """Q1_0, Q2_0 against one column: <16 x i16>, lane l the sum over elements 2l, 2l+1 of the
+    sub-block of (Q1_0) the codes whose bit is set, (Q2_0) code (0..3) * activation: the bits
+    spread to bytes (broadcast, vpshufb, vpand), made 0 / 1 (vpminub), one vpmaddubsw."""
+    if wtype == Q2_0:
+        return maddubs(b, q2_0_codes(b, w, qoff), cols.codes(b, 0, s, permuted=True))
+    word = b.bitcast(splat_v(b, b.load(at(b, w, qoff, i32), align=1), 8), v32i8)
+    pshufb = intrinsic(b.module, "llvm.x86.avx2.pshuf.b", v32i8, [v32i8, v32i8])
+    t = b.and_(b.call(pshufb, [word, _BYTE_SHUF]), _BIT_MASKS)
+    umin = intrinsic(b.module, "llvm.umin.v32i8", v32i8, [v32i8, v32i8])
+    return maddubs(b, b.call(umin, [t, ONES]), cols.codes(b, 0, s))
+
+
+def lane_sums16(b, vs: list):
+    """<8 x i32> whose lane j is the sum of the 16 lanes of vs[j] (8 <16 x i16>, every partial
+    sum within i16): three levels of vphaddw, then the two 128-bit halves added."""
+    phadd = intrinsic(b.module, "llvm.x86.avx2.phadd.w", ir.VectorType(i16, 16), [ir.VectorType(i16, 16)] * 2)
+    h = [b.call(phadd, [vs[i], vs[i + 1]]) for i in range(0, 8, 2)]
+    r = b.call(phadd, [b.call(phadd, [h[0], h[1]]), b.call(phadd, [h[2], h[3]])])
+    lo = b.shuffle_vector(r, r, ir.Constant(v8i32, list(range(8))))
+    hi = b.shuffle_vector(r, r, ir.Constant(v8i32, list(range(8, 16))))
+    return b.sext(b.add(lo, hi), v8i32)
 
 
 def lane_sums(b, vs: list):
@@ -452,12 +480,15 @@ def group4(b, wtype: int, wrows: list, gi, nsub: int, cols: Cols):
     af = cols.vec(b, cols.af, 0, s0, pf.v8f64)
     caf = cols.vec(b, cols.caf, 0, s0, pf.v8f64) if wtype == Q4_1 else None
     terms, words = [], []
+    small = wtype in (Q1_0, Q2_0)                    # sub-block dots within i16: pair sums summed as i16
     for w in wrows:
-        lanes = [zero] * 8
+        lanes = [ir.Constant(ir.VectorType(i16, 16), [0] * 16) if small else zero] * 8
         for j in range(nsub):
             qoff = b.add(goff, i64(sub_layout(wtype, j)[2]))
-            lanes[j] = int8_lanes(b, wtype, w, qoff, b.add(s0, i64(j)), cols)[0]
-        dots = lane_sums(b, lanes)
+            lanes[j] = (pair_sums16 if small else lambda *a: int8_lanes(*a)[0])(b, wtype, w, qoff, b.add(s0, i64(j)), cols)
+        dots = lane_sums16(b, lanes) if small else lane_sums(b, lanes)
+        if wtype == Q1_0:                                                     # set - clear = 2 set - all
+            dots = b.sub(b.shl(dots, vconst(v8i32, 1)), cols.vec(b, cols.csum, 0, s0))
         if wtype == Q2_0:
             dots = b.sub(dots, cols.vec(b, cols.csum, 0, s0))                 # codes - 1
         wd = scale_words(b, wtype, w, goff, nsub)
