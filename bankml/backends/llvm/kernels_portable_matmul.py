@@ -218,6 +218,7 @@ class Cols:
         self.csum = scratch(b, i32, n, "act.sum") if wtype in (Q4_1, Q2_0, Q1_0) else None
         self.af = scratch(b, f64, n, "act.f64")                      # am * 2^ae (portable_f64)
         self.caf = scratch(b, f64, n, "act.sumf64") if wtype == Q4_1 else None   # csum * am * 2^ae
+        self.cmul = scratch(b, i32, n, "act.mul") if wtype == Q1_0 else None      # am << (ae - aemin)
         self.perm = scratch(b, i8, C * K, "act.perm") if wtype == Q2_0 else None
         self.K = K
         self.x = []
@@ -256,6 +257,10 @@ class Cols:
                 b.store(reduce(b, "or", self.vec(b, self.bad, c, s0)), b.gep(self.gbad, [slot]))
                 sa = b.select(nz, b.sub(ae, splat_v(b, emin, 8)), vconst(v8i32, 0))
                 b.store(sa, typed(b, b.gep(self.sa, [b.add(s0, i64(c * npad))]), v8i32), align=4)
+                if self.cmul is not None:                    # 0 where the shift passes I32_SPREAD
+                    fits = b.icmp_unsigned("<=", sa, vconst(v8i32, pf.I32_SPREAD))
+                    cm = b.select(fits, b.shl(am, b.select(fits, sa, vconst(v8i32, 0))), vconst(v8i32, 0))
+                    b.store(cm, typed(b, b.gep(self.cmul, [b.add(s0, i64(c * npad))]), v8i32), align=4)
                 af = pf.act_scales(b, am, ae)
                 b.store(af, self.vec(b, self.af, c, s0, pf.v8f64, load=False), align=8)
                 if self.caf is not None:
@@ -491,17 +496,42 @@ def group4(b, wtype: int, wrows: list, gi, nsub: int, cols: Cols):
             dots = b.sub(b.shl(dots, vconst(v8i32, 1)), cols.vec(b, cols.csum, 0, s0))
         if wtype == Q2_0:
             dots = b.sub(dots, cols.vec(b, cols.csum, 0, s0))                 # codes - 1
+        if wtype == Q1_0:
+            terms.append(b.mul(dots, cols.vec(b, cols.cmul, 0, s0)))
+            continue
         wd = scale_words(b, wtype, w, goff, nsub)
         t = b.fmul(b.sitofp(dots, pf.v8f64), b.fmul(pf.f16_values(b, wd), af))
         if wtype == Q4_1:
             t = b.fadd(t, b.fmul(pf.f16_values(b, wd, 16), caf))
         terms.append(t)
         words.append(wd)
+    if wtype == Q1_0:
+        return q1_0_blocks4(b, wrows, goff, nsub, terms, cols, gi)
     r, untiny = pf.round4(b, pf.sum4(b, terms))
     n = 16 if wtype == Q4_1 else 8
     ok = pf.spread_ok(b, words, wtype == Q4_1, cols.per_group(b, cols.aspread, 0, gi),
                       cols.per_group(b, cols.gbad, 0, gi), pf.limit(TERM_BITS[wtype], n))
     return r, b.and_(ok, untiny)
+
+
+def q1_0_blocks4(b, wrows: list, goff, nsub: int, sums: list, cols: Cols, gi):
+    """Q1_0's group of four rows from sums[r] (<8 x i32>: sub-block j's dot * am_j << (ae_j - aemin)):
+    per row and weight block (two per group) the i32 sum of its four (|.| < 2^31 while the
+    activation spread is at most I32_SPREAD), then f64 I * d * 2^aemin, exact (portable_f64)."""
+    phadd = intrinsic(b.module, "llvm.x86.avx2.phadd.d", v8i32, [v8i32, v8i32])
+    blocks = b.call(phadd, [b.call(phadd, [sums[0], sums[1]]), b.call(phadd, [sums[2], sums[3]])])
+    words = ir.Constant(v8i32, [0] * 8)                       # lanes: block 0 of rows 0..3, block 1 of rows 0..3
+    for blk in range(2):
+        for r, w in enumerate(wrows):
+            off = b.add(goff, i64(18 * blk if blk * 4 < nsub else 0))    # past the row's end: block 0 again (I = 0)
+            words = b.insert_element(words, b.zext(b.load(at(b, w, off, i16), align=1), i32), i32(4 * blk + r))
+    aemin = cols.per_group(b, cols.aemin, 0, gi)
+    t = b.fmul(b.sitofp(blocks, pf.v8f64), b.fmul(pf.f16_values(b, words), splat_v(b, pf.pow2(b, aemin), 8)))
+    r, untiny = pf.round4(b, b.fadd(b.shuffle_vector(t, t, ir.Constant(ir.VectorType(i32, 4), [0, 1, 2, 3])),
+                                    b.shuffle_vector(t, t, ir.Constant(ir.VectorType(i32, 4), [4, 5, 6, 7]))))
+    aspread = cols.per_group(b, cols.aspread, 0, gi)
+    ok = pf.spread_ok(b, [words], False, aspread, cols.per_group(b, cols.gbad, 0, gi), pf.limit(TERM_BITS[Q1_0], 8))
+    return r, b.and_(b.and_(ok, untiny), b.icmp_signed("<=", aspread, i32(pf.I32_SPREAD)))
 
 
 def add_f32(b, x, y):

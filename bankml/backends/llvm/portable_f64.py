@@ -24,6 +24,7 @@ from bankml.backends.llvm.common import f32, f64, i8, i16, i32, i64, intrinsic
 v4f64, v8f64, v4f32, v4i32 = ir.VectorType(f64, 4), ir.VectorType(f64, 8), ir.VectorType(f32, 4), ir.VectorType(i32, 4)
 v8i32, v16i16 = ir.VectorType(i32, 8), ir.VectorType(i16, 16)
 TINY = 2.0 ** -126
+I32_SPREAD = 13    # Q1_0: four dots (< 2^12) * am (< 2^4) << spread sum below 2^31
 
 
 def limit(pbits: int, n: int) -> int:

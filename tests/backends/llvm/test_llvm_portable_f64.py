@@ -136,3 +136,16 @@ def test_cancellation_and_overflow_in_f64(t, monkeypatch):
     raw[4:] = spread_weights(t, rng, -2, [3, 3])[4:]
     want = check(raw, t, x, monkeypatch, f64_rows={0, 1})
     assert np.isinf(want[:4]).all() and np.isfinite(want[4:]).all() and np.abs(want[4:]).max() > 2.0 ** 122
+
+
+def test_q1_0_activation_spread_at_the_i32_bound(monkeypatch):
+    """Q1_0 sums a weight block's four dots, shifted to the group's least activation exponent,
+    in i32: an activation spread of I32_SPREAD takes the f64 path, one more the exact path."""
+    rng = np.random.default_rng(40)
+    raw = spread_weights(Q1_0, rng, 0, [1, 1])
+    s = portable_f64.I32_SPREAD
+    big = (np.sign(rng.standard_normal((1, K))) * 127 * 2.0 ** -7).astype(np.float32)   # codes +-127: the largest dots
+    for spread, f64_rows in ((s, {0, 1}), (s + 1, set())):
+        x = activation(rng, [0, -spread, 0, 0, -1, -spread, 0, 0])
+        x[:, :32] = big[:, :32]
+        check(raw, Q1_0, x, monkeypatch, f64_rows=f64_rows)
