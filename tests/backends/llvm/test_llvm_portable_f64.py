@@ -149,3 +149,17 @@ def test_q1_0_activation_spread_at_the_i32_bound(monkeypatch):
         x = activation(rng, [0, -spread, 0, 0, -1, -spread, 0, 0])
         x[:, :32] = big[:, :32]
         check(raw, Q1_0, x, monkeypatch, f64_rows=f64_rows)
+
+
+@pytest.mark.parametrize("t", [Q4_1, Q2_0, Q1_0], ids=["Q4_1", "Q2_0", "Q1_0"])
+def test_largest_dots(t, monkeypatch):
+    """Every weight code at its largest (Q4_1 15, Q2_0 3, Q1_0 bit set) against codes of +-127
+    of one sign: the largest sub-block dots (Q1_0, Q2_0: lane_sums16's i16 partial sums at their bound)."""
+    rng = np.random.default_rng(50 + t)
+    raw = spread_weights(t, rng, 0, [2, 2])
+    wt = WEIGHT_TYPES[t]
+    blocks = raw.reshape(ROWS, -1, wt.block_bytes)
+    blocks[:, :, 4 if t == Q4_1 else 2:] = 0xFF
+    for sign in (1, -1):
+        x = np.full((1, K), sign * 127 * 2.0 ** -7, np.float32)
+        check(raw, t, x, monkeypatch, f64_rows={0, 1})
