@@ -479,6 +479,8 @@ def scale_words(b, wtype: int, w, goff, nsub: int):
 def group4(b, wtype: int, wrows: list, gi, nsub: int, cols: Cols):
     """The group gi of four weight rows against one column, summed in f64 (portable_f64):
     (<4 x f32> the rounded results, i1 whether they are the spec's; else the exact path's)."""
+    if nsub <= 2 and wtype != Q1_0:
+        return tail4(b, wtype, wrows, gi, nsub, cols)
     goff = b.mul(gi, i64(group_bytes(wtype)))
     s0 = b.mul(gi, i64(8))
     zero = ir.Constant(v8i32, [0] * 8)
@@ -511,6 +513,41 @@ def group4(b, wtype: int, wrows: list, gi, nsub: int, cols: Cols):
     n = 16 if wtype == Q4_1 else 8
     ok = pf.spread_ok(b, words, wtype == Q4_1, cols.per_group(b, cols.aspread, 0, gi),
                       cols.per_group(b, cols.gbad, 0, gi), pf.limit(TERM_BITS[wtype], n))
+    return r, b.and_(ok, untiny)
+
+
+def tail4(b, wtype: int, wrows: list, gi, nsub: int, cols: Cols):
+    """group4 for a last group of one or two sub-blocks (K = 576: 2): the eight lanes are
+    (row r, sub-block j) at 2r + j, so the four rows share one f64 pass."""
+    goff = b.mul(gi, i64(group_bytes(wtype)))
+    s0 = b.mul(gi, i64(8))
+    zero = ir.Constant(v8i32, [0] * 8)
+    lanes, words = [], ir.Constant(v8i32, [0] * 8)
+    for r, w in enumerate(wrows):
+        for j in range(2):
+            qoff = b.add(goff, i64(sub_layout(wtype, j)[2]))
+            lanes.append(int8_lanes(b, wtype, w, qoff, b.add(s0, i64(j)), cols)[0] if j < nsub else zero)
+            do, mo, _ = sub_layout(wtype, j if j < nsub else 0)     # past nsub: sub-block 0's scale (a 0 term)
+            word = b.zext(b.load(at(b, w, b.add(goff, i64(do)), i16), align=1), i32) if mo is None else \
+                b.load(at(b, w, b.add(goff, i64(do)), i32), align=1)
+            words = b.insert_element(words, word, i32(2 * r + j))
+    pairs = ir.Constant(v8i32, [0, 1] * 4)
+
+    def per_lane(arr, t):
+        v = cols.vec(b, arr, 0, s0, t)
+        return b.shuffle_vector(v, v, pairs)
+
+    dots = lane_sums(b, lanes)
+    if wtype == Q2_0:
+        dots = b.sub(dots, per_lane(cols.csum, v8i32))                      # codes - 1
+    t = b.fmul(b.sitofp(dots, pf.v8f64), b.fmul(pf.f16_values(b, words), per_lane(cols.af, pf.v8f64)))
+    if wtype == Q4_1:
+        t = b.fadd(t, b.fmul(pf.f16_values(b, words, 16), per_lane(cols.caf, pf.v8f64)))
+    v4 = ir.VectorType(i32, 4)
+    r, untiny = pf.round4(b, b.fadd(b.shuffle_vector(t, t, ir.Constant(v4, [0, 2, 4, 6])),
+                                    b.shuffle_vector(t, t, ir.Constant(v4, [1, 3, 5, 7]))))
+    ok = pf.spread_ok(b, [words], wtype == Q4_1, cols.per_group(b, cols.aspread, 0, gi),
+                      cols.per_group(b, cols.gbad, 0, gi), pf.limit(TERM_BITS[wtype], 16 if wtype == Q4_1 else 8))
     return r, b.and_(ok, untiny)
 
 

@@ -18,7 +18,7 @@ from test_llvm_portable_matmul import _graph, bits, pq8, weights  # noqa: E402
 
 from bankml.backends.llvm import kernels_portable_matmul as kpm  # noqa: E402
 from bankml.backends.llvm import portable_f64  # noqa: E402
-from bankml.profiles.portable import quant  # noqa: E402
+from bankml.profiles.portable import arith, quant  # noqa: E402
 from bankml.quants import Q1_0, Q2_0, Q4_1, Q8_0, WEIGHT_TYPES  # noqa: E402
 
 TYPES = [Q8_0, Q4_1, Q1_0, Q2_0]
@@ -33,7 +33,7 @@ def limit(t: int) -> int:
 
 def run(raw, t, a, monkeypatch=None) -> np.ndarray:
     """The kernel's result; with monkeypatch, a kernel whose exact path gives MARK."""
-    g, _, mm, _ = _graph(t, K, 1, len(raw))
+    g, _, mm, _ = _graph(t, a.q.shape[1], 1, len(raw))
     if monkeypatch is None:
         kern = compile_kernel(g, mm)
     else:
@@ -72,8 +72,10 @@ def check(raw, t, x, monkeypatch, f64_rows) -> np.ndarray:
     a = quant.quantize_act(x)
     want = quant.mul_mat(raw, t, a)[0]
     assert np.array_equal(bits(run(raw, t, a)), bits(want))
+    if monkeypatch is None:
+        return want
     marked = run(raw, t, a, monkeypatch)
-    for blk in range(ROWS // 4):
+    for blk in range(len(raw) // 4):
         rows = slice(4 * blk, 4 * blk + 4)
         if blk in f64_rows:
             assert np.array_equal(bits(marked[rows]), bits(want[rows])), f"rows {rows}: not the f64 path"
@@ -163,3 +165,28 @@ def test_largest_dots(t, monkeypatch):
     for sign in (1, -1):
         x = np.full((1, K), sign * 127 * 2.0 ** -7, np.float32)
         check(raw, t, x, monkeypatch, f64_rows={0, 1})
+
+
+@pytest.mark.parametrize("t", [Q8_0, Q4_1, Q2_0], ids=["Q8_0", "Q4_1", "Q2_0"])
+def test_last_group_of_one_or_two_sub_blocks(t, monkeypatch):
+    """A last group of 32 or 64 values (K = 288, 320, 576, 64; tail4: the four rows' sub-blocks
+    in one vector), 4k + 3 rows (the last three by the one-row path); a wide last group goes
+    the exact way, the full groups before it stay f64."""
+    rng = np.random.default_rng(60 + t)
+    for k in (288, 320, 576, 64):
+        if k % WEIGHT_TYPES[t].block:
+            continue
+        raw = weights(t, 11, k, rng)
+        x = (rng.standard_normal((1, k)) * 3).astype(np.float32)
+        check(raw, t, x, None, None)
+        x[0, -32:] *= np.float32(2.0 ** -40)                   # the last group's spread past every limit
+        a = quant.quantize_act(x)
+        want = quant.mul_mat(raw, t, a)[0]
+        assert np.array_equal(bits(run(raw, t, a)), bits(want))
+        marked = run(raw[:8], t, a, monkeypatch)
+        if k % 256 == 32:                                       # one sub-block: no spread, f64
+            assert np.array_equal(bits(marked), bits(want[:8]))
+            continue
+        xf = np.where(np.arange(k) < k // 256 * 256, x, 0).astype(np.float32)
+        y_full = quant.mul_mat(raw[:8], t, quant.quantize_act(xf))[0]
+        assert np.array_equal(bits(marked), bits(arith.add(y_full, MARK)))
