@@ -24,6 +24,15 @@ profile's f32 add (a NaN made the one NaN once, at the end). Any exact sum gives
   distinct block scale decoded once, its exponents' least wref and spread. The terms aligned
   at aemin + wref sum in i64 lanes when the two spreads add up to at most
   portable_exact.room (|term| < 2^TERM_BITS), else through the i512 (round_shifted).
+- one column (decode), int8 weights: four weight rows at a time (group4), each group's terms
+  as f64 products (weight scale * activation scale * dot, exact) summed in f64 and rounded by
+  one f64 -> f32 conversion, when portable_f64's conditions prove that exact and equal to the
+  spec's rounding (exponent spreads within portable_f64.limit, no bad scale or block, no
+  nonzero result below 2^-126); otherwise those four rows' group goes the exact way above.
+  Q1_0 first sums each weight block's four dots, shifted to the group's least activation
+  exponent, in i32 (q1_0_blocks4); a last group of one or two sub-blocks packs the four rows'
+  sub-blocks into one vector (tail4). Q1_0 and Q2_0 sub-block dots are i16 pair sums added by
+  vphaddw (lane_sums16).
 - F16: per sub-block the products weight * code exact in f32, summed exactly in f64 (the dot
   of weights * 2^24 as an i64), the terms by portable_exact.round_terms.
 Q2_0 codes are unpacked in a permuted order (byte 8p+i is element 4i+p) and the activation
