@@ -131,7 +131,9 @@ def bankml_bench(path: Path, backend: str, threads: int, reps: int, pp: bool = T
                     **CACHE)   # as llama-bench's
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, m.hparams.n_vocab, 512).tolist()
-    m.session().prefill(prompt[:8], outputs="last")             # warm-up (and compile, for llvm)
+    warm = m.session()                                          # warm-up (and compile, for llvm):
+    warm.prefill(prompt[:8], outputs="last")                    # a prompt's graph and the decode's
+    warm.decode(int(prompt[8]))
     out = {}
     for _ in range(reps):
         if pp:
