@@ -472,16 +472,14 @@ def group(b, wtype: int, w, gi, nsub: int, cols: Cols) -> list:
 
 
 def scale_words(b, wtype: int, w, goff, nsub: int):
-    """<8 x i32>: lane j the f16 bits of sub-block j's scale (Q4_1: d | min << 16), each distinct
-    block's loaded once; lanes past nsub repeat lane 0."""
+    """<8 x i16>: lane j the f16 bits of sub-block j's scale (Q4_1: <8 x i32>, d | min << 16),
+    each distinct block's loaded once; lanes past nsub repeat lane 0."""
     per = WEIGHT_TYPES[wtype].block // 32
     nd = -(-nsub // per)
-    v = ir.Constant(ir.VectorType(i32, nd), [0] * nd)
+    t = i32 if wtype == Q4_1 else i16
+    v = ir.Constant(ir.VectorType(t, nd), [0] * nd)
     for k in range(nd):
-        do, mo, _ = sub_layout(wtype, k * per)
-        word = b.zext(b.load(at(b, w, b.add(goff, i64(do)), i16), align=1), i32) if mo is None else \
-            b.load(at(b, w, b.add(goff, i64(do)), i32), align=1)
-        v = b.insert_element(v, word, i32(k))
+        v = b.insert_element(v, b.load(at(b, w, b.add(goff, i64(sub_layout(wtype, k * per)[0])), t), align=1), i32(k))
     return b.shuffle_vector(v, v, ir.Constant(v8i32, [j // per if j < nsub else 0 for j in range(8)]))
 
 
@@ -531,15 +529,14 @@ def tail4(b, wtype: int, wrows: list, gi, nsub: int, cols: Cols):
     goff = b.mul(gi, i64(group_bytes(wtype)))
     s0 = b.mul(gi, i64(8))
     zero = ir.Constant(v8i32, [0] * 8)
-    lanes, words = [], ir.Constant(v8i32, [0] * 8)
+    t = i32 if wtype == Q4_1 else i16                                        # scale_words' lanes
+    lanes, words = [], ir.Constant(ir.VectorType(t, 8), [0] * 8)
     for r, w in enumerate(wrows):
         for j in range(2):
             qoff = b.add(goff, i64(sub_layout(wtype, j)[2]))
             lanes.append(int8_lanes(b, wtype, w, qoff, b.add(s0, i64(j)), cols)[0] if j < nsub else zero)
-            do, mo, _ = sub_layout(wtype, j if j < nsub else 0)     # past nsub: sub-block 0's scale (a 0 term)
-            word = b.zext(b.load(at(b, w, b.add(goff, i64(do)), i16), align=1), i32) if mo is None else \
-                b.load(at(b, w, b.add(goff, i64(do)), i32), align=1)
-            words = b.insert_element(words, word, i32(2 * r + j))
+            do = sub_layout(wtype, j if j < nsub else 0)[0]        # past nsub: sub-block 0's scale (a 0 term)
+            words = b.insert_element(words, b.load(at(b, w, b.add(goff, i64(do)), t), align=1), i32(2 * r + j))
     pairs = ir.Constant(v8i32, [0, 1] * 4)
 
     def per_lane(arr, t):
@@ -566,11 +563,11 @@ def q1_0_blocks4(b, wrows: list, goff, nsub: int, sums: list, cols: Cols, gi):
     activation spread is at most I32_SPREAD), then f64 I * d * 2^aemin, exact (portable_f64)."""
     phadd = intrinsic(b.module, "llvm.x86.avx2.phadd.d", v8i32, [v8i32, v8i32])
     blocks = b.call(phadd, [b.call(phadd, [sums[0], sums[1]]), b.call(phadd, [sums[2], sums[3]])])
-    words = ir.Constant(v8i32, [0] * 8)                       # lanes: block 0 of rows 0..3, block 1 of rows 0..3
+    words = ir.Constant(pf.v8i16, [0] * 8)                    # lanes: block 0 of rows 0..3, block 1 of rows 0..3
     for blk in range(2):
         for r, w in enumerate(wrows):
             off = b.add(goff, i64(18 * blk if blk * 4 < nsub else 0))    # past the row's end: block 0 again (I = 0)
-            words = b.insert_element(words, b.zext(b.load(at(b, w, off, i16), align=1), i32), i32(4 * blk + r))
+            words = b.insert_element(words, b.load(at(b, w, off, i16), align=1), i32(4 * blk + r))
     aemin = cols.per_group(b, cols.aemin, 0, gi)
     t = b.fmul(b.sitofp(blocks, pf.v8f64), b.fmul(pf.f16_values(b, words), splat_v(b, pf.pow2(b, aemin), 8)))
     r, untiny = pf.round4(b, b.fadd(b.shuffle_vector(t, t, ir.Constant(ir.VectorType(i32, 4), [0, 1, 2, 3])),

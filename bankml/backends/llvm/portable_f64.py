@@ -22,7 +22,7 @@ from llvmlite import ir
 from bankml.backends.llvm.common import f32, f64, i8, i16, i32, i64, intrinsic
 
 v4f64, v8f64, v4f32, v4i32 = ir.VectorType(f64, 4), ir.VectorType(f64, 8), ir.VectorType(f32, 4), ir.VectorType(i32, 4)
-v8i32, v16i16 = ir.VectorType(i32, 8), ir.VectorType(i16, 16)
+v8i32, v8i16, v16i16 = ir.VectorType(i32, 8), ir.VectorType(i16, 8), ir.VectorType(i16, 16)
 TINY = 2.0 ** -126
 I32_SPREAD = 13    # Q1_0: four dots (< 2^12) * am (< 2^4) << spread sum below 2^31
 
@@ -62,27 +62,25 @@ def act_scales(b, am, ae):
 
 
 def f16_values(b, words, shift: int = 0):
-    """<8 x f64> of the f16 bits at bit `shift` of each lane of <8 x i32> words (exact)."""
-    h = b.trunc(b.lshr(words, vconst(v8i32, shift)) if shift else words, ir.VectorType(i16, 8))
+    """<8 x f64> of the f16 bits in <8 x i16> words, or at bit `shift` of <8 x i32> words (exact)."""
+    h = words if words.type == v8i16 else \
+        b.trunc(b.lshr(words, vconst(v8i32, shift)) if shift else words, v8i16)
     return b.fpext(b.bitcast(h, ir.VectorType(ir.HalfType(), 8)), v8f64)
 
 
 def exponent_range(b, words: list, both: bool):
     """(least, largest) f16 exponent field (bits 10..14, 0 read as 1: a denormal's lsb exponent)
-    over the scales in <8 x i32> words (both: the two f16 halves of each lane), as i32 of the
-    field << 10; largest = 31 << 10 where a scale is inf or NaN."""
+    over the scales in <8 x i16> words, or <8 x i32> words with both f16 halves (both), as i32
+    of the field << 10; largest = 31 << 10 where a scale is inf or NaN."""
     if both:
         es = [b.bitcast(b.and_(w, vconst(v8i32, 0x7C007C00)), v16i16) for w in words]
         es = [_minmax(b, "umax", e, vconst(v16i16, 0x0400)) for e in es]
     else:
-        es = [_minmax(b, "umax", b.and_(w, vconst(v8i32, 0x7C00)), vconst(v8i32, 0x0400)) for w in words]
+        es = [_minmax(b, "umax", b.and_(w, vconst(v8i16, 0x7C00)), vconst(v8i16, 0x0400)) for w in words]
     lo, hi = es[0], es[0]
     for e in es[1:]:
         lo, hi = _minmax(b, "umin", lo, e), _minmax(b, "umax", hi, e)
-    lo, hi = _reduce(b, "umin", lo), _reduce(b, "umax", hi)
-    if both:
-        lo, hi = b.zext(lo, i32), b.zext(hi, i32)
-    return lo, hi
+    return b.zext(_reduce(b, "umin", lo), i32), b.zext(_reduce(b, "umax", hi), i32)
 
 
 def spread_ok(b, words: list, both: bool, aspread, gbad, lim: int):
