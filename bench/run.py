@@ -497,7 +497,8 @@ def main() -> None:
     ap.add_argument("-ctk", "--cache-type-k", default="f16", help="K cache type (llama-bench's -ctk)")
     ap.add_argument("-ctv", "--cache-type-v", default="f16", help="V cache type (llama-bench's -ctv)")
     ap.add_argument("--one", help=argparse.SUPPRESS)         # internal: one bankml measurement, print JSON
-    ap.add_argument("--one-test", default="pptg", choices=["pptg", "fresh", "cold", "long", "depth", "bandwidth", "portable"], help=argparse.SUPPRESS)
+    ap.add_argument("--one-test", default="pptg", help=argparse.SUPPRESS,
+                    choices=["pptg", "fresh", "cold", "long", "depth", "bandwidth", "portable"])
     ap.add_argument("--n", default="0", help=argparse.SUPPRESS)
     a = ap.parse_args()
     rows = a.rows.split(",")
