@@ -44,6 +44,10 @@ one embedding row, the K/V cells its attention reads) over that bandwidth.
 Peak memory: each process's max RSS, bankml's with the cache llama-bench gives the same test
 (n_ctx = the test's tokens: 512 for pp512/tg128, depth + 512 for the depth rows).
 
+portable: tg128 of the portable profile (issue #15) against the ggml profile's, both bankml on
+--backend, each in its own child process, alternated --reps times (A then B, back to back: a
+busy machine slows both alike); best of each, ratio portable/ggml tokens/s (the bar is 0.8).
+
 -ctk/--cache-type-k, -ctv/--cache-type-v: the K/V cache types (f16, q8_0, q4_0) of every row, on both
 sides (llama-bench -ctk/-ctv); rows of a quantized cache are labelled "model [K/V]".
 
@@ -76,7 +80,7 @@ from bandwidth import read_bandwidth  # noqa: E402
 
 DEFAULT_MODELS = ["smollm2-q4_1", "smollm2-f16", "smollm2-q8_0", "smollm2-q2_0", "bonsai-1.7b-q1_0",
                   "bonsai-1.7b-q2_0", "gemma3-270m-q4_k_m"]
-ROWS = ("pp", "tg", "fresh", "long", "depth")
+ROWS = ("pp", "tg", "fresh", "long", "depth", "portable")
 DEPTH_MODELS = ["smollm2-q4_1", "bonsai-1.7b-q1_0"]
 DOC = Path(__file__).resolve().parent.parent / "docs" / "PERFORMANCE.md"
 KEEP = "<!-- bench/run.py --write-docs rewrites everything above this line and keeps what follows -->"
@@ -120,13 +124,16 @@ def llama_bench(path: Path, threads: int, reps: int, prompt: int, gen: int) -> d
 
 # ---- the bankml side, each run in a child process (--one) ----
 
-def bankml_bench(path: Path, backend: str, threads: int, reps: int, pp: bool = True, tg: bool = True) -> dict:
+def bankml_bench(path: Path, backend: str, threads: int, reps: int, pp: bool = True, tg: bool = True,
+                 profile: str = "ggml") -> dict:
     """Warm throughput: pp512 and tg128 tokens/s, best of reps, after a warm-up that compiles."""
-    m = bankml.load(path, backend=backend, threads=threads, n_ctx=512 if pp else 128,
+    m = bankml.load(path, backend=backend, threads=threads, n_ctx=512 if pp else 128, profile=profile,
                     **CACHE)   # as llama-bench's
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, m.hparams.n_vocab, 512).tolist()
-    m.session().prefill(prompt[:8], outputs="last")             # warm-up (and compile, for llvm)
+    warm = m.session()                                          # warm-up (and compile, for llvm):
+    warm.prefill(prompt[:8], outputs="last")                    # a prompt's graph and the decode's
+    warm.decode(int(prompt[8]))
     out = {}
     for _ in range(reps):
         if pp:
@@ -208,6 +215,8 @@ def run_one(a: argparse.Namespace) -> dict:
         return depth_bench(path, a.backend, a.threads, a.reps, int(a.n), a.seed)
     if a.one_test == "bandwidth":
         return {"gb_s": read_bandwidth(a.threads)}
+    if a.one_test == "portable":
+        return bankml_bench(path, a.backend, a.threads, 1, pp=False, tg=True, profile=a.n)
     return bankml_bench(path, a.backend, a.threads, a.reps, pp="pp" in rows, tg="tg" in rows)
 
 
@@ -222,6 +231,17 @@ def throughput_rows(name: str, path: Path, a: argparse.Namespace, rows: list[str
                     "llama": theirs[test], "ratio": ours[test] / theirs[test], "note": "warm",
                     "rss": (ours["rss_mb"], theirs["rss_mb"])})
     return out
+
+
+def portable_rows(name: str, path: Path, a: argparse.Namespace) -> list[dict]:
+    """tg128 of the portable profile and of the ggml profile, alternated, best of --reps each."""
+    best = {"portable": 0.0, "ggml": 0.0}
+    for _ in range(a.reps):
+        for profile in best:
+            best[profile] = max(best[profile], bankml_child(path, a, "portable", profile)["tg128"])
+    return [{"model": name, "kind": "portable", "test": "tg128", "unit": "tok/s", "bankml": best["portable"],
+             "llama": best["ggml"], "ratio": best["portable"] / best["ggml"],
+             "note": "portable vs ggml profile (bankml both; the llama.cpp column is the ggml profile)"}]
 
 
 def fresh_rows(name: str, path: Path, a: argparse.Namespace, lengths: list[int]) -> list[dict]:
@@ -340,7 +360,7 @@ def report_bounds(results: list[dict], gb_s: float, a: argparse.Namespace) -> li
     """Each decode row against its bound: bytes a step reads at the cells it reads / bandwidth."""
     out = []
     per_model = {}
-    for r in [r for r in results if r["test"].startswith(("tg", "long"))]:
+    for r in [r for r in results if r["test"].startswith(("tg", "long")) and r["kind"] != "portable"]:
         path = models.path(r["model"])
         if r["model"] not in per_model:
             per_model[r["model"]] = decode_bytes(path)
@@ -477,7 +497,8 @@ def main() -> None:
     ap.add_argument("-ctk", "--cache-type-k", default="f16", help="K cache type (llama-bench's -ctk)")
     ap.add_argument("-ctv", "--cache-type-v", default="f16", help="V cache type (llama-bench's -ctv)")
     ap.add_argument("--one", help=argparse.SUPPRESS)         # internal: one bankml measurement, print JSON
-    ap.add_argument("--one-test", default="pptg", choices=["pptg", "fresh", "cold", "long", "depth", "bandwidth"], help=argparse.SUPPRESS)
+    ap.add_argument("--one-test", default="pptg", help=argparse.SUPPRESS,
+                    choices=["pptg", "fresh", "cold", "long", "depth", "bandwidth", "portable"])
     ap.add_argument("--n", default="0", help=argparse.SUPPRESS)
     a = ap.parse_args()
     rows = a.rows.split(",")
@@ -509,6 +530,8 @@ def main() -> None:
             results += report(long_rows(name, path, a))
         if "depth" in rows and name in a.depth_models.split(","):
             results += report(depth_rows(name, path, a))
+        if "portable" in rows:
+            results += report(portable_rows(name, path, a))
     if bw is not None:
         results += report_bounds(results, bw, a)
     if a.write_docs:

@@ -24,6 +24,15 @@ profile's f32 add (a NaN made the one NaN once, at the end). Any exact sum gives
   distinct block scale decoded once, its exponents' least wref and spread. The terms aligned
   at aemin + wref sum in i64 lanes when the two spreads add up to at most
   portable_exact.room (|term| < 2^TERM_BITS), else through the i512 (round_shifted).
+- one column (decode), int8 weights: four weight rows at a time (group4), each group's terms
+  as f64 products (weight scale * activation scale * dot, exact) summed in f64 and rounded by
+  one f64 -> f32 conversion, when portable_f64's conditions prove that exact and equal to the
+  spec's rounding (exponent spreads within portable_f64.limit, no bad scale or block, no
+  nonzero result below 2^-126); otherwise those four rows' group goes the exact way above.
+  Q1_0 first sums each weight block's four dots, shifted to the group's least activation
+  exponent, in i32 (q1_0_blocks4); a last group of one or two sub-blocks packs the four rows'
+  sub-blocks into one vector (tail4). Q1_0 and Q2_0 sub-block dots are i16 pair sums added by
+  vphaddw (lane_sums16).
 - F16: per sub-block the products weight * code exact in f32, summed exactly in f64 (the dot
   of weights * 2^24 as an i64), the terms by portable_exact.round_terms.
 Q2_0 codes are unpacked in a permuted order (byte 8p+i is element 4i+p) and the activation
@@ -44,8 +53,9 @@ from llvmlite import ir
 from bankml.backends.llvm import kernels_rows
 from bankml.backends.llvm.common import f32, f64, for_range, i8, i16, i32, i64, intrinsic, new_function, size, \
     smin, thread_range, typed
-from bankml.backends.llvm.kernels_matmul import CHUNK_BYTES, at, psign, scratch, sums_us8, v32i8
-from bankml.backends.llvm.kernels_matmul_q import q1_0_neg_signs, q1_0_sums
+from bankml.backends.llvm.kernels_matmul import CHUNK_BYTES, at, maddubs, psign, scratch, sums_us8, v32i8
+from bankml.backends.llvm.kernels_matmul_q import ONES, q1_0_neg_signs, q1_0_sums
+from bankml.backends.llvm import portable_f64 as pf
 from bankml.backends.llvm.portable_exact import room, round_i64, round_shifted, round_terms
 from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
 from bankml.errors import LoweringError
@@ -214,7 +224,10 @@ class Cols:
         self.am, self.ae, self.bad, self.sa = (scratch(b, i32, n, name) for name in ("act.m", "act.e", "act.bad", "act.sa"))
         self.aemin, self.aspread, self.gbad = (scratch(b, i32, C * self.ng, name)
                                                for name in ("act.emin", "act.spread", "act.gbad"))
-        self.csum = scratch(b, i32, n, "act.sum") if wtype in (Q4_1, Q2_0) else None
+        self.csum = scratch(b, i32, n, "act.sum") if wtype in (Q4_1, Q2_0, Q1_0) else None
+        self.af = scratch(b, f64, n, "act.f64")                      # am * 2^ae (portable_f64)
+        self.caf = scratch(b, f64, n, "act.sumf64") if wtype == Q4_1 else None   # csum * am * 2^ae
+        self.cmul = scratch(b, i32, n, "act.mul") if wtype == Q1_0 else None      # am << (ae - aemin)
         self.perm = scratch(b, i8, C * K, "act.perm") if wtype == Q2_0 else None
         self.K = K
         self.x = []
@@ -253,14 +266,24 @@ class Cols:
                 b.store(reduce(b, "or", self.vec(b, self.bad, c, s0)), b.gep(self.gbad, [slot]))
                 sa = b.select(nz, b.sub(ae, splat_v(b, emin, 8)), vconst(v8i32, 0))
                 b.store(sa, typed(b, b.gep(self.sa, [b.add(s0, i64(c * npad))]), v8i32), align=4)
+                if self.cmul is not None:                    # 0 where the shift passes I32_SPREAD
+                    fits = b.icmp_unsigned("<=", sa, vconst(v8i32, pf.I32_SPREAD))
+                    cm = b.select(fits, b.shl(am, b.select(fits, sa, vconst(v8i32, 0))), vconst(v8i32, 0))
+                    b.store(cm, typed(b, b.gep(self.cmul, [b.add(s0, i64(c * npad))]), v8i32), align=4)
+                af = pf.act_scales(b, am, ae)
+                b.store(af, self.vec(b, self.af, c, s0, pf.v8f64, load=False), align=8)
+                if self.caf is not None:
+                    caf = b.fmul(b.sitofp(self.vec(b, self.csum, c, s0), pf.v8f64), af)
+                    b.store(caf, self.vec(b, self.caf, c, s0, pf.v8f64, load=False), align=8)
         return self
 
     def per_group(self, b, arr, c: int, gi):
         return b.load(b.gep(arr, [b.add(gi, i64(c * self.ng))]))
 
-    def vec(self, b, arr, c: int, s0):
-        """<8 x i32> of arr for column c, sub-blocks s0..s0+7."""
-        return b.load(typed(b, b.gep(arr, [b.add(s0, i64(c * self.npad))]), v8i32), align=4)
+    def vec(self, b, arr, c: int, s0, t: ir.VectorType = v8i32, load: bool = True):
+        """<8 x i32> (or t) of arr for column c, sub-blocks s0..s0+7 (load=False: its pointer)."""
+        p = typed(b, b.gep(arr, [b.add(s0, i64(c * self.npad))]), t)
+        return b.load(p, align=4) if load else p
 
     def codes(self, b, c: int, s, permuted: bool = False):
         if permuted:
@@ -305,6 +328,34 @@ def int8_lanes(b, wtype: int, w, qoff, s, cols: Cols) -> list:
         return [q1_0_sums(b, cols.codes(b, c, s), neg) for c in range(C)]
     wq = q2_0_codes(b, w, qoff)
     return [sums_us8(b, wq, cols.codes(b, c, s, permuted=True)) for c in range(C)]
+
+
+_BYTE_SHUF = ir.Constant(v32i8, [j // 8 for j in range(32)])          # byte j: bits byte j / 8
+_BIT_MASKS = ir.Constant(v32i8, [1 << (j % 8) for j in range(32)])     # ... its bit j % 8
+
+
+def pair_sums16(b, wtype: int, w, qoff, s, cols: Cols):
+    """Q1_0, Q2_0 against one column: <16 x i16>, lane l the sum over elements 2l, 2l+1 of the
+    sub-block of (Q1_0) the codes whose bit is set, (Q2_0) code (0..3) * activation: the bits
+    spread to bytes (broadcast, vpshufb, vpand), made 0 / 1 (vpminub), one vpmaddubsw."""
+    if wtype == Q2_0:
+        return maddubs(b, q2_0_codes(b, w, qoff), cols.codes(b, 0, s, permuted=True))
+    word = b.bitcast(splat_v(b, b.load(at(b, w, qoff, i32), align=1), 8), v32i8)
+    pshufb = intrinsic(b.module, "llvm.x86.avx2.pshuf.b", v32i8, [v32i8, v32i8])
+    t = b.and_(b.call(pshufb, [word, _BYTE_SHUF]), _BIT_MASKS)
+    umin = intrinsic(b.module, "llvm.umin.v32i8", v32i8, [v32i8, v32i8])
+    return maddubs(b, b.call(umin, [t, ONES]), cols.codes(b, 0, s))
+
+
+def lane_sums16(b, vs: list):
+    """<8 x i32> whose lane j is the sum of the 16 lanes of vs[j] (8 <16 x i16>, every partial
+    sum within i16): three levels of vphaddw, then the two 128-bit halves added."""
+    phadd = intrinsic(b.module, "llvm.x86.avx2.phadd.w", ir.VectorType(i16, 16), [ir.VectorType(i16, 16)] * 2)
+    h = [b.call(phadd, [vs[i], vs[i + 1]]) for i in range(0, 8, 2)]
+    r = b.call(phadd, [b.call(phadd, [h[0], h[1]]), b.call(phadd, [h[2], h[3]])])
+    lo = b.shuffle_vector(r, r, ir.Constant(v8i32, list(range(8))))
+    hi = b.shuffle_vector(r, r, ir.Constant(v8i32, list(range(8, 16))))
+    return b.sext(b.add(lo, hi), v8i32)
 
 
 def lane_sums(b, vs: list):
@@ -420,18 +471,133 @@ def group(b, wtype: int, w, gi, nsub: int, cols: Cols) -> list:
     return out
 
 
+def scale_words(b, wtype: int, w, goff, nsub: int):
+    """<8 x i16>: lane j the f16 bits of sub-block j's scale (Q4_1: <8 x i32>, d | min << 16),
+    each distinct block's loaded once; lanes past nsub repeat lane 0."""
+    per = WEIGHT_TYPES[wtype].block // 32
+    nd = -(-nsub // per)
+    t = i32 if wtype == Q4_1 else i16
+    v = ir.Constant(ir.VectorType(t, nd), [0] * nd)
+    for k in range(nd):
+        v = b.insert_element(v, b.load(at(b, w, b.add(goff, i64(sub_layout(wtype, k * per)[0])), t), align=1), i32(k))
+    return b.shuffle_vector(v, v, ir.Constant(v8i32, [j // per if j < nsub else 0 for j in range(8)]))
+
+
+def group4(b, wtype: int, wrows: list, gi, nsub: int, cols: Cols):
+    """The group gi of four weight rows against one column, summed in f64 (portable_f64):
+    (<4 x f32> the rounded results, i1 whether they are the spec's; else the exact path's)."""
+    if nsub <= 2 and wtype != Q1_0:
+        return tail4(b, wtype, wrows, gi, nsub, cols)
+    goff = b.mul(gi, i64(group_bytes(wtype)))
+    s0 = b.mul(gi, i64(8))
+    zero = ir.Constant(v8i32, [0] * 8)
+    af = cols.vec(b, cols.af, 0, s0, pf.v8f64)
+    caf = cols.vec(b, cols.caf, 0, s0, pf.v8f64) if wtype == Q4_1 else None
+    terms, words = [], []
+    small = wtype in (Q1_0, Q2_0)                    # sub-block dots within i16: pair sums summed as i16
+    for w in wrows:
+        lanes = [ir.Constant(ir.VectorType(i16, 16), [0] * 16) if small else zero] * 8
+        for j in range(nsub):
+            qoff = b.add(goff, i64(sub_layout(wtype, j)[2]))
+            s = b.add(s0, i64(j))
+            lanes[j] = pair_sums16(b, wtype, w, qoff, s, cols) if small else int8_lanes(b, wtype, w, qoff, s, cols)[0]
+        dots = lane_sums16(b, lanes) if small else lane_sums(b, lanes)
+        if wtype == Q1_0:                                                     # set - clear = 2 set - all
+            dots = b.sub(b.shl(dots, vconst(v8i32, 1)), cols.vec(b, cols.csum, 0, s0))
+        if wtype == Q2_0:
+            dots = b.sub(dots, cols.vec(b, cols.csum, 0, s0))                 # codes - 1
+        if wtype == Q1_0:
+            terms.append(b.mul(dots, cols.vec(b, cols.cmul, 0, s0)))
+            continue
+        wd = scale_words(b, wtype, w, goff, nsub)
+        t = b.fmul(b.sitofp(dots, pf.v8f64), b.fmul(pf.f16_values(b, wd), af))
+        if wtype == Q4_1:
+            t = b.fadd(t, b.fmul(pf.f16_values(b, wd, 16), caf))
+        terms.append(t)
+        words.append(wd)
+    if wtype == Q1_0:
+        return q1_0_blocks4(b, wrows, goff, nsub, terms, cols, gi)
+    r, untiny = pf.round4(b, pf.sum4(b, terms))
+    n = 16 if wtype == Q4_1 else 8
+    ok = pf.spread_ok(b, words, wtype == Q4_1, cols.per_group(b, cols.aspread, 0, gi),
+                      cols.per_group(b, cols.gbad, 0, gi), pf.limit(TERM_BITS[wtype], n))
+    return r, b.and_(ok, untiny)
+
+
+def tail4(b, wtype: int, wrows: list, gi, nsub: int, cols: Cols):
+    """group4 for a last group of one or two sub-blocks (K = 576: 2): the eight lanes are
+    (row r, sub-block j) at 2r + j, so the four rows share one f64 pass."""
+    goff = b.mul(gi, i64(group_bytes(wtype)))
+    s0 = b.mul(gi, i64(8))
+    zero = ir.Constant(v8i32, [0] * 8)
+    t = i32 if wtype == Q4_1 else i16                                        # scale_words' lanes
+    lanes, words = [], ir.Constant(ir.VectorType(t, 8), [0] * 8)
+    for r, w in enumerate(wrows):
+        for j in range(2):
+            qoff = b.add(goff, i64(sub_layout(wtype, j)[2]))
+            lanes.append(int8_lanes(b, wtype, w, qoff, b.add(s0, i64(j)), cols)[0] if j < nsub else zero)
+            do = sub_layout(wtype, j if j < nsub else 0)[0]        # past nsub: sub-block 0's scale (a 0 term)
+            words = b.insert_element(words, b.load(at(b, w, b.add(goff, i64(do)), t), align=1), i32(2 * r + j))
+    pairs = ir.Constant(v8i32, [0, 1] * 4)
+
+    def per_lane(arr, t):
+        v = cols.vec(b, arr, 0, s0, t)
+        return b.shuffle_vector(v, v, pairs)
+
+    dots = lane_sums(b, lanes)
+    if wtype == Q2_0:
+        dots = b.sub(dots, per_lane(cols.csum, v8i32))                      # codes - 1
+    t = b.fmul(b.sitofp(dots, pf.v8f64), b.fmul(pf.f16_values(b, words), per_lane(cols.af, pf.v8f64)))
+    if wtype == Q4_1:
+        t = b.fadd(t, b.fmul(pf.f16_values(b, words, 16), per_lane(cols.caf, pf.v8f64)))
+    v4 = ir.VectorType(i32, 4)
+    r, untiny = pf.round4(b, b.fadd(b.shuffle_vector(t, t, ir.Constant(v4, [0, 2, 4, 6])),
+                                    b.shuffle_vector(t, t, ir.Constant(v4, [1, 3, 5, 7]))))
+    ok = pf.spread_ok(b, [words], wtype == Q4_1, cols.per_group(b, cols.aspread, 0, gi),
+                      cols.per_group(b, cols.gbad, 0, gi), pf.limit(TERM_BITS[wtype], 16 if wtype == Q4_1 else 8))
+    return r, b.and_(ok, untiny)
+
+
+def q1_0_blocks4(b, wrows: list, goff, nsub: int, sums: list, cols: Cols, gi):
+    """Q1_0's group of four rows from sums[r] (<8 x i32>: sub-block j's dot * am_j << (ae_j - aemin)):
+    per row and weight block (two per group) the i32 sum of its four (|.| < 2^31 while the
+    activation spread is at most I32_SPREAD), then f64 I * d * 2^aemin, exact (portable_f64)."""
+    phadd = intrinsic(b.module, "llvm.x86.avx2.phadd.d", v8i32, [v8i32, v8i32])
+    blocks = b.call(phadd, [b.call(phadd, [sums[0], sums[1]]), b.call(phadd, [sums[2], sums[3]])])
+    words = ir.Constant(pf.v8i16, [0] * 8)                    # lanes: block 0 of rows 0..3, block 1 of rows 0..3
+    for blk in range(2):
+        for r, w in enumerate(wrows):
+            off = b.add(goff, i64(18 * blk if blk * 4 < nsub else 0))    # past the row's end: block 0 again (I = 0)
+            words = b.insert_element(words, b.load(at(b, w, off, i16), align=1), i32(4 * blk + r))
+    aemin = cols.per_group(b, cols.aemin, 0, gi)
+    t = b.fmul(b.sitofp(blocks, pf.v8f64), b.fmul(pf.f16_values(b, words), splat_v(b, pf.pow2(b, aemin), 8)))
+    r, untiny = pf.round4(b, b.fadd(b.shuffle_vector(t, t, ir.Constant(ir.VectorType(i32, 4), [0, 1, 2, 3])),
+                                    b.shuffle_vector(t, t, ir.Constant(ir.VectorType(i32, 4), [4, 5, 6, 7]))))
+    aspread = cols.per_group(b, cols.aspread, 0, gi)
+    ok = pf.spread_ok(b, [words], False, aspread, cols.per_group(b, cols.gbad, 0, gi), pf.limit(TERM_BITS[Q1_0], 8))
+    return r, b.and_(b.and_(ok, untiny), b.icmp_signed("<=", aspread, i32(pf.I32_SPREAD)))
+
+
 def add_f32(b, x, y):
     """arith.add of f32 values without NaN payloads to keep: one rounding, a denormal result to
     zero of its sign. A NaN stays a NaN (maybe x86's default one): canon_nan makes it the one."""
-    s = b.bitcast(b.fadd(x, y), i32)
-    tiny = b.icmp_unsigned("==", b.and_(s, i32(0x7F800000)), i32(0))
-    return b.bitcast(b.select(tiny, b.and_(s, i32(0x80000000)), s), f32)
+    ti = _ints(x.type)
+    c = (lambda v: vconst(ti, v)) if isinstance(ti, ir.VectorType) else i32
+    s = b.bitcast(b.fadd(x, y), ti)
+    tiny = b.icmp_unsigned("==", b.and_(s, c(0x7F800000)), c(0))
+    return b.bitcast(b.select(tiny, b.and_(s, c(0x80000000)), s), x.type)
 
 
 def canon_nan(b, x):
-    s = b.bitcast(x, i32)
-    nan = b.icmp_unsigned(">", b.and_(s, i32(0x7FFFFFFF)), i32(0x7F800000))
-    return b.bitcast(b.select(nan, i32(QNAN), s), f32)
+    ti = _ints(x.type)
+    c = (lambda v: vconst(ti, v)) if isinstance(ti, ir.VectorType) else i32
+    s = b.bitcast(x, ti)
+    nan = b.icmp_unsigned(">", b.and_(s, c(0x7FFFFFFF)), c(0x7F800000))
+    return b.bitcast(b.select(nan, c(QNAN), s), x.type)
+
+
+def _ints(t: ir.Type) -> ir.Type:
+    return ir.VectorType(i32, t.count) if isinstance(t, ir.VectorType) else i32
 
 
 @kernel(Op.MUL_MAT, profile="portable")
@@ -478,18 +644,48 @@ def define_mul_mat(m: ir.Module, g: Graph, n: Node) -> ir.Function:
         for c, slot in enumerate(slots):
             b.store(canon_nan(b, b.load(slot)), b.gep(yp, [b.add(b.mul(b.add(m0, i64(c)), i64(N)), r)]))
 
+    def rows4(cols: Cols, m0, r):
+        """Weight rows r..r+3 against one column: groups by group4, else the exact path."""
+        wrows = [b.gep(wp, [b.mul(b.add(r, i64(k)), i64(wrb))]) for k in range(4)]
+        with b.goto_entry_block():
+            acc = b.alloca(pf.v4f32, name="acc4")
+            exact = b.alloca(ir.ArrayType(f32, 4), name="exact4")
+        b.store(vconst(pf.v4f32, -0.0), acc)
+
+        def add_group(gi, nsub):
+            r4, ok = group4(b, wtype, wrows, gi, nsub, cols)
+            with b.if_then(b.not_(ok), likely=False):
+                with for_range(b, 0, 4, name="exact") as k:
+                    wk = b.gep(wp, [b.mul(b.add(r, k), i64(wrb))])
+                    b.store(group(b, wtype, wk, gi, nsub, cols)[0], b.gep(exact, [i64(0), k]))
+            v = b.select(ok, r4, b.load(typed(b, exact, pf.v4f32), align=4))
+            b.store(add_f32(b, b.load(acc), v), acc)
+
+        with for_range(b, 0, nfull, name="grp4") as gi:
+            add_group(gi, 8)
+        if tail:
+            add_group(i64(nfull), tail)
+        b.store(canon_nan(b, b.load(acc)), typed(b, b.gep(yp, [b.add(b.mul(m0, i64(N)), r)]), pf.v4f32), align=4)
+
+    def rows(cols: Cols, m0, rlo, rhi):
+        if len(cols.x) == 1 and wtype != F16:                # one column: four rows at a time
+            n4 = b.add(rlo, b.mul(b.sdiv(b.sub(rhi, rlo), i64(4)), i64(4)))
+            with for_range(b, rlo, n4, step=4, name="row4") as r:
+                rows4(cols, m0, r)
+            rlo = n4
+        with for_range(b, rlo, rhi, name="row") as r:
+            row(cols, m0, r)
+
     def column_tiles(rlo, rhi):
         full = b.sdiv(M, i64(C))
         with for_range(b, 0, full, name="ct") as t:
             m0 = b.mul(t, i64(C))
             cols = tiles[0].prep(b, [b.gep(xp, [b.mul(b.add(m0, i64(c)), i64(xrb))]) for c in range(C)])
-            with for_range(b, rlo, rhi, name="row") as r:
-                row(cols, m0, r)
+            rows(cols, m0, rlo, rhi)
         if C > 1:
             with for_range(b, b.mul(full, i64(C)), M, name="c1") as m0:
                 cols = tiles[1].prep(b, [b.gep(xp, [b.mul(m0, i64(xrb))])])
-                with for_range(b, rlo, rhi, name="row1") as r:
-                    row(cols, m0, r)
+                rows(cols, m0, rlo, rhi)
 
     if M_hi == 1:
         column_tiles(lo, hi)

@@ -1,0 +1,115 @@
+"""The portable mul_mat's group sum in f64, four weight rows at once (the fast path of
+kernels_portable_matmul; the exact i64 / i512 path stays the definition's other way).
+
+A group's terms dot_j * ws_j * am_j * 2^(wx_j + ae_j) are each exact in f64: the weight scale
+(an f16 value) times the activation scale (m * 2^e, 4 bits) has at most 15 significant bits,
+times the integer dot (TERM_BITS in all) at most 34. Their f64 sum is exact when every partial
+sum is: the terms are integers P_k < 2^pbits at exponents x_k within a spread S of the least,
+so n terms aligned sum below 2^(pbits + S + bitlen(n - 1)); at most 2^53 (`limit`) the sum,
+in any order, is exact. S is bounded by the activation scales' exponent spread in the group
+(once per column, Cols.aspread) plus the weight scales' spread over the group's scales of all
+four rows (here, from the f16 exponent fields; a denormal's lsb exponent is the least normal's).
+Then one f64 -> f32 conversion rounds the exact value once, to nearest even, +-inf past the
+range: the spec's round_exact, except below 2^-126, where the spec rounds at an unbounded
+exponent and flushes but the conversion rounds gradually: a nonzero sum there, a weight scale
+that is inf or NaN or a bad activation block, or a spread past the limit sends the four rows
+to the exact path. An exact zero is +0 (+0.0 added after the conversion).
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+
+from bankml.backends.llvm.common import f32, f64, i8, i16, i32, i64, intrinsic
+
+v4f64, v8f64, v4f32, v4i32 = ir.VectorType(f64, 4), ir.VectorType(f64, 8), ir.VectorType(f32, 4), ir.VectorType(i32, 4)
+v8i32, v8i16, v16i16 = ir.VectorType(i32, 8), ir.VectorType(i16, 8), ir.VectorType(i16, 16)
+TINY = 2.0 ** -126
+I32_SPREAD = 13    # Q1_0: four dots (< 2^12) * am (< 2^4) << spread sum below 2^31
+
+
+def limit(pbits: int, n: int) -> int:
+    """The largest exponent spread at which n terms below 2^pbits sum exactly in f64."""
+    return 53 - pbits - (n - 1).bit_length()
+
+
+def vconst(t: ir.VectorType, v):
+    return ir.Constant(t, [v] * t.count)
+
+
+def _reduce(b, kind: str, v):
+    e = v.type.element
+    return b.call(intrinsic(b.module, f"llvm.vector.reduce.{kind}.v{v.type.count}i{e.width}", e, [v.type]), [v])
+
+
+def _minmax(b, kind: str, x, y):
+    return b.call(intrinsic(b.module, f"llvm.{kind}.v{x.type.count}i{x.type.element.width}", x.type,
+                            [x.type, x.type]), [x, y])
+
+
+def pow2(b, e):
+    """2^e as f64 for i32 (or <n x i32>) e in -1022..1023."""
+    t = e.type
+    if isinstance(t, ir.VectorType):
+        vi64 = ir.VectorType(i64, t.count)
+        bits = b.shl(b.add(b.sext(e, vi64), vconst(vi64, 1023)), vconst(vi64, 52))
+        return b.bitcast(bits, ir.VectorType(f64, t.count))
+    return b.bitcast(b.shl(b.add(b.sext(e, i64), i64(1023)), i64(52)), f64)
+
+
+def act_scales(b, am, ae):
+    """<8 x f64> am * 2^ae (am, ae <8 x i32>): the activation blocks' scales, 0 where am = 0."""
+    return b.fmul(b.uitofp(am, v8f64), pow2(b, ae))
+
+
+def f16_values(b, words, shift: int = 0):
+    """<8 x f64> of the f16 bits in <8 x i16> words, or at bit `shift` of <8 x i32> words (exact)."""
+    h = words if words.type == v8i16 else \
+        b.trunc(b.lshr(words, vconst(v8i32, shift)) if shift else words, v8i16)
+    return b.fpext(b.bitcast(h, ir.VectorType(ir.HalfType(), 8)), v8f64)
+
+
+def exponent_range(b, words: list, both: bool):
+    """(least, largest) f16 exponent field (bits 10..14, 0 read as 1: a denormal's lsb exponent)
+    over the scales in <8 x i16> words, or <8 x i32> words with both f16 halves (both), as i32
+    of the field << 10; largest = 31 << 10 where a scale is inf or NaN."""
+    if both:
+        es = [b.bitcast(b.and_(w, vconst(v8i32, 0x7C007C00)), v16i16) for w in words]
+        es = [_minmax(b, "umax", e, vconst(v16i16, 0x0400)) for e in es]
+    else:
+        es = [_minmax(b, "umax", b.and_(w, vconst(v8i16, 0x7C00)), vconst(v8i16, 0x0400)) for w in words]
+    lo, hi = es[0], es[0]
+    for e in es[1:]:
+        lo, hi = _minmax(b, "umin", lo, e), _minmax(b, "umax", hi, e)
+    return b.zext(_reduce(b, "umin", lo), i32), b.zext(_reduce(b, "umax", hi), i32)
+
+
+def spread_ok(b, words: list, both: bool, aspread, gbad, lim: int):
+    """i1: the four rows' f64 sums of this group are exact and none is bad (see the module)."""
+    lo, hi = exponent_range(b, words, both)
+    finite = b.icmp_unsigned("!=", hi, i32(0x7C00))
+    spread = b.lshr(b.sub(hi, lo), i32(10))
+    fits = b.icmp_signed("<=", b.add(spread, aspread), i32(lim))
+    return b.and_(b.and_(finite, fits), b.icmp_unsigned("==", gbad, i32(0)))
+
+
+def _half(b, v, first: int):
+    return b.shuffle_vector(v, v, ir.Constant(v4i32, list(range(first, first + 4))))
+
+
+def sum4(b, terms: list):
+    """<4 x f64>: lane r the sum of the 8 lanes of terms[r] (four <8 x f64>); exact sums, any order."""
+    h = [b.fadd(_half(b, t, 0), _half(b, t, 4)) for t in terms]
+    s01 = b.fadd(b.shuffle_vector(h[0], h[1], ir.Constant(v4i32, [0, 4, 2, 6])),
+                 b.shuffle_vector(h[0], h[1], ir.Constant(v4i32, [1, 5, 3, 7])))
+    s23 = b.fadd(b.shuffle_vector(h[2], h[3], ir.Constant(v4i32, [0, 4, 2, 6])),
+                 b.shuffle_vector(h[2], h[3], ir.Constant(v4i32, [1, 5, 3, 7])))
+    return b.fadd(b.shuffle_vector(s01, s23, ir.Constant(v4i32, [0, 1, 4, 5])),
+                  b.shuffle_vector(s01, s23, ir.Constant(v4i32, [2, 3, 6, 7])))
+
+
+def round4(b, s):
+    """(<4 x f32> s rounded once, +0 for an exact zero; i1: no lane is a nonzero below 2^-126)."""
+    a = b.bitcast(b.and_(b.bitcast(s, ir.VectorType(i64, 4)), vconst(ir.VectorType(i64, 4), (1 << 63) - 1)), v4f64)
+    tiny = b.and_(b.fcmp_ordered("<", a, vconst(v4f64, TINY)), b.fcmp_ordered("!=", a, vconst(v4f64, 0.0)))
+    none = b.icmp_unsigned("==", _reduce(b, "or", b.zext(tiny, ir.VectorType(i8, 4))), i8(0))
+    return b.fadd(b.fptrunc(s, v4f32), vconst(v4f32, 0.0)), none
