@@ -11,6 +11,8 @@ Out f32 [M, n_head, DV]. Head h reads kv head h // (n_head // n_head_kv).
       s > M: ms = expf(M - s), M = s, VKQ = f16(VKQ*ms), vs = 1;  else ms = 1, vs = expf(s - M)
       VKQ = f16(fma(V, vs, VKQ));  S = fma(S, ms, vs)                # glibc expf
   out = r(VKQ * (S == 0 ? 0 : r(1/S))).
+  Keys run in blocks of BLOCK_KV: first the scalar chain (s, M, S, expf) of the block's visible keys,
+  then their VKQ updates, so the VKQ loop holds no call and keeps VKQ in registers (same order per value).
 - FA_SPLIT (one row, n_kv >= 512): per head (split over threads), the one_chunk loop over key
   chunks of ceil(n_kv / llama_threads) (dims[4]), then ggml_flash_attn_ext_reduce_partials in
   chunk order (chunks with S_c == 0 skipped):
@@ -37,7 +39,7 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 
-from bankml.backends.llvm.common import (ceil_div, dim, f16, f32, f64, fma, for_range, i1, i16, i32, i64, intrinsic,
+from bankml.backends.llvm.common import (ceil_div, dim, f16, f32, f64, fma, for_range, i1, i8, i16, i32, i64, intrinsic,
                                          llama_threads, new_function, smin, thread_range, typed, v8f32)
 from bankml.backends.llvm.kernels_glu import broadcast, splat, v_expf
 from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
@@ -52,6 +54,7 @@ v8f16 = ir.VectorType(f16, 8)
 v8i16 = ir.VectorType(i16, 8)
 NEG_INF_F16_BITS = 0xFC00
 TILE_Q = TILE_KV = 64                  # GGML_FA_TILE_Q, GGML_FA_TILE_KV (ggml-cpu/common.h)
+BLOCK_KV = 64                          # keys per block of our one_chunk loop (its two passes)
 NEG_INF = float("-inf")
 
 
@@ -160,26 +163,42 @@ class _Emit:
         return b.fptrunc(res, f32)
 
     def one_chunk(self, mrow, hk, qbuf, vkq, Mp, Sp, lo, hi):
-        """The one_chunk loop over keys [lo, hi) of row mrow; state VKQ (f16 values), M, S in memory."""
+        """The one_chunk loop over keys [lo, hi) of row mrow; state VKQ (f16 values), M, S in memory.
+
+        Run in blocks of BLOCK_KV keys, two passes each, every value's operations in ggml's order:
+        (1) per visible key in order, the score, M and S (the scalar chain with its expf calls),
+        noting the key, its ms, vs and whether M grew; (2) the VKQ chain over the noted keys, which
+        then keeps VKQ in registers (no call in its loop)."""
         b = self.b
-        with for_range(b, lo, hi, name="j") as j:
-            with b.if_then(self.not_neg_inf(mrow, j)):
-                s = b.fadd(b.fmul(self.dot_f16(qbuf, hk, j), self.scale), self.mask32(mrow, j), name="s")
-                m_old = b.load(Mp)
-                new = b.fcmp_ordered(">", s, m_old, name="new")
-                e = b.call(self.expf, [b.select(new, b.fsub(m_old, s), b.fsub(s, m_old))])
-                ms, vs = b.select(new, e, f32(1.0)), b.select(new, f32(1.0), e)
-                with b.if_then(new):                                     # ggml_vec_scale_f16
-                    msb = broadcast(b, ms)
+        keys, mss, vss = self.alloca(i64, BLOCK_KV, "keys"), self.alloca(f32, BLOCK_KV, "ms"), self.alloca(f32, BLOCK_KV, "vs")
+        grew, count = self.alloca(i8, BLOCK_KV, "grew"), self.alloca(i64, 1, "count")
+        with for_range(b, lo, hi, step=BLOCK_KV, name="kb") as k0:
+            b.store(i64(0), count)
+            with for_range(b, k0, smin(b, b.add(k0, i64(BLOCK_KV)), hi), name="j") as j:
+                with b.if_then(self.not_neg_inf(mrow, j)):
+                    s = b.fadd(b.fmul(self.dot_f16(qbuf, hk, j), self.scale), self.mask32(mrow, j), name="s")
+                    m_old = b.load(Mp)
+                    new = b.fcmp_ordered(">", s, m_old, name="new")
+                    e = b.call(self.expf, [b.select(new, b.fsub(m_old, s), b.fsub(s, m_old))])
+                    ms, vs = b.select(new, e, f32(1.0)), b.select(new, f32(1.0), e)
+                    b.store(b.select(new, s, m_old), Mp)
+                    b.store(fma(b, b.load(Sp), ms, vs), Sp)
+                    at = b.load(count)
+                    b.store(j, b.gep(keys, [at]))
+                    b.store(ms, b.gep(mss, [at]))
+                    b.store(vs, b.gep(vss, [at]))
+                    b.store(b.zext(new, i8), b.gep(grew, [at]))
+                    b.store(b.add(at, i64(1)), count)
+            with for_range(b, 0, b.load(count), name="jv") as at:
+                with b.if_then(b.icmp_unsigned("!=", b.load(b.gep(grew, [at])), i8(0))):   # ggml_vec_scale_f16
+                    msb = broadcast(b, b.load(b.gep(mss, [at])))
                     for i in range(0, self.DV, 8):
                         self.vstore(self.round16(b.fmul(self.vload(vkq, i64(i), 32), msb)), vkq, i64(i), 32)
-                    b.store(s, Mp)
-                vsb = broadcast(b, vs)
-                base = self.kv_off(j, hk)
+                vsb = broadcast(b, b.load(b.gep(vss, [at])))
+                base = self.kv_off(b.load(b.gep(keys, [at])), hk)
                 for i in range(0, self.DV, 8):                            # ggml_vec_mad_f16
                     x = self.hload(self.v, b.add(base, i64(i)))
                     self.vstore(self.round16(fma(b, x, vsb, self.vload(vkq, i64(i), 32))), vkq, i64(i), 32)
-                b.store(fma(b, b.load(Sp), ms, vs), Sp)
 
     def reset(self, vkq, Mp, Sp, count=None):
         b = self.b
