@@ -52,6 +52,7 @@ from bankml.ir.order import FA_QUANT_CACHE, FA_REFERENCE, FA_SPLIT, FA_TILED
 
 v8f16 = ir.VectorType(f16, 8)
 v8i16 = ir.VectorType(i16, 8)
+v8i32 = ir.VectorType(i32, 8)
 NEG_INF_F16_BITS = 0xFC00
 TILE_Q = TILE_KV = 64                  # GGML_FA_TILE_Q, GGML_FA_TILE_KV (ggml-cpu/common.h)
 BLOCK_KV = 64                          # keys per block of our one_chunk loop (its two passes)
@@ -277,6 +278,35 @@ def _hsum8(b, v):
     return b.fadd(b.fadd(x[0], x[2]), b.fadd(x[1], x[3]))
 
 
+def _tile_expf(b, xs, P) -> None:
+    """P[8a:8a+8] = ggml_v_expf(xs[a]). ggml_v_expf returns its fast path fma(j, k, k) in every lane
+    where |n| <= 126; when that holds in all lanes of all of xs (a tile with no -inf and no score
+    87 below the max) only that path is computed, else kernels_glu.v_expf in full."""
+    R = splat(float.fromhex("0x1.8p23"))
+    fabs = intrinsic(b.module, "llvm.fabs.v8f32", v8f32, [v8f32])
+    ys, slow = [], ir.Constant(ir.VectorType(i1, 8), [0] * 8)
+    for x in xs:                                       # kernels_glu.v_expf, lines for lines
+        z = fma(b, x, splat(float.fromhex("0x1.715476p+0")), R)
+        n = b.fsub(z, R)
+        nn = b.fsub(splat(-0.0), n)
+        bb = fma(b, nn, splat(float.fromhex("0x1.7f7d1cp-20")), fma(b, nn, splat(float.fromhex("0x1.62e4p-1")), x))
+        k = b.bitcast(b.add(b.shl(b.bitcast(z, v8i32), splat(23, v8i32)), splat(0x3F800000, v8i32)), v8f32)
+        slow = b.or_(slow, b.fcmp_ordered(">", b.call(fabs, [n]), splat(126.0)))
+        u = b.fmul(bb, bb)
+        j = fma(b, fma(b, fma(b, splat(float.fromhex("0x1.0e4020p-7")), bb, splat(float.fromhex("0x1.573e2ep-5"))), u,
+                       fma(b, splat(float.fromhex("0x1.555e66p-3")), bb, splat(float.fromhex("0x1.fffdb6p-2")))),
+                u, b.fmul(splat(float.fromhex("0x1.ffffecp-1")), bb))
+        ys.append(fma(b, j, k, k))
+    any_slow = b.icmp_unsigned("!=", b.bitcast(slow, i8), i8(0))
+    with b.if_else(any_slow) as (full, fast):
+        with full:
+            for a, x in enumerate(xs):
+                b.store(v_expf(b, x), b.bitcast(b.gep(P, [i64(8 * a)]), v8f32.as_pointer()), align=32)
+        with fast:
+            for a, y in enumerate(ys):
+                b.store(y, b.bitcast(b.gep(P, [i64(8 * a)]), v8f32.as_pointer()), align=32)
+
+
 def _transpose8(b, x):
     """The 8x8 transpose of eight 8-lane vectors (unpack, shuffle, 128-bit permute stages):
     lane j of result l is lane l of x[j]."""
@@ -403,11 +433,10 @@ def _define_tiled(e: _Emit) -> None:
                     b.store(b.fmul(b.load(sp), ms), sp)
                 b.store(m_new, mp)
                 mb = broadcast(b, m_new)
+                _tile_expf(b, [b.fsub(kq[a], mb) for a in range(8)], P)     # ggml_vec_soft_max_f32
                 psum = f64(0.0)
-                for a in range(8):                                 # ggml_vec_soft_max_f32
-                    p = v_expf(b, b.fsub(kq[a], mb))
-                    e.vstore(p, P, i64(8 * a), 32)
-                    psum = b.fadd(psum, b.fpext(_hsum8(b, p), f64))
+                for a in range(8):
+                    psum = b.fadd(psum, b.fpext(_hsum8(b, e.vload(P, i64(8 * a), 32)), f64))
                 b.store(b.fptrunc(b.fadd(b.fpext(b.load(sp), f64), psum), f32), sp)
             with dead:
                 for a in range(8):

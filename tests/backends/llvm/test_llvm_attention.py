@@ -163,3 +163,15 @@ def test_generic_kernel_bits_equal_reference_at_every_size(order, T, KV, sizes, 
                 call_kernel(eng, kernel_name(n), out, [q, k, v, mask], ith, nth, {"T": m, "KV": mask.shape[1]},
                             llama_threads)
             assert np.array_equal(out.view(np.uint32), want.view(np.uint32)), f"T={m} past={n_past} nth={nth}"
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("q_scale", [1.0, 12.0, 60.0])
+def test_tiled_scores_far_below_the_max_bits_equal_reference(model, q_scale):
+    """Unmasked tiles whose scores lie 87 and more below the row's max: ggml_v_expf leaves its fast
+    path in those lanes (|n| > 126), which the tiled kernel runs only when some lane needs it."""
+    q, k, v, mask, scale = _case(11, 70, 200, model)
+    q = (q * np.float32(q_scale)).astype(np.float32)
+    g, n = _graph(q, k, v, mask, scale, FA_TILED, 2)
+    want = flash_attn(q, k, v, mask, scale, FA_TILED, 2)
+    _check(g, n, q, k, v, mask, want)
