@@ -19,6 +19,7 @@ import numpy as np
 from llvmlite import ir
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tests" / "backends" / "llvm"))
+import test_llvm_attention  # noqa: E402
 from test_llvm_attention import _case, _graph  # noqa: E402
 
 from bankml.backends.llvm.jit import call_kernel, compile_module  # noqa: E402
@@ -26,10 +27,13 @@ from bankml.backends.llvm.registry import define, kernel_name  # noqa: E402
 from bankml.ir.order import FA_SPLIT, FA_TILED  # noqa: E402
 
 
+test_llvm_attention.MODELS.setdefault("bonsai", (16, 8, 128))   # Bonsai-1.7B's heads
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("kind", choices=["tiled", "split"])
-    ap.add_argument("--model", default="smollm2")
+    ap.add_argument("--model", default="smollm2", help="smollm2 (9/3 heads, D 64), qwen3 (4/2, D 128), bonsai (16/8, D 128)")
     ap.add_argument("--rows", type=int, default=512)
     ap.add_argument("--past", type=int, default=2048)
     ap.add_argument("--reps", type=int, default=5)

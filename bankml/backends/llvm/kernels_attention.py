@@ -163,43 +163,51 @@ class _Emit:
             res = b.fadd(res, b.fpext(b.fmul(x, b.load(b.gep(qbuf, [i64(i)]))), f64))
         return b.fptrunc(res, f32)
 
-    def one_chunk(self, mrow, hk, qbuf, vkq, Mp, Sp, lo, hi):
-        """The one_chunk loop over keys [lo, hi) of row mrow; state VKQ (f16 values), M, S in memory.
+    def one_chunk(self, mrow, heads, lo, hi):
+        """The one_chunk loop over keys [lo, hi) of row mrow for each of heads, a list of
+        (hk, qbuf, vkq, Mp, Sp): state VKQ (f16 values), M, S in memory.
 
         Run in blocks of BLOCK_KV keys, two passes each, every value's operations in ggml's order:
         (1) per visible key in order, the score, M and S (the scalar chain with its expf calls),
         noting the key, its ms, vs and whether M grew; (2) the VKQ chain over the noted keys, which
-        then keeps VKQ in registers (no call in its loop)."""
+        then keeps VKQ in registers (no call in its loop). The heads share the mask row, so the
+        same keys; their VKQ chains run side by side in (2), independent chains that hide each
+        other's latency."""
         b = self.b
-        keys, mss, vss = self.alloca(i64, BLOCK_KV, "keys"), self.alloca(f32, BLOCK_KV, "ms"), self.alloca(f32, BLOCK_KV, "vs")
-        grew, count = self.alloca(i8, BLOCK_KV, "grew"), self.alloca(i64, 1, "count")
+        keys, count = self.alloca(i64, BLOCK_KV, "keys"), self.alloca(i64, 1, "count")
+        notes = [(self.alloca(f32, BLOCK_KV, "ms"), self.alloca(f32, BLOCK_KV, "vs"), self.alloca(i8, BLOCK_KV, "grew"))
+                 for _ in heads]
         with for_range(b, lo, hi, step=BLOCK_KV, name="kb") as k0:
             b.store(i64(0), count)
             with for_range(b, k0, smin(b, b.add(k0, i64(BLOCK_KV)), hi), name="j") as j:
                 with b.if_then(self.not_neg_inf(mrow, j)):
-                    s = b.fadd(b.fmul(self.dot_f16(qbuf, hk, j), self.scale), self.mask32(mrow, j), name="s")
-                    m_old = b.load(Mp)
-                    new = b.fcmp_ordered(">", s, m_old, name="new")
-                    e = b.call(self.expf, [b.select(new, b.fsub(m_old, s), b.fsub(s, m_old))])
-                    ms, vs = b.select(new, e, f32(1.0)), b.select(new, f32(1.0), e)
-                    b.store(b.select(new, s, m_old), Mp)
-                    b.store(fma(b, b.load(Sp), ms, vs), Sp)
                     at = b.load(count)
                     b.store(j, b.gep(keys, [at]))
-                    b.store(ms, b.gep(mss, [at]))
-                    b.store(vs, b.gep(vss, [at]))
-                    b.store(b.zext(new, i8), b.gep(grew, [at]))
                     b.store(b.add(at, i64(1)), count)
+                    for (hk, qbuf, _, Mp, Sp), (mss, vss, grew) in zip(heads, notes):
+                        s = b.fadd(b.fmul(self.dot_f16(qbuf, hk, j), self.scale), self.mask32(mrow, j), name="s")
+                        m_old = b.load(Mp)
+                        new = b.fcmp_ordered(">", s, m_old, name="new")
+                        e = b.call(self.expf, [b.select(new, b.fsub(m_old, s), b.fsub(s, m_old))])
+                        ms, vs = b.select(new, e, f32(1.0)), b.select(new, f32(1.0), e)
+                        b.store(b.select(new, s, m_old), Mp)
+                        b.store(fma(b, b.load(Sp), ms, vs), Sp)
+                        b.store(ms, b.gep(mss, [at]))
+                        b.store(vs, b.gep(vss, [at]))
+                        b.store(b.zext(new, i8), b.gep(grew, [at]))
             with for_range(b, 0, b.load(count), name="jv") as at:
-                with b.if_then(b.icmp_unsigned("!=", b.load(b.gep(grew, [at])), i8(0))):   # ggml_vec_scale_f16
-                    msb = broadcast(b, b.load(b.gep(mss, [at])))
-                    for i in range(0, self.DV, 8):
-                        self.vstore(self.round16(b.fmul(self.vload(vkq, i64(i), 32), msb)), vkq, i64(i), 32)
-                vsb = broadcast(b, b.load(b.gep(vss, [at])))
-                base = self.kv_off(b.load(b.gep(keys, [at])), hk)
-                for i in range(0, self.DV, 8):                            # ggml_vec_mad_f16
-                    x = self.hload(self.v, b.add(base, i64(i)))
-                    self.vstore(self.round16(fma(b, x, vsb, self.vload(vkq, i64(i), 32))), vkq, i64(i), 32)
+                j = b.load(b.gep(keys, [at]))
+                for (hk, _, vkq, _, _), (mss, vss, grew) in zip(heads, notes):
+                    with b.if_then(b.icmp_unsigned("!=", b.load(b.gep(grew, [at])), i8(0))):   # ggml_vec_scale_f16
+                        msb = broadcast(b, b.load(b.gep(mss, [at])))
+                        for i in range(0, self.DV, 8):
+                            self.vstore(self.round16(b.fmul(self.vload(vkq, i64(i), 32), msb)), vkq, i64(i), 32)
+                for (hk, _, vkq, _, _), (mss, vss, grew) in zip(heads, notes):
+                    vsb = broadcast(b, b.load(b.gep(vss, [at])))
+                    base = self.kv_off(j, hk)
+                    for i in range(0, self.DV, 8):                            # ggml_vec_mad_f16
+                        x = self.hload(self.v, b.add(base, i64(i)))
+                        self.vstore(self.round16(fma(b, x, vsb, self.vload(vkq, i64(i), 32))), vkq, i64(i), 32)
 
     def reset(self, vkq, Mp, Sp, count=None):
         b = self.b
@@ -220,51 +228,68 @@ def _define_one_chunk(e: _Emit) -> None:
         hk = b.sdiv(h, i64(e.grp))
         e.q16(qbuf, b.mul(r, i64(e.D)))
         e.reset(vkq, Mp, Sp)
-        e.one_chunk(mrow, hk, qbuf, vkq, Mp, Sp, i64(0), e.n_kv)
+        e.one_chunk(mrow, [(hk, qbuf, vkq, Mp, Sp)], i64(0), e.n_kv)
         e.store_normalised(vkq, b.load(Sp), b.mul(r, i64(e.DV)))
 
 
 def _define_split(e: _Emit) -> None:
     """One query row: per head, one_chunk over each key chunk, reduced as the partials are.
-    The chunks are ceil(n_kv / llama_threads) keys, from this call's sizes."""
+    The chunks are ceil(n_kv / llama_threads) keys, from this call's sizes. With DV 64 a thread
+    takes its heads two at a time (one_chunk's VKQ chains side by side; 16 vectors of state)."""
     b = e.b
     if e.M_static != 1:
         raise LoweringError(f"llvm backend: split-KV attention takes 1 query row, not {e.M_static or 'T'}")
     nt = llama_threads(b, e.dims)
     cs = ceil_div(b, e.n_kv, nt, name="chunk")
     n_chunks = ceil_div(b, e.n_kv, cs, name="n_chunks")
-    qbuf, vkq, acc = e.alloca(f32, e.D, "q16"), e.alloca(f32, e.DV, "vkq_c"), e.alloca(f32, e.DV, "vkq")
-    Mp, Sp, Mt, St = (e.alloca(f32, 1, nm) for nm in ("M_c", "S_c", "M", "S"))
     maxnum = intrinsic(e.m, "llvm.maxnum.f32", f32, [f32, f32])
     lo, hi = thread_range(b, e.H, e.ith, e.nth)
-    with for_range(b, lo, hi, name="h") as h:
-        hk = b.sdiv(h, i64(e.grp))
-        e.q16(qbuf, b.mul(h, i64(e.D)))
-        e.reset(acc, Mt, St)
+
+    def heads(hs):
+        """One head's (or a pair's) split-KV: chunk by chunk, then the reduction and the output."""
+        state = [(h, b.sdiv(h, i64(e.grp)), e.alloca(f32, e.D, "q16"), e.alloca(f32, e.DV, "vkq_c"),
+                  e.alloca(f32, e.DV, "vkq"), *(e.alloca(f32, 1, nm) for nm in ("M_c", "S_c", "M", "S"))) for h in hs]
+        for h, hk, qbuf, vkq, acc, Mp, Sp, Mt, St in state:
+            e.q16(qbuf, b.mul(h, i64(e.D)))
+            e.reset(acc, Mt, St)
         with for_range(b, 0, n_chunks, name="c") as c:
             k0 = b.mul(c, cs)
             k1 = smin(b, b.add(k0, cs), e.n_kv)
-            e.reset(vkq, Mp, Sp)
-            e.one_chunk(i64(0), hk, qbuf, vkq, Mp, Sp, k0, k1)
-            s_c = b.load(Sp)
-            with b.if_then(b.fcmp_unordered("!=", s_c, f32(0.0))):       # ggml_flash_attn_ext_reduce_partials
-                m, m_c = b.load(Mt), b.load(Mp)
-                mn = b.call(maxnum, [m, m_c])
-                a = b.call(e.expf, [b.fsub(m, mn)])
-                w = b.call(e.expf, [b.fsub(m_c, mn)])
-                ab, wb = broadcast(b, a), broadcast(b, w)
-                for i in range(0, e.DV, 8):
-                    part = b.fmul(e.vload(vkq, i64(i), 32), wb)
-                    e.vstore(fma(b, e.vload(acc, i64(i), 32), ab, part), acc, i64(i), 32)
-                b.store(fma(b, b.load(St), a, b.fmul(s_c, w)), St)
-                b.store(mn, Mt)
-        S = b.load(St)
-        sb = broadcast(b, b.fdiv(f32(1.0), S))
-        keep = b.fcmp_unordered("!=", S, f32(0.0))
-        out_off = b.mul(h, i64(e.DV))
-        for i in range(0, e.DV, 8):
-            x = e.vload(acc, i64(i), 32)
-            e.vstore(b.select(keep, b.fmul(x, sb), x), e.out, b.add(out_off, i64(i)))
+            for h, hk, qbuf, vkq, acc, Mp, Sp, Mt, St in state:
+                e.reset(vkq, Mp, Sp)
+            e.one_chunk(i64(0), [(hk, qbuf, vkq, Mp, Sp) for h, hk, qbuf, vkq, acc, Mp, Sp, Mt, St in state], k0, k1)
+            for h, hk, qbuf, vkq, acc, Mp, Sp, Mt, St in state:
+                s_c = b.load(Sp)
+                with b.if_then(b.fcmp_unordered("!=", s_c, f32(0.0))):       # ggml_flash_attn_ext_reduce_partials
+                    m, m_c = b.load(Mt), b.load(Mp)
+                    mn = b.call(maxnum, [m, m_c])
+                    a = b.call(e.expf, [b.fsub(m, mn)])
+                    w = b.call(e.expf, [b.fsub(m_c, mn)])
+                    ab, wb = broadcast(b, a), broadcast(b, w)
+                    for i in range(0, e.DV, 8):
+                        part = b.fmul(e.vload(vkq, i64(i), 32), wb)
+                        e.vstore(fma(b, e.vload(acc, i64(i), 32), ab, part), acc, i64(i), 32)
+                    b.store(fma(b, b.load(St), a, b.fmul(s_c, w)), St)
+                    b.store(mn, Mt)
+        for h, hk, qbuf, vkq, acc, Mp, Sp, Mt, St in state:
+            S = b.load(St)
+            sb = broadcast(b, b.fdiv(f32(1.0), S))
+            keep = b.fcmp_unordered("!=", S, f32(0.0))
+            out_off = b.mul(h, i64(e.DV))
+            for i in range(0, e.DV, 8):
+                x = e.vload(acc, i64(i), 32)
+                e.vstore(b.select(keep, b.fmul(x, sb), x), e.out, b.add(out_off, i64(i)))
+
+    if e.DV > 64:
+        with for_range(b, lo, hi, name="h") as h:
+            heads([h])
+        return
+    n_pairs = b.sdiv(b.sub(hi, lo), i64(2))
+    with for_range(b, 0, n_pairs, name="hp") as p:
+        h = b.add(lo, b.mul(p, i64(2)))
+        heads([h, b.add(h, i64(1))])
+    with b.if_then(b.icmp_signed("!=", b.srem(b.sub(hi, lo), i64(2)), i64(0))):
+        heads([b.sub(hi, i64(1))])
 
 
 # ---- tiled ------------------------------------------------------------------------------
