@@ -23,15 +23,17 @@ Out f32 [M, n_head, DV]. Head h reads kv head h // (n_head // n_head_kv).
   as ggml cuts them for llama_threads (computed at run time, _q_tiles), handed to threads
   round-robin; K/V tiles of 64 keys converted to f32 on the stack (K transposed, so 8 keys share
   a vector and each lane is simd_gemm's serial fma chain over d). A KV tile is skipped for a Q tile
-  when every row's mask there is -inf. Per row of a computed tile:
+  when every row's mask there is -inf. In a computed tile, the scores of all rows, then their
+  softmax steps, then their P.V (so the K tile, then the V tile, stays in L1). Per row:
       KQ = r(dot*scale); pad keys -inf; KQ = r(KQ + mask); tmax = max(KQ)
       tmax != -inf: Mn = fmaxf(M, tmax); Mn > M: ms = expf(M - Mn), VKQ = r(VKQ*ms), S = r(S*ms)
                     M = Mn; P = ggml_v_expf(r(KQ - Mn)); S = (float)((double)S + sum_c (double)hsum8(P_c))
       else P = 0;   VKQ = serial fma chain over the 64 keys of V[k]*P[k]
   out = r(VKQ * (S == 0 ? 0 : r(1/S))).
+  ggml_v_expf's slow path (|n| > 126 in some lane) is computed only for a row whose scores need it.
 
 Scratch lives on the stack (allocas in the entry block): a few KiB for one_chunk/split, about
-(2*64*D + 64*DV + 200) floats for tiled (96 KiB at D = 128).
+(64*D + 2*64*DV + 64*64 + 200) floats for tiled (112 KiB at D = 128).
 """
 from __future__ import annotations
 
@@ -360,7 +362,7 @@ def _define_tiled(e: _Emit) -> None:
     b, m = e.b, e.m
     D, DV, T = e.D, e.DV, TILE_KV
     kt, vt = e.alloca(f32, D * T, "k_tile"), e.alloca(f32, T * DV, "v_tile")
-    vkq, P = e.alloca(f32, TILE_Q * DV, "vkq"), e.alloca(f32, T, "p")
+    vkq, KQ = e.alloca(f32, TILE_Q * DV, "vkq"), e.alloca(f32, TILE_Q * T, "kq")     # KQ: scores, then P
     Sx, Mx = e.alloca(f32, TILE_Q, "S"), e.alloca(f32, TILE_Q, "M")
     accp = [e.alloca(v8f32, 1, f"acc{a}") for a in range(8)]
     anyp = e.alloca(v8i16, 1, "active")
@@ -411,10 +413,15 @@ def _define_tiled(e: _Emit) -> None:
                         b.store(f32(0.0), b.gep(kt, [b.add(b.mul(d, i64(T)), j)]))
                     with for_range(b, 0, DV // 8, name="pv") as d:
                         e.vstore(splat(0.0), vt, b.add(b.mul(j, i64(DV)), b.mul(d, i64(8))), 32)
-            with for_range(b, 0, R, name="r") as r:
-                tile_row(b.add(row0, r), r, h, ic, kc)
+            with for_range(b, 0, R, name="r") as r:                # the three steps row by row, each
+                tile_scores(b.add(row0, r), r, h, ic, kc)            # over all rows: the K tile, then
+            with for_range(b, 0, R, name="sr") as r:               # the V tile, stays in L1
+                tile_softmax(r)
+            with for_range(b, 0, R, name="pr") as r:
+                tile_pv(r)
 
-    def tile_row(mrow, r, h, ic, kc: int):
+    def tile_scores(mrow, r, h, ic, kc: int):
+        """Row r's 64 scores KQ = r(r(dot*scale) + mask) (pad keys -inf) into KQ[r]."""
         q_off = b.mul(b.add(b.mul(mrow, i64(e.H)), h), i64(D))
         for a in range(8):
             b.store(splat(0.0), accp[a])
@@ -423,7 +430,6 @@ def _define_tiled(e: _Emit) -> None:
             for a in range(8):
                 kv = e.vload(kt, b.add(b.mul(d, i64(T)), i64(8 * a)), 32)
                 b.store(fma(b, qd, kv, b.load(accp[a])), accp[a])
-        kq = []
         for a in range(8):
             sc = b.fmul(b.load(accp[a]), broadcast(b, e.scale))
             lanes = [8 * a + l < kc for l in range(8)]
@@ -436,7 +442,12 @@ def _define_tiled(e: _Emit) -> None:
                 for l in range(8):
                     if lanes[l]:
                         mk = b.insert_element(mk, e.mask32(mrow, b.add(ic, i64(8 * a + l))), i32(l))
-            kq.append(b.fadd(sc, mk))
+            e.vstore(b.fadd(sc, mk), KQ, b.add(b.mul(r, i64(T)), i64(8 * a)), 32)
+
+    def tile_softmax(r):
+        """Row r's online softmax step: M, S and the VKQ rescale, and P in place of KQ[r]."""
+        prow = b.gep(KQ, [b.mul(r, i64(T))])
+        kq = [e.vload(prow, i64(8 * a), 32) for a in range(8)]
         vm = kq[0]
         for a in range(1, 8):
             vm = b.call(vmaxnum, [vm, kq[a]])
@@ -458,20 +469,24 @@ def _define_tiled(e: _Emit) -> None:
                     b.store(b.fmul(b.load(sp), ms), sp)
                 b.store(m_new, mp)
                 mb = broadcast(b, m_new)
-                _tile_expf(b, [b.fsub(kq[a], mb) for a in range(8)], P)     # ggml_vec_soft_max_f32
+                _tile_expf(b, [b.fsub(kq[a], mb) for a in range(8)], prow)    # ggml_vec_soft_max_f32
                 psum = f64(0.0)
                 for a in range(8):
-                    psum = b.fadd(psum, b.fpext(_hsum8(b, e.vload(P, i64(8 * a), 32)), f64))
+                    psum = b.fadd(psum, b.fpext(_hsum8(b, e.vload(prow, i64(8 * a), 32)), f64))
                 b.store(b.fptrunc(b.fadd(b.fpext(b.load(sp), f64), psum), f32), sp)
             with dead:
                 for a in range(8):
-                    e.vstore(splat(0.0), P, i64(8 * a), 32)
-        for g0 in range(0, DV, 64):                                # VKQ += P @ V, serial over keys
+                    e.vstore(splat(0.0), prow, i64(8 * a), 32)
+
+    def tile_pv(r):
+        """VKQ[r] += P[r] @ V: per d lane a serial fma chain over the tile's keys."""
+        vrow, prow = b.mul(r, i64(DV)), b.gep(KQ, [b.mul(r, i64(T))])
+        for g0 in range(0, DV, 64):
             nv = min(8, (DV - g0) // 8)
             for i in range(nv):
                 b.store(e.vload(vkq, b.add(vrow, i64(g0 + 8 * i)), 32), accp[i])
             with for_range(b, 0, T, name="vk") as j:
-                pj = broadcast(b, b.load(b.gep(P, [j])))
+                pj = broadcast(b, b.load(b.gep(prow, [j])))
                 for i in range(nv):
                     x = e.vload(vt, b.add(b.mul(j, i64(DV)), i64(g0 + 8 * i)), 32)
                     b.store(fma(b, x, pj, b.load(accp[i])), accp[i])
