@@ -23,8 +23,9 @@ Out f32 [M, n_head, DV]. Head h reads kv head h // (n_head // n_head_kv).
   as ggml cuts them for llama_threads (computed at run time, _q_tiles), handed to threads
   round-robin; K/V tiles of 64 keys converted to f32 on the stack (K transposed, so 8 keys share
   a vector and each lane is simd_gemm's serial fma chain over d). A KV tile is skipped for a Q tile
-  when every row's mask there is -inf. In a computed tile, the scores of all rows, then their
-  softmax steps, then their P.V (so the K tile, then the V tile, stays in L1). Per row:
+  when every row's mask there is -inf. In a computed tile, Q.K for all rows, then their softmax
+  steps, then P.V for all rows (so the K tile, then the V tile, stays in L1), both products as
+  ggml's simd_gemm in register tiles of 6 rows x 16 columns (_simd_gemm). Per row:
       KQ = r(dot*scale); pad keys -inf; KQ = r(KQ + mask); tmax = max(KQ)
       tmax != -inf: Mn = fmaxf(M, tmax); Mn > M: ms = expf(M - Mn), VKQ = r(VKQ*ms), S = r(S*ms)
                     M = Mn; P = ggml_v_expf(r(KQ - Mn)); S = (float)((double)S + sum_c (double)hsum8(P_c))
@@ -57,6 +58,7 @@ v8i16 = ir.VectorType(i16, 8)
 v8i32 = ir.VectorType(i32, 8)
 NEG_INF_F16_BITS = 0xFC00
 TILE_Q = TILE_KV = 64                  # GGML_FA_TILE_Q, GGML_FA_TILE_KV (ggml-cpu/common.h)
+GEMM_RM, GEMM_RN = 6, 2                # simd_gemm's AVX2 register tile: rows x vectors of 8 columns
 BLOCK_KV = 64                          # keys per block of our one_chunk loop (its two passes)
 NEG_INF = float("-inf")
 
@@ -305,6 +307,45 @@ def _hsum8(b, v):
     return b.fadd(b.fadd(x[0], x[2]), b.fadd(x[1], x[3]))
 
 
+def _simd_gemm(b, accp, C, ldc: int, A, lda: int, B, K: int, N: int, rows, zero: bool) -> None:
+    """C[rows x N] (+)= A[rows x K] @ B[K x N] as ggml's simd_gemm: each C value one serial fma
+    chain over k, from 0 (zero) or from C. Register tiles of GEMM_RM rows x GEMM_RN vectors; the
+    last rows % GEMM_RM rows one at a time, 8 vectors a tile. Strides in floats."""
+    def tile(r0, nr: int, v0: int, nv: int):
+        acc = [[accp[i * nv + c] for c in range(nv)] for i in range(nr)]
+        for i in range(nr):
+            c_row = b.gep(C, [b.mul(b.add(r0, i64(i)), i64(ldc))])
+            for c in range(nv):
+                b.store(splat(0.0) if zero else _vload(b, c_row, i64(8 * (v0 + c))), acc[i][c])
+        with for_range(b, 0, K, name="kk") as kk:
+            bv = [_vload(b, B, b.add(b.mul(kk, i64(N)), i64(8 * (v0 + c)))) for c in range(nv)]
+            for i in range(nr):
+                a = broadcast(b, b.load(b.gep(A, [b.add(b.mul(b.add(r0, i64(i)), i64(lda)), kk)])))
+                for c in range(nv):
+                    b.store(fma(b, a, bv[c], b.load(acc[i][c])), acc[i][c])
+        for i in range(nr):
+            c_row = b.gep(C, [b.mul(b.add(r0, i64(i)), i64(ldc))])
+            for c in range(nv):
+                _vstore(b, b.load(acc[i][c]), c_row, i64(8 * (v0 + c)))
+
+    nvec = N // 8
+    groups = b.sdiv(rows, i64(GEMM_RM))
+    with for_range(b, 0, groups, name="rg") as g:
+        for v0 in range(0, nvec, GEMM_RN):
+            tile(b.mul(g, i64(GEMM_RM)), GEMM_RM, v0, min(GEMM_RN, nvec - v0))
+    with for_range(b, b.mul(groups, i64(GEMM_RM)), rows, name="rt") as r:
+        for v0 in range(0, nvec, 8):
+            tile(r, 1, v0, min(8, nvec - v0))
+
+
+def _vload(b, p, off):
+    return b.load(b.bitcast(b.gep(p, [off]), v8f32.as_pointer()), align=4)
+
+
+def _vstore(b, x, p, off):
+    b.store(x, b.bitcast(b.gep(p, [off]), v8f32.as_pointer()), align=4)
+
+
 def _tile_expf(b, xs, P) -> None:
     """P[8a:8a+8] = ggml_v_expf(xs[a]). ggml_v_expf returns its fast path fma(j, k, k) in every lane
     where |n| <= 126; when that holds in all lanes of all of xs (a tile with no -inf and no score
@@ -364,7 +405,7 @@ def _define_tiled(e: _Emit) -> None:
     kt, vt = e.alloca(f32, D * T, "k_tile"), e.alloca(f32, T * DV, "v_tile")
     vkq, KQ = e.alloca(f32, TILE_Q * DV, "vkq"), e.alloca(f32, TILE_Q * T, "kq")     # KQ: scores, then P
     Sx, Mx = e.alloca(f32, TILE_Q, "S"), e.alloca(f32, TILE_Q, "M")
-    accp = [e.alloca(v8f32, 1, f"acc{a}") for a in range(8)]
+    accp = [e.alloca(v8f32, 1, f"acc{a}") for a in range(GEMM_RM * GEMM_RN)]
     anyp = e.alloca(v8i16, 1, "active")
     maxnum = intrinsic(m, "llvm.maxnum.f32", f32, [f32, f32])
     vmaxnum = intrinsic(m, "llvm.maxnum.v8f32", v8f32, [v8f32, v8f32])
@@ -413,25 +454,19 @@ def _define_tiled(e: _Emit) -> None:
                         b.store(f32(0.0), b.gep(kt, [b.add(b.mul(d, i64(T)), j)]))
                     with for_range(b, 0, DV // 8, name="pv") as d:
                         e.vstore(splat(0.0), vt, b.add(b.mul(j, i64(DV)), b.mul(d, i64(8))), 32)
-            with for_range(b, 0, R, name="r") as r:                # the three steps row by row, each
-                tile_scores(b.add(row0, r), r, h, ic, kc)            # over all rows: the K tile, then
-            with for_range(b, 0, R, name="sr") as r:               # the V tile, stays in L1
-                tile_softmax(r)
-            with for_range(b, 0, R, name="pr") as r:
-                tile_pv(r)
+            q0 = b.gep(e.q, [b.mul(b.add(b.mul(row0, i64(e.H)), h), i64(D))])
+            _simd_gemm(b, accp, KQ, T, q0, e.H * D, kt, D, T, R, zero=True)      # KQ = Q K^T, all rows
+            with for_range(b, 0, R, name="sr") as r:
+                tile_softmax(b.add(row0, r), r, ic, kc)
+            _simd_gemm(b, accp, vkq, DV, KQ, T, vt, T, DV, R, zero=False)     # VKQ += P V, all rows
 
-    def tile_scores(mrow, r, h, ic, kc: int):
-        """Row r's 64 scores KQ = r(r(dot*scale) + mask) (pad keys -inf) into KQ[r]."""
-        q_off = b.mul(b.add(b.mul(mrow, i64(e.H)), h), i64(D))
+    def tile_softmax(mrow, r, ic, kc: int):
+        """Row r's online softmax step: KQ = r(r(dot*scale) + mask) (pad keys -inf), M, S and the
+        VKQ rescale, and P in place of KQ[r]."""
+        prow = b.gep(KQ, [b.mul(r, i64(T))])
+        kq = []
         for a in range(8):
-            b.store(splat(0.0), accp[a])
-        with for_range(b, 0, D, name="d") as d:                    # simd_gemm: serial fma chain per key
-            qd = broadcast(b, b.load(b.gep(e.q, [b.add(q_off, d)])))
-            for a in range(8):
-                kv = e.vload(kt, b.add(b.mul(d, i64(T)), i64(8 * a)), 32)
-                b.store(fma(b, qd, kv, b.load(accp[a])), accp[a])
-        for a in range(8):
-            sc = b.fmul(b.load(accp[a]), broadcast(b, e.scale))
+            sc = b.fmul(e.vload(prow, i64(8 * a), 32), broadcast(b, e.scale))
             lanes = [8 * a + l < kc for l in range(8)]
             if all(lanes):
                 mk = e.hload(e.mask, b.add(b.mul(mrow, e.n_kv), b.add(ic, i64(8 * a))))
@@ -442,12 +477,7 @@ def _define_tiled(e: _Emit) -> None:
                 for l in range(8):
                     if lanes[l]:
                         mk = b.insert_element(mk, e.mask32(mrow, b.add(ic, i64(8 * a + l))), i32(l))
-            e.vstore(b.fadd(sc, mk), KQ, b.add(b.mul(r, i64(T)), i64(8 * a)), 32)
-
-    def tile_softmax(r):
-        """Row r's online softmax step: M, S and the VKQ rescale, and P in place of KQ[r]."""
-        prow = b.gep(KQ, [b.mul(r, i64(T))])
-        kq = [e.vload(prow, i64(8 * a), 32) for a in range(8)]
+            kq.append(b.fadd(sc, mk))
         vm = kq[0]
         for a in range(1, 8):
             vm = b.call(vmaxnum, [vm, kq[a]])
@@ -477,21 +507,6 @@ def _define_tiled(e: _Emit) -> None:
             with dead:
                 for a in range(8):
                     e.vstore(splat(0.0), prow, i64(8 * a), 32)
-
-    def tile_pv(r):
-        """VKQ[r] += P[r] @ V: per d lane a serial fma chain over the tile's keys."""
-        vrow, prow = b.mul(r, i64(DV)), b.gep(KQ, [b.mul(r, i64(T))])
-        for g0 in range(0, DV, 64):
-            nv = min(8, (DV - g0) // 8)
-            for i in range(nv):
-                b.store(e.vload(vkq, b.add(vrow, i64(g0 + 8 * i)), 32), accp[i])
-            with for_range(b, 0, T, name="vk") as j:
-                pj = broadcast(b, b.load(b.gep(prow, [j])))
-                for i in range(nv):
-                    x = e.vload(vt, b.add(b.mul(j, i64(DV)), i64(g0 + 8 * i)), 32)
-                    b.store(fma(b, x, pj, b.load(accp[i])), accp[i])
-            for i in range(nv):
-                e.vstore(b.load(accp[i]), vkq, b.add(vrow, i64(g0 + 8 * i)), 32)
 
     def q_tile(ir0, R):
         h, row0 = b.sdiv(ir0, e.M), b.srem(ir0, e.M)

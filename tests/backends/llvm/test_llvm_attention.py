@@ -81,7 +81,9 @@ def test_split_kv_bits_equal_reference(model, n_kv, used, n_threads):
 @pytest.mark.parametrize("model", list(MODELS))
 @pytest.mark.parametrize("m,n_past,n_threads,n_kv", [(64, 0, 1, None), (65, 0, 2, None), (200, 37, 3, None),
                                                      (512, 0, 4, None), (130, 300, 2, None),
-                                                     (100, 150, 2, 300), (70, 0, 3, 72)], ids=str)
+                                                     (100, 150, 2, 300), (70, 0, 3, 72),
+                                                     (5, 0, 1, None), (6, 30, 1, None), (12, 250, 2, None),
+                                                     (67, 190, 1, 264)], ids=str)
 def test_tiled_bits_equal_reference(model, m, n_past, n_threads, n_kv):
     q, k, v, mask, scale = _case(m + n_past, m, n_past, model, n_kv)
     g, n = _graph(q, k, v, mask, scale, FA_TILED, n_threads)
