@@ -81,7 +81,9 @@ def test_split_kv_bits_equal_reference(model, n_kv, used, n_threads):
 @pytest.mark.parametrize("model", list(MODELS))
 @pytest.mark.parametrize("m,n_past,n_threads,n_kv", [(64, 0, 1, None), (65, 0, 2, None), (200, 37, 3, None),
                                                      (512, 0, 4, None), (130, 300, 2, None),
-                                                     (100, 150, 2, 300), (70, 0, 3, 72)], ids=str)
+                                                     (100, 150, 2, 300), (70, 0, 3, 72),
+                                                     (5, 0, 1, None), (6, 30, 1, None), (12, 250, 2, None),
+                                                     (67, 190, 1, 264)], ids=str)
 def test_tiled_bits_equal_reference(model, m, n_past, n_threads, n_kv):
     q, k, v, mask, scale = _case(m + n_past, m, n_past, model, n_kv)
     g, n = _graph(q, k, v, mask, scale, FA_TILED, n_threads)
@@ -163,3 +165,15 @@ def test_generic_kernel_bits_equal_reference_at_every_size(order, T, KV, sizes, 
                 call_kernel(eng, kernel_name(n), out, [q, k, v, mask], ith, nth, {"T": m, "KV": mask.shape[1]},
                             llama_threads)
             assert np.array_equal(out.view(np.uint32), want.view(np.uint32)), f"T={m} past={n_past} nth={nth}"
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("q_scale", [1.0, 12.0, 60.0])
+def test_tiled_scores_far_below_the_max_bits_equal_reference(model, q_scale):
+    """Unmasked tiles whose scores lie 87 and more below the row's max: ggml_v_expf leaves its fast
+    path in those lanes (|n| > 126), which the tiled kernel runs only when some lane needs it."""
+    q, k, v, mask, scale = _case(11, 70, 200, model)
+    q = (q * np.float32(q_scale)).astype(np.float32)
+    g, n = _graph(q, k, v, mask, scale, FA_TILED, 2)
+    want = flash_attn(q, k, v, mask, scale, FA_TILED, 2)
+    _check(g, n, q, k, v, mask, want)
