@@ -1,8 +1,16 @@
 """The portable profile's measured bar against llama.cpp, kept as bounds (docs/PORTABLE.md).
 
-bankml.profiles.portable.bar.measure on the sizes measured; each figure may not get worse
-than it was when measured (the run is deterministic, so it equals it unless the profile or
-llama.cpp changes).
+bankml.profiles.portable.bar.measure on the llvm backend for the three models of the doc's
+table, at a reduced size: 250 positions and 5 prompts x 64 greedy tokens (the issue's full bar,
+1,000 positions and 20 prompts x 64 tokens, is in the doc). Why reduced: the full bar of the
+three took 4.3 to 9.3 minutes in total on the shared 2-core machine (SmolLM2 F16 alone 2 to 8
+minutes, mostly llama-server's generation under CPU contention), past the ~3 minutes this test
+may take of CI's budget; the reduced bar takes 20 s (up to 2.5 min when the machine was busy) and still compares 250 rows of one
+prefill (one micro-batch; the full bar's 1,000 cross the 512 edge), reaches the full bar's
+max |Δ| on Qwen3, and runs greedy generations of the full 64 tokens.
+Each figure may not get worse than it was when measured. The run is deterministic (the same
+figures on every run), so the bounds are the measured values themselves, printed by the
+command below.
 """
 from __future__ import annotations
 
@@ -13,19 +21,22 @@ from bankml.testing import models
 
 pytestmark = [pytest.mark.oracle, pytest.mark.slow]
 
-SIZES = dict(positions=96, prompts=4, tokens=24)
-# measured 2026-12-01 with `python -m bankml.profiles.portable.bar MODEL --positions 96 --prompts 4 --tokens 24`
-# (SmolLM2 Q4_1 and F16, in docs/PORTABLE.md, take ~15 min each on the numpy spec: measured by the
-# command there, not kept here until the profile has its llvm lowering)
+SIZES = dict(positions=250, prompts=5, tokens=64)
+# measured 2026-12-01 with
+# `python -m bankml.profiles.portable.bar MODEL --positions 250 --prompts 5 --tokens 64` (llvm, 2 threads):
+# max |Δ|, top-1 agreement, greedy agreement, prompts whose whole generation agrees
 MEASURED = {
-    "qwen3-small-q1_0": (1.1033, 1.0, 1.0),
+    "smollm2-q4_1": (2.9875254034996033, 0.928, 0.315625, 0),
+    "smollm2-f16": (2.9160356521606445, 0.96, 0.12237762237762238, 0),
+    "qwen3-small-q1_0": (1.103227138519287, 1.0, 1.0, 5),
 }
 
 
 @pytest.mark.parametrize("name", list(MEASURED))
 def test_portable_logits_stay_within_the_measured_bar(name):
     bar = measure(models.path(name), **SIZES)
-    max_diff, top1, greedy = MEASURED[name]
+    max_diff, top1, greedy, identical = MEASURED[name]
     assert bar.max_abs_diff <= max_diff
     assert bar.top1_agreement >= top1
     assert bar.greedy_agreement >= greedy
+    assert bar.greedy_identical >= identical

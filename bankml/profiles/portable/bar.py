@@ -1,6 +1,7 @@
 """The measured bar: how far the portable profile's logits are from llama.cpp's.
 
     python -m bankml.profiles.portable.bar MODEL [--positions 1000] [--prompts 20] [--tokens 64]
+                                               [--backend llvm|reference] [--threads 2]
 
 - max |Δ| of the logits and top-1 agreement over `positions` positions of a fixed English text
   (TEXT below, repeated as needed), one prefill with every row's logits on both sides;
@@ -9,7 +10,13 @@
   its greedy choice at each position is its argmax there (its prefill rows equal its decode
   rows, tests/runtime/test_portable_model.py), so the tokens it agrees on before its first
   different choice are exactly those its own greedy decode would share with llama.cpp's.
-The portable side runs on the reference backend (the spec). Needs the llama.cpp oracle build.
+The portable side runs on the llvm backend by default; `backend="reference"` runs the numpy spec
+itself. Both compute the same function, bit for bit: tests/runtime/test_portable_llvm.py holds
+every logits row of llvm (1, 2 and 3 threads) to the sha256 of the reference backend's row on
+SmolLM2 (Q4_1, F16, Q8_0, Q2_0) and Qwen3 (Q1_0, F16), for prefills across the micro-batch
+edges, "all" and "last" outputs and decodes, and a decode to 1,100 cells on Qwen3 Q1_0 (the
+reference's own prefill) and SmolLM2 Q4_1 (threads and one prefill agree); so the figures do not
+depend on the backend, only the time does. Needs the llama.cpp oracle build.
 """
 from __future__ import annotations
 
@@ -67,12 +74,14 @@ def text_tokens(m, n: int) -> list[int]:
     return ids[:n]
 
 
-def measure(path, positions: int = 1000, prompts: int = 20, tokens: int = 64, threads: int = 2) -> Bar:
+def measure(path, positions: int = 1000, prompts: int = 20, tokens: int = 64, threads: int = 2,
+            backend: str = "llvm") -> Bar:
     import bankml
     from bankml import oracle
     from bankml.oracle.server import LlamaServer
     from bankml.profiles.portable.funcs import argmax
-    with bankml.load(path, backend="reference", profile="portable", n_ctx=max(positions, 256) + 256) as m:
+    with bankml.load(path, backend=backend, threads=threads, profile="portable",
+                     n_ctx=max(positions, 256) + 256) as m:
         ids = text_tokens(m, positions)
         ref = oracle.logits(path, ids, threads=threads, outputs="all", n_ctx=m.n_ctx)
         got = m.session().prefill(ids, outputs="all")
@@ -98,6 +107,8 @@ if __name__ == "__main__":
     ap.add_argument("--positions", type=int, default=1000)
     ap.add_argument("--prompts", type=int, default=20)
     ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--backend", choices=("llvm", "reference"), default="llvm")
+    ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
-    print(json.dumps(asdict(measure(a.model, a.positions, a.prompts, a.tokens))), flush=True)
+    print(json.dumps(asdict(measure(a.model, a.positions, a.prompts, a.tokens, a.threads, a.backend))), flush=True)
     sys.exit(0)
