@@ -22,7 +22,8 @@ from bankml.testing import models
 
 # model -> tokens of the reference prefill (the llvm prompts are its prefixes)
 MODELS = {"smollm2-q4_1": 65, "smollm2-f16": 9, "smollm2-q8_0": 9, "smollm2-q2_0": 9,
-          "qwen3-small-q1_0": 65, "qwen3-small-f16": 9}
+          "qwen3-small-q1_0": 65, "qwen3-small-f16": 9, "qwen3-small-q2_0": 9,
+          "qwen3-small-untied-q1_0": 9, "qwen3-small-untied-f16": 9}
 CUTS = (1, 7, 64, 65)
 
 
