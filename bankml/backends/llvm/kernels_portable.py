@@ -1,5 +1,5 @@
 """The llvm kernels of the portable profile (docs/PORTABLE.md) except its mat-mul side
-(QUANTIZE, MUL_MAT, GET_ROWS: kernels_portable_matmul.py). Each repeats the numpy spec of
+(QUANTIZE, GET_ROWS: kernels_portable_rows.py; MUL_MAT: kernels_portable_matmul.py). Each repeats the numpy spec of
 bankml/profiles/portable/ step for step with the emitters of portable_math.py, so its bits
 are the reference backend's (backends/reference/portable.py) for every thread count:
 
@@ -11,8 +11,11 @@ are the reference backend's (backends/reference/portable.py) for every thread co
 - SET_ROWS  attention.quantize_rows into the int8 cache rows (f16 scale, then int8 codes)
 - FLASH_ATTN attention.attention per (query row, head) (K/V head h // (H/Hkv)): q quantized per
             32 as quant.quantize_act, each score the exact integer dot of the codes times both
-            scales rounded once (portable_exact.round_shifted, the alignment made once per q
-            row), softmax over the n_kv cells in a stack buffer, then per block of 32 cells the
+            scales rounded once: eight cells at a time in f64 (_scores8: vpmaddubsw dots, exact
+            products and sums while the q blocks' exponent spread is within portable_f64.limit,
+            one f64 -> f32 conversion), else (spread past the limit, a nonzero score below
+            2^-126 or from 2^127 up) per cell portable_exact.round_shifted (_exact_score, the
+            alignment made once per q row); softmax over the n_kv cells in a stack buffer, then per block of 32 cells the
             power-of-two scale, exact int32 sums and one rounding, blocks added in cell order
             (a block whose weights are all 0 adds -0.0: skipped)
 
@@ -30,7 +33,10 @@ import math
 import numpy as np
 from llvmlite import ir
 
+from bankml.backends.llvm import portable_f64 as pf
 from bankml.backends.llvm import portable_math as pm
+from bankml.backends.llvm.kernels_matmul import psign, sums_us8
+from bankml.backends.llvm.kernels_portable_rows import lane_sums
 from bankml.backends.llvm.portable_exact import room, round_shifted
 from bankml.backends.llvm.common import (dim, f16, f32, f64, for_range, i1, i8, i16, i32, i64, intrinsic,
                                          new_function, size, thread_range, typed, v8f32)
@@ -371,6 +377,8 @@ def define_flash_attn(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     qcodes = b.alloca(i8, size=D, name="qcodes")
     scores = b.alloca(f32, size=nkv, name="scores")
     sums = b.alloca(i32, size=D, name="sums")
+    raw_slot = b.alloca(ir.ArrayType(f32, 8), name="raw8")
+    need_slot = b.alloca(ir.ArrayType(i8, 8), name="need8")
     v32i8, v32i32 = ir.VectorType(i8, QK), ir.VectorType(i32, QK)
     inf = f32(float("inf"))
     lo, hi = thread_range(b, b.mul(dim(b, dims, M), i64(H)), ith, nth)
@@ -418,7 +426,7 @@ def define_flash_attn(m: ir.Module, g: Graph, n: Node) -> ir.Function:
             shifts.append(sh)
             spread = b.select(b.icmp_signed(">", sh, spread), sh, spread)
         fits = b.icmp_signed("<=", spread, i64(room(TERM_BITS, nsub)))
-        vn64, vn32 = ir.VectorType(i64, nsub), ir.VectorType(i32, nsub)
+        vn32 = ir.VectorType(i32, nsub)
         sh_v = _vector(b, [b.trunc(sh, i32) for sh in shifts], vn32)
         ae_v = _vector(b, [b.trunc(eq, i32) for eq in es], vn32)
         emin32 = b.trunc(emin, i32)
@@ -433,32 +441,36 @@ def define_flash_attn(m: ir.Module, g: Graph, n: Node) -> ir.Function:
         # m < 2^4, |k| < 2^16, nsub <= 8) and |scale| < 2^(scale_e + 1) stay below 2^128
         scale_e = int(np.frexp(np.float32(n.params["scale"]))[1]) - 1
         bounded = b.icmp_signed("<", b.add(emin, spread), i64(128 - 43 - scale_e - 1))
-        sc_var = _Var(b, f32, f32(0.0), entry)
-        with for_range(b, 0, nkv, name="j") as j:
-            krow = b.gep(k, [b.mul(b.add(b.mul(j, i64(Hkv)), hk), i64(R))])
-            ks, kx, kbad = _f16_parts(b, b.load(b.bitcast(krow, i16.as_pointer()), align=1))
-            mk = pm.canon(b, b.fpext(b.load(b.gep(pmask, [b.add(kv_mask_row, j)])), f32))
-            bad = b.or_(badq, kbad)
-            masked = b.and_(bounded, b.fcmp_ordered("==", mk, f32(float("-inf"))))
-            with b.if_else(masked) as (skip, dot_it):
-                with skip:
-                    sc_var.set(pm.with_bits(b, bad, pm.QNAN, f32(float("-inf"))))
-                with dot_it:
-                    terms = []
-                    for sb in range(nsub):     # q block sb . k block sb, times both scales' significands
-                        kc = b.sext(b.load(b.bitcast(b.gep(krow, [i64(2 + sb * QK)]), v32i8.as_pointer()), align=1),
-                                    v32i32)
-                        dot = b.sext(b.call(red, [b.mul(kc, qv[sb])]), i64)             # |.| < 2^19
-                        terms.append(b.mul(b.mul(dot, ms[sb]), ks))                     # |.| < 2^34
-                    kxv = pm.splat(b, kx, vn32)
-                    score = round_shifted(b, _vector(b, terms, vn64), sh_v, b.add(emin32, kx), fits, b.add(ae_v, kxv))
-                    sc = pm.mul(b, pm.with_bits(b, bad, pm.QNAN, score), scale)
-                    sc_var.set(pm.add(b, sc, mk))
-            sc = sc_var.get()
-            b.store(sc, b.gep(scores, [j]))
-            cur = mx.get()
-            mx.set(b.select(b.fcmp_ordered(">", sc, cur), sc, cur))
-            anynan.set(b.or_(anynan.get(), pm.is_nan(b, sc)))
+        sc_var, score_var = _Var(b, f32, f32(0.0), entry), _Var(b, f32, f32(0.0), entry)
+        qf = [b.fmul(b.sitofp(mq, f64), _pow2(b, eq)) for mq, eq in zip(ms, es)]    # m * 2^e, 0 for m = 0
+        f64_row = b.icmp_signed("<=", spread, i64(pf.limit(TERM_BITS, nsub)))
+        qb = [b.load(b.bitcast(b.gep(qcodes, [i64(sb * QK)]), v32i8.as_pointer()), align=1) for sb in range(nsub)]
+        with for_range(b, 0, nkv, 8, name="j8") as j8:
+            raw8, need8 = _scores8(b, k, qb, qf, f64_row, j8, hk, Hkv, R, nsub)
+            b.store(raw8, b.bitcast(raw_slot, v8f32.as_pointer()), align=4)
+            b.store(need8, b.bitcast(need_slot, ir.VectorType(i8, 8).as_pointer()), align=1)
+            with for_range(b, 0, 8, name="jc") as jc:
+                j = b.add(j8, jc)
+                krow = b.gep(k, [b.mul(b.add(b.mul(j, i64(Hkv)), hk), i64(R))])
+                ks, kx, kbad = _f16_parts(b, b.load(b.bitcast(krow, i16.as_pointer()), align=1))
+                mk = pm.canon(b, b.fpext(b.load(b.gep(pmask, [b.add(kv_mask_row, j)])), f32))
+                bad = b.or_(badq, kbad)
+                masked = b.and_(bounded, b.fcmp_ordered("==", mk, f32(float("-inf"))))
+                with b.if_else(masked) as (skip, dot_it):
+                    with skip:
+                        sc_var.set(pm.with_bits(b, bad, pm.QNAN, f32(float("-inf"))))
+                    with dot_it:
+                        need = b.icmp_unsigned("!=", b.load(b.gep(need_slot, [i32(0), jc])), i8(0))
+                        score_var.set(b.load(b.gep(raw_slot, [i32(0), jc])))
+                        with b.if_then(need, likely=False):
+                            score_var.set(_exact_score(b, krow, qv, ms, ks, kx, sh_v, emin32, fits, ae_v, nsub, red))
+                        sc = pm.mul(b, pm.with_bits(b, bad, pm.QNAN, score_var.get()), scale)
+                        sc_var.set(pm.add(b, sc, mk))
+                sc = sc_var.get()
+                b.store(sc, b.gep(scores, [j]))
+                cur = mx.get()
+                mx.set(b.select(b.fcmp_ordered(">", sc, cur), sc, cur))
+                anynan.set(b.or_(anynan.get(), pm.is_nan(b, sc)))
         obase = qbase
         rownan = _Var(b, i1, anynan.get(), entry)
         neg0 = pm.const(v8f32, NEG0)
@@ -508,6 +520,51 @@ def define_flash_attn(m: ir.Module, g: Graph, n: Node) -> ir.Function:
                 _vstore(b, pm.canon(b, nan), pout, b.add(obase, o))
     b.ret_void()
     return fn
+
+
+def _scores8(b, k, qb: list, qf: list, f64_row, j8, hk, Hkv: int, R: int, nsub: int):
+    """The scores of cells j8..j8+7 (one K/V head) in f64 (portable_f64's argument): each
+    sub-block's exact integer dot (vpmaddubsw lanes), times the q block's scale m * 2^e, summed
+    over the sub-blocks, times the K row's f16 scale: every product and sum exact when the q
+    blocks' exponent spread is within portable_f64.limit(TERM_BITS, nsub) (f64_row), and one
+    f64 -> f32 conversion rounds it once as round_exact does, +0 for an exact zero. Returns
+    (<8 x f32> the scores, <8 x i8> 1 where the exact path must give the cell's score instead:
+    f64_row false, or a nonzero |score| below 2^-126 or at least 2^127). A bad K scale gives
+    NaN or inf here; its cell is NaN either way (the caller's bad select)."""
+    rows = [b.gep(k, [b.mul(b.add(b.mul(b.add(j8, i64(c)), i64(Hkv)), hk), i64(R))]) for c in range(8)]
+    acc = None
+    for sb in range(nsub):
+        lanes = []
+        for row in rows:
+            kc = b.load(b.bitcast(b.gep(row, [i64(2 + sb * QK)]), qb[sb].type.as_pointer()), align=1)
+            lanes.append(sums_us8(b, psign(b, kc, kc), psign(b, qb[sb], kc)))     # pair sums < 2^15
+        t = b.fmul(b.sitofp(lane_sums(b, lanes), pf.v8f64), pm.splat(b, qf[sb], pf.v8f64))
+        acc = t if acc is None else b.fadd(acc, t)
+    words = ir.Constant(pf.v8i16, [0] * 8)
+    for c, row in enumerate(rows):
+        words = b.insert_element(words, b.load(b.bitcast(row, i16.as_pointer()), align=1), i32(c))
+    s = b.fmul(acc, pf.f16_values(b, words))
+    v8i64 = ir.VectorType(i64, 8)
+    a = b.bitcast(b.and_(b.bitcast(s, v8i64), pm.const(v8i64, (1 << 63) - 1)), pf.v8f64)       # |s|
+    tiny = b.and_(b.fcmp_ordered("<", a, pm.const(pf.v8f64, pf.TINY)), b.fcmp_ordered("!=", a, pm.const(pf.v8f64, 0.0)))
+    need = b.or_(b.or_(tiny, b.fcmp_ordered(">=", a, pm.const(pf.v8f64, 2.0 ** 127))),
+                 pm.splat(b, b.not_(f64_row), ir.VectorType(i1, 8)))
+    r = b.fadd(b.fptrunc(s, v8f32), pm.const(v8f32, 0.0))
+    return r, b.zext(need, ir.VectorType(i8, 8))
+
+
+def _exact_score(b, krow, qv: list, ms: list, ks, kx, sh_v, emin32, fits, ae_v, nsub: int, red):
+    """The cell's score by the exact path: q block sb . k block sb times both scales'
+    significands, the terms aligned once (portable_exact.round_shifted)."""
+    terms = []
+    for sb in range(nsub):
+        kc = b.sext(b.load(b.bitcast(b.gep(krow, [i64(2 + sb * QK)]), ir.VectorType(i8, QK).as_pointer()), align=1),
+                    qv[sb].type)
+        dot = b.sext(b.call(red, [b.mul(kc, qv[sb])]), i64)                      # |.| < 2^19
+        terms.append(b.mul(b.mul(dot, ms[sb]), ks))                             # |.| < 2^34
+    kxv = pm.splat(b, kx, ae_v.type)
+    return round_shifted(b, _vector(b, terms, ir.VectorType(i64, nsub)), sh_v, b.add(emin32, kx), fits,
+                         b.add(ae_v, kxv))
 
 
 def _value_block(b, pout, obase, w_at, sums, v, blk, amax, hk, Hkv: int, R: int, D: int) -> None:
