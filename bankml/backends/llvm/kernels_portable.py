@@ -11,7 +11,7 @@ every thread count:
             rope.rope, pairs (2i, 2i+1) in mode norm, (i, i + n/2) in mode neox; YaRN refused
 - SET_ROWS  attention.quantize_rows into the int8 cache rows (f16 scale, then int8 codes)
 - FLASH_ATTN attention.attention per (query row, head) (K/V head h // (H/Hkv)): q quantized per
-            32 as quant.quantize_act, each score the exact integer dot of the codes times both
+            32 as quant.quantize_act (32 lanes), each score the exact integer dot of the codes times both
             scales rounded once: eight cells at a time in f64 (_scores8: vpmaddubsw dots, exact
             products and sums while the q blocks' exponent spread is within portable_f64.limit,
             one f64 -> f32 conversion), else (spread past the limit, a nonzero score below
@@ -317,6 +317,12 @@ def _any8(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
     return b.icmp_unsigned("!=", b.bitcast(v, ir.IntType(8)), ir.IntType(8)(0))
 
 
+def _all_lanes(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
+    """i1: every lane of an <n x i1> is set."""
+    n = v.type.count
+    return b.icmp_unsigned("==", b.bitcast(v, ir.IntType(n)), ir.IntType(n)((1 << n) - 1))
+
+
 def _all8(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
     """i1: every lane of an <8 x i1> is set."""
     return b.icmp_unsigned("==", b.bitcast(v, ir.IntType(8)), ir.IntType(8)(255))
@@ -391,7 +397,6 @@ def define_flash_attn(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     raw_slot = b.alloca(ir.ArrayType(f32, 8), name="raw8")
     need_slot = b.alloca(ir.ArrayType(i8, 8), name="need8")
     v32i8, v32i32 = ir.VectorType(i8, QK), ir.VectorType(i32, QK)
-    inf = f32(float("inf"))
     lo, hi = thread_range(b, b.mul(dim(b, dims, M), i64(H)), ith, nth)
     with for_range(b, lo, hi, name="task") as task:
         mrow, h = b.sdiv(task, i64(H)), b.srem(task, i64(H))
@@ -400,28 +405,29 @@ def define_flash_attn(m: ir.Module, g: Graph, n: Node) -> ir.Function:
         # 1. q in blocks of 32 (quant.quantize_act)
         badq = i1(0)
         ms, es = [], []
-        for sb in range(nsub):
-            amax, bad = _Var(b, f32, f32(0.0), entry), _Var(b, i1, i1(0), entry)
-            with for_range(b, 0, QK, name="qa") as i:
-                x = _load(b, pq, b.add(b.add(qbase, i64(sb * QK)), i))
-                a = pm.fabs(b, x)
-                fin = b.fcmp_ordered("<", a, inf)
-                bad.set(b.or_(bad.get(), b.not_(fin)))
-                cur = amax.get()
-                amax.set(b.select(b.and_(fin, b.fcmp_ordered(">", a, cur)), a, cur))
-            blk_bad = bad.get()
-            mq, eq = _act_scale(b, b.select(blk_bad, f32(0.0), amax.get()))
+        v32f32, v32f64, v32i64 = ir.VectorType(f32, QK), ir.VectorType(f64, QK), ir.VectorType(i64, QK)
+        rne = intrinsic(m, "llvm.roundeven.v32f64", v32f64, [v32f64])
+        for sb in range(nsub):         # 32 lanes: the same steps per value as the scalar spec
+            x = _load(b, pq, b.add(qbase, i64(sb * QK)), v32f32)
+            a = pm.fabs(b, x)
+            fin = b.fcmp_ordered("<", a, pm.const(v32f32, float("inf")))
+            blk_bad = b.not_(_all_lanes(b, fin))
+            abits = b.select(fin, pm.bits(b, a), pm.const(v32i32, 0))           # |x| bits order as |x|
+            umax = intrinsic(m, "llvm.vector.reduce.umax.v32i32", i32, [v32i32])
+            amax = b.bitcast(b.call(umax, [abits]), f32)
+            mq, eq = _act_scale(b, b.select(blk_bad, f32(0.0), amax))
             inv = _pow2(b, b.sub(i64(0), eq))
             div = b.sitofp(b.select(b.icmp_signed("==", mq, i64(0)), i64(1), mq), f64)
             zero_codes = b.or_(blk_bad, b.icmp_signed("==", mq, i64(0)))
-            with for_range(b, 0, QK, name="qc") as i:
-                x = b.fpext(_load(b, pq, b.add(b.add(qbase, i64(sb * QK)), i)), f64)
-                y = pm.roundeven(b, b.fdiv(b.fmul(x, inv), div))
-                y = b.select(b.fcmp_ordered(">", y, f64(127.0)), f64(127.0), y)
-                y = b.select(b.fcmp_ordered("<", y, f64(-127.0)), f64(-127.0), y)
-                fin = b.fcmp_ordered("<", pm.fabs64(b, y), f64(float("inf")))
-                code = b.select(b.or_(zero_codes, b.not_(fin)), i8(0), b.fptosi(y, i8))
-                b.store(code, b.gep(qcodes, [b.add(i, i64(sb * QK))]))
+            y = b.fdiv(b.fmul(b.fpext(x, v32f64), pm.splat(b, inv, v32f64)), pm.splat(b, div, v32f64))
+            y = b.call(rne, [y])
+            y = b.select(b.fcmp_ordered(">", y, pm.const(v32f64, 127.0)), pm.const(v32f64, 127.0), y)
+            y = b.select(b.fcmp_ordered("<", y, pm.const(v32f64, -127.0)), pm.const(v32f64, -127.0), y)
+            ya = b.and_(b.bitcast(y, v32i64), pm.const(v32i64, (1 << 63) - 1))
+            finy = b.icmp_unsigned("<", ya, pm.const(v32i64, 0x7FF0000000000000))
+            ok = b.and_(finy, pm.splat(b, b.not_(zero_codes), ir.VectorType(i1, QK)))
+            code = b.select(ok, b.fptosi(y, v32i8), pm.const(v32i8, 0))
+            b.store(code, b.bitcast(b.gep(qcodes, [i64(sb * QK)]), v32i8.as_pointer()), align=1)
             badq = b.or_(badq, blk_bad)
             ms.append(mq)
             es.append(eq)
