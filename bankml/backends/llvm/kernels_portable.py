@@ -1,7 +1,8 @@
 """The llvm kernels of the portable profile (docs/PORTABLE.md) except its mat-mul side
-(QUANTIZE, MUL_MAT, GET_ROWS: kernels_portable_matmul.py). Each repeats the numpy spec of
-bankml/profiles/portable/ step for step with the emitters of portable_math.py, so its bits
-are the reference backend's (backends/reference/portable.py) for every thread count:
+(QUANTIZE, GET_ROWS: kernels_portable_rows.py; MUL_MAT: kernels_portable_matmul.py). Each
+repeats the numpy spec of bankml/profiles/portable/ step for step with the emitters of
+portable_math.py, so its bits are the reference backend's (backends/reference/portable.py) for
+every thread count:
 
 - RMS_NORM  funcs.rmsnorm without w: x * rsqrt(fold_sum(x*x) * r(1/n) + eps) (the weight is a MUL)
 - ADD, MUL  arith.add / arith.mul, an operand of fewer dims broadcast over the leading ones
@@ -10,11 +11,14 @@ are the reference backend's (backends/reference/portable.py) for every thread co
             rope.rope, pairs (2i, 2i+1) in mode norm, (i, i + n/2) in mode neox; YaRN refused
 - SET_ROWS  attention.quantize_rows into the int8 cache rows (f16 scale, then int8 codes)
 - FLASH_ATTN attention.attention per (query row, head) (K/V head h // (H/Hkv)): q quantized per
-            32 as quant.quantize_act, each score the exact integer dot of the codes times both
-            scales rounded once (portable_exact.round_shifted, the alignment made once per q
-            row), softmax over the n_kv cells in a stack buffer, then per block of 32 cells the
-            power-of-two scale, exact int32 sums and one rounding, blocks added in cell order
-            (a block whose weights are all 0 adds -0.0: skipped)
+            32 as quant.quantize_act (32 lanes), each score the exact integer dot of the codes times both
+            scales rounded once: eight cells at a time in f64 (_scores8: vpmaddubsw dots, exact
+            products and sums while the q blocks' exponent spread is within portable_f64.limit,
+            one f64 -> f32 conversion), else (spread past the limit, a nonzero score below
+            2^-126 or from 2^127 up) per cell portable_exact.round_shifted (_exact_score, the
+            alignment made once per q row); scale and mask on 8 lanes; softmax over the n_kv
+            cells in a stack buffer, then per block of 32 cells the power-of-two scale, exact
+            int32 sums and one rounding, blocks added in cell order (a block whose weights are all 0 adds -0.0: skipped)
 
 Threads split rows (RMS_NORM), chunks of 8 values (ADD, MUL, SWIGLU), tokens (ROPE),
 (token, K/V head) rows (SET_ROWS) or (query row, head) pairs (FLASH_ATTN); no result depends
@@ -30,7 +34,10 @@ import math
 import numpy as np
 from llvmlite import ir
 
+from bankml.backends.llvm import portable_f64 as pf
 from bankml.backends.llvm import portable_math as pm
+from bankml.backends.llvm.kernels_matmul import psign, sums_us8
+from bankml.backends.llvm.kernels_portable_rows import lane_sums
 from bankml.backends.llvm.portable_exact import room, round_shifted
 from bankml.backends.llvm.common import (dim, f16, f32, f64, for_range, i1, i8, i16, i32, i64, intrinsic,
                                          new_function, size, thread_range, typed, v8f32)
@@ -305,6 +312,22 @@ def _vector(b: ir.IRBuilder, xs: list, t: ir.VectorType) -> ir.Value:
     return v
 
 
+def _any8(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
+    """i1: any lane of an <8 x i1> is set."""
+    return b.icmp_unsigned("!=", b.bitcast(v, ir.IntType(8)), ir.IntType(8)(0))
+
+
+def _all_lanes(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
+    """i1: every lane of an <n x i1> is set."""
+    n = v.type.count
+    return b.icmp_unsigned("==", b.bitcast(v, ir.IntType(n)), ir.IntType(n)((1 << n) - 1))
+
+
+def _all8(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
+    """i1: every lane of an <8 x i1> is set."""
+    return b.icmp_unsigned("==", b.bitcast(v, ir.IntType(8)), ir.IntType(8)(255))
+
+
 def _act_scale(b: ir.IRBuilder, amax: ir.Value):
     """quant.act_scale of a finite amax >= 0: (m, e) as i64."""
     u = b.zext(pm.bits(b, amax), i64)
@@ -371,8 +394,9 @@ def define_flash_attn(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     qcodes = b.alloca(i8, size=D, name="qcodes")
     scores = b.alloca(f32, size=nkv, name="scores")
     sums = b.alloca(i32, size=D, name="sums")
+    raw_slot = b.alloca(ir.ArrayType(f32, 8), name="raw8")
+    need_slot = b.alloca(ir.ArrayType(i8, 8), name="need8")
     v32i8, v32i32 = ir.VectorType(i8, QK), ir.VectorType(i32, QK)
-    inf = f32(float("inf"))
     lo, hi = thread_range(b, b.mul(dim(b, dims, M), i64(H)), ith, nth)
     with for_range(b, lo, hi, name="task") as task:
         mrow, h = b.sdiv(task, i64(H)), b.srem(task, i64(H))
@@ -381,28 +405,29 @@ def define_flash_attn(m: ir.Module, g: Graph, n: Node) -> ir.Function:
         # 1. q in blocks of 32 (quant.quantize_act)
         badq = i1(0)
         ms, es = [], []
-        for sb in range(nsub):
-            amax, bad = _Var(b, f32, f32(0.0), entry), _Var(b, i1, i1(0), entry)
-            with for_range(b, 0, QK, name="qa") as i:
-                x = _load(b, pq, b.add(b.add(qbase, i64(sb * QK)), i))
-                a = pm.fabs(b, x)
-                fin = b.fcmp_ordered("<", a, inf)
-                bad.set(b.or_(bad.get(), b.not_(fin)))
-                cur = amax.get()
-                amax.set(b.select(b.and_(fin, b.fcmp_ordered(">", a, cur)), a, cur))
-            blk_bad = bad.get()
-            mq, eq = _act_scale(b, b.select(blk_bad, f32(0.0), amax.get()))
+        v32f32, v32f64, v32i64 = ir.VectorType(f32, QK), ir.VectorType(f64, QK), ir.VectorType(i64, QK)
+        rne = intrinsic(m, "llvm.roundeven.v32f64", v32f64, [v32f64])
+        for sb in range(nsub):         # 32 lanes: the same steps per value as the scalar spec
+            x = _load(b, pq, b.add(qbase, i64(sb * QK)), v32f32)
+            a = pm.fabs(b, x)
+            fin = b.fcmp_ordered("<", a, pm.const(v32f32, float("inf")))
+            blk_bad = b.not_(_all_lanes(b, fin))
+            abits = b.select(fin, pm.bits(b, a), pm.const(v32i32, 0))           # |x| bits order as |x|
+            umax = intrinsic(m, "llvm.vector.reduce.umax.v32i32", i32, [v32i32])
+            amax = b.bitcast(b.call(umax, [abits]), f32)
+            mq, eq = _act_scale(b, b.select(blk_bad, f32(0.0), amax))
             inv = _pow2(b, b.sub(i64(0), eq))
             div = b.sitofp(b.select(b.icmp_signed("==", mq, i64(0)), i64(1), mq), f64)
             zero_codes = b.or_(blk_bad, b.icmp_signed("==", mq, i64(0)))
-            with for_range(b, 0, QK, name="qc") as i:
-                x = b.fpext(_load(b, pq, b.add(b.add(qbase, i64(sb * QK)), i)), f64)
-                y = pm.roundeven(b, b.fdiv(b.fmul(x, inv), div))
-                y = b.select(b.fcmp_ordered(">", y, f64(127.0)), f64(127.0), y)
-                y = b.select(b.fcmp_ordered("<", y, f64(-127.0)), f64(-127.0), y)
-                fin = b.fcmp_ordered("<", pm.fabs64(b, y), f64(float("inf")))
-                code = b.select(b.or_(zero_codes, b.not_(fin)), i8(0), b.fptosi(y, i8))
-                b.store(code, b.gep(qcodes, [b.add(i, i64(sb * QK))]))
+            y = b.fdiv(b.fmul(b.fpext(x, v32f64), pm.splat(b, inv, v32f64)), pm.splat(b, div, v32f64))
+            y = b.call(rne, [y])
+            y = b.select(b.fcmp_ordered(">", y, pm.const(v32f64, 127.0)), pm.const(v32f64, 127.0), y)
+            y = b.select(b.fcmp_ordered("<", y, pm.const(v32f64, -127.0)), pm.const(v32f64, -127.0), y)
+            ya = b.and_(b.bitcast(y, v32i64), pm.const(v32i64, (1 << 63) - 1))
+            finy = b.icmp_unsigned("<", ya, pm.const(v32i64, 0x7FF0000000000000))
+            ok = b.and_(finy, pm.splat(b, b.not_(zero_codes), ir.VectorType(i1, QK)))
+            code = b.select(ok, b.fptosi(y, v32i8), pm.const(v32i8, 0))
+            b.store(code, b.bitcast(b.gep(qcodes, [i64(sb * QK)]), v32i8.as_pointer()), align=1)
             badq = b.or_(badq, blk_bad)
             ms.append(mq)
             es.append(eq)
@@ -418,7 +443,7 @@ def define_flash_attn(m: ir.Module, g: Graph, n: Node) -> ir.Function:
             shifts.append(sh)
             spread = b.select(b.icmp_signed(">", sh, spread), sh, spread)
         fits = b.icmp_signed("<=", spread, i64(room(TERM_BITS, nsub)))
-        vn64, vn32 = ir.VectorType(i64, nsub), ir.VectorType(i32, nsub)
+        vn32 = ir.VectorType(i32, nsub)
         sh_v = _vector(b, [b.trunc(sh, i32) for sh in shifts], vn32)
         ae_v = _vector(b, [b.trunc(eq, i32) for eq in es], vn32)
         emin32 = b.trunc(emin, i32)
@@ -426,39 +451,55 @@ def define_flash_attn(m: ir.Module, g: Graph, n: Node) -> ir.Function:
               for sb in range(nsub)]
         red = intrinsic(m, "llvm.vector.reduce.add.v32i32", i32, [v32i32])
         # 2. scores: exact q.k rounded once, * scale, + mask; their max and any NaN
-        mx, anynan = _Var(b, f32, f32(float("-inf")), entry), _Var(b, i1, i1(0), entry)
+        # eight cells at a time: lane-wise running max (a tie of +-0 picks either: no bit
+        # depends on the max's zero sign) and any NaN, folded after the cells
+        v8i1, v8i8 = ir.VectorType(i1, 8), ir.VectorType(i8, 8)
+        vmx, vnan = _Var(b, v8f32, pm.const(v8f32, float("-inf")), entry), _Var(b, v8i1, pm.const(v8i1, 0), entry)
         kv_mask_row = b.mul(mrow, nkv)
         # a masked cell's score is -inf (NaN with a bad scale) whenever r(score * scale) is
         # finite, which holds for every K row when |score| < 2^(emax + 42) (|dot| < 2^19,
         # m < 2^4, |k| < 2^16, nsub <= 8) and |scale| < 2^(scale_e + 1) stay below 2^128
         scale_e = int(np.frexp(np.float32(n.params["scale"]))[1]) - 1
         bounded = b.icmp_signed("<", b.add(emin, spread), i64(128 - 43 - scale_e - 1))
-        sc_var = _Var(b, f32, f32(0.0), entry)
-        with for_range(b, 0, nkv, name="j") as j:
-            krow = b.gep(k, [b.mul(b.add(b.mul(j, i64(Hkv)), hk), i64(R))])
-            ks, kx, kbad = _f16_parts(b, b.load(b.bitcast(krow, i16.as_pointer()), align=1))
-            mk = pm.canon(b, b.fpext(b.load(b.gep(pmask, [b.add(kv_mask_row, j)])), f32))
-            bad = b.or_(badq, kbad)
-            masked = b.and_(bounded, b.fcmp_ordered("==", mk, f32(float("-inf"))))
-            with b.if_else(masked) as (skip, dot_it):
-                with skip:
-                    sc_var.set(pm.with_bits(b, bad, pm.QNAN, f32(float("-inf"))))
-                with dot_it:
-                    terms = []
-                    for sb in range(nsub):     # q block sb . k block sb, times both scales' significands
-                        kc = b.sext(b.load(b.bitcast(b.gep(krow, [i64(2 + sb * QK)]), v32i8.as_pointer()), align=1),
-                                    v32i32)
-                        dot = b.sext(b.call(red, [b.mul(kc, qv[sb])]), i64)             # |.| < 2^19
-                        terms.append(b.mul(b.mul(dot, ms[sb]), ks))                     # |.| < 2^34
-                    kxv = pm.splat(b, kx, vn32)
-                    score = round_shifted(b, _vector(b, terms, vn64), sh_v, b.add(emin32, kx), fits, b.add(ae_v, kxv))
-                    sc = pm.mul(b, pm.with_bits(b, bad, pm.QNAN, score), scale)
-                    sc_var.set(pm.add(b, sc, mk))
-            sc = sc_var.get()
-            b.store(sc, b.gep(scores, [j]))
-            cur = mx.get()
-            mx.set(b.select(b.fcmp_ordered(">", sc, cur), sc, cur))
-            anynan.set(b.or_(anynan.get(), pm.is_nan(b, sc)))
+        qf = [b.fmul(b.sitofp(mq, f64), _pow2(b, eq)) for mq, eq in zip(ms, es)]    # m * 2^e, 0 for m = 0
+        f64_row = b.icmp_signed("<=", spread, i64(pf.limit(TERM_BITS, nsub)))
+        qb = [b.load(b.bitcast(b.gep(qcodes, [i64(sb * QK)]), v32i8.as_pointer()), align=1) for sb in range(nsub)]
+        scale8, ninf8 = pm.splat(b, scale, v8f32), pm.const(v8f32, float("-inf"))
+        with for_range(b, 0, nkv, 8, name="j8") as j8:
+            rows = [b.gep(k, [b.mul(b.add(b.mul(b.add(j8, i64(c)), i64(Hkv)), hk), i64(R))]) for c in range(8)]
+            words = ir.Constant(pf.v8i16, [0] * 8)                     # the eight K scales' f16 bits
+            for c, row in enumerate(rows):
+                words = b.insert_element(words, b.load(b.bitcast(row, i16.as_pointer()), align=1), i32(c))
+            mk = pm.canon(b, b.fpext(_vload(b, pmask, b.add(kv_mask_row, j8), ir.VectorType(f16, 8)), v8f32))
+            kbad = b.icmp_unsigned("==", b.and_(words, pm.const(pf.v8i16, 0x7C00)), pm.const(pf.v8i16, 0x7C00))
+            bad = b.or_(pm.splat(b, badq, v8i1), kbad)
+            masked = b.and_(pm.splat(b, bounded, v8i1), b.fcmp_ordered("==", mk, ninf8))
+            with b.if_then(b.not_(_all8(b, masked))):                  # eight masked cells: no dots
+                raw8, need8 = _scores8(b, rows, words, qb, qf, f64_row, nsub)
+                need8 = b.and_(need8, b.not_(masked))
+                b.store(raw8, b.bitcast(raw_slot, v8f32.as_pointer()), align=4)
+                with b.if_then(_any8(b, need8), likely=False):
+                    b.store(b.zext(need8, v8i8), b.bitcast(need_slot, v8i8.as_pointer()), align=1)
+                    with for_range(b, 0, 8, name="jc") as jc:
+                        with b.if_then(b.icmp_unsigned("!=", b.load(b.gep(need_slot, [i32(0), jc])), i8(0))):
+                            krow = b.gep(k, [b.mul(b.add(b.mul(b.add(j8, jc), i64(Hkv)), hk), i64(R))])
+                            ks, kx, _ = _f16_parts(b, b.load(b.bitcast(krow, i16.as_pointer()), align=1))
+                            b.store(_exact_score(b, krow, qv, ms, ks, kx, sh_v, emin32, fits, ae_v, nsub, red),
+                                    b.gep(raw_slot, [i32(0), jc]))
+            score = b.load(b.bitcast(raw_slot, v8f32.as_pointer()), align=4)
+            sc = pm.add(b, pm.mul(b, pm.with_bits(b, bad, pm.QNAN, score), scale8), mk)
+            sc = b.select(masked, pm.with_bits(b, bad, pm.QNAN, ninf8), sc)
+            _vstore(b, sc, scores, j8)
+            cur = vmx.get()
+            vmx.set(b.select(b.fcmp_ordered(">", sc, cur), sc, cur))
+            vnan.set(b.or_(vnan.get(), pm.is_nan(b, sc)))
+        lanes = vmx.get()
+        mx_all = b.extract_element(lanes, i32(0))
+        for lane in range(1, 8):
+            x = b.extract_element(lanes, i32(lane))
+            mx_all = b.select(b.fcmp_ordered(">", x, mx_all), x, mx_all)
+        mx = _Var(b, f32, mx_all, entry)
+        anynan = _Var(b, i1, _any8(b, vnan.get()), entry)
         obase = qbase
         rownan = _Var(b, i1, anynan.get(), entry)
         neg0 = pm.const(v8f32, NEG0)
@@ -476,31 +517,40 @@ def define_flash_attn(m: ir.Module, g: Graph, n: Node) -> ir.Function:
             r = pm.recip(b, pm.tree(b, lanes.get()))
             # 4. values: w = r(p * s_v), 2^E per 32 cells, exact integer block sums, blocks in order
             with for_range(b, 0, b.sdiv(nkv, i64(QK)), name="blk") as blk:
-                amax = _Var(b, f32, f32(0.0), entry)
-                wnan, winf = _Var(b, i1, i1(0), entry), _Var(b, i1, i1(0), entry)
-                with for_range(b, 0, QK, name="w") as jj:
+                vamax = _Var(b, v8f32, pm.const(v8f32, 0.0), entry)      # |w| lane-wise: max in any order
+                wnan, winf = _Var(b, v8i1, pm.const(v8i1, 0), entry), _Var(b, v8i1, pm.const(v8i1, 0), entry)
+                r8, zero8f = pm.splat(b, r, v8f32), pm.const(v8f32, 0.0)
+                with for_range(b, 0, QK, 8, name="w") as jj:
                     j = b.add(b.mul(blk, i64(QK)), jj)
-                    vrow = b.gep(v, [b.mul(b.add(b.mul(j, i64(Hkv)), hk), i64(R))])
-                    p = b.select(minf, f32(0.0), pm.mul(b, b.load(b.gep(scores, [j])), r))
-                    sv = b.fpext(b.load(b.bitcast(vrow, f16.as_pointer()), align=1), f32)
-                    w = pm.mul(b, p, pm.canon(b, sv))
-                    b.store(w, b.gep(scores, [j]))
+                    svw = ir.Constant(ir.VectorType(f16, 8), ir.Undefined)
+                    for c in range(8):
+                        vrow = b.gep(v, [b.mul(b.add(b.mul(b.add(j, i64(c)), i64(Hkv)), hk), i64(R))])
+                        svw = b.insert_element(svw, b.load(b.bitcast(vrow, f16.as_pointer()), align=1), i32(c))
+                    p = b.select(pm.splat(b, minf, v8i1), zero8f, pm.mul(b, _vload(b, scores, j), r8))
+                    w = pm.mul(b, p, pm.canon(b, b.fpext(svw, v8f32)))
+                    _vstore(b, w, scores, j)
                     a = pm.fabs(b, w)
-                    cur = amax.get()
-                    amax.set(b.select(b.fcmp_ordered(">", a, cur), a, cur))
+                    cur = vamax.get()
+                    vamax.set(b.select(b.fcmp_ordered(">", a, cur), a, cur))
                     wnan.set(b.or_(wnan.get(), pm.is_nan(b, w)))
-                    winf.set(b.or_(winf.get(), b.fcmp_ordered("==", a, inf)))
-                with b.if_then(wnan.get()):
+                    winf.set(b.or_(winf.get(), b.fcmp_ordered("==", a, pm.const(v8f32, float("inf")))))
+                lanes8 = vamax.get()
+                amax = _Var(b, f32, b.extract_element(lanes8, i32(0)), entry)
+                for lane in range(1, 8):
+                    x, cur = b.extract_element(lanes8, i32(lane)), amax.get()
+                    amax.set(b.select(b.fcmp_ordered(">", x, cur), x, cur))
+                wnan, winf = _any8(b, wnan.get()), _any8(b, winf.get())
+                with b.if_then(wnan):
                     rownan.set(i1(1))
                 nonzero = b.fcmp_ordered(">", amax.get(), f32(0.0))
-                with b.if_else(winf.get()) as (then, otherwise):
+                with b.if_else(winf) as (then, otherwise):
                     with then:       # the spec's W*v of an infinite w is NaN, cast to int64's least value
                         ninf = pm.const(v8f32, float("-inf"))
                         with for_range(b, 0, D, 8, name="oi") as o:
                             at = b.add(obase, o)
                             _vstore(b, pm.add(b, _vload(b, pout, at), ninf), pout, at)
                     with otherwise:
-                        with b.if_then(b.and_(nonzero, b.not_(wnan.get()))):
+                        with b.if_then(b.and_(nonzero, b.not_(wnan))):
                             _value_block(b, pout, obase, scores, sums, v, blk, amax.get(), hk, Hkv, R, D)
         with b.if_then(rownan.get()):
             nan = pm.const(v8f32, float("nan"))
@@ -508,6 +558,48 @@ def define_flash_attn(m: ir.Module, g: Graph, n: Node) -> ir.Function:
                 _vstore(b, pm.canon(b, nan), pout, b.add(obase, o))
     b.ret_void()
     return fn
+
+
+def _scores8(b, rows: list, words, qb: list, qf: list, f64_row, nsub: int):
+    """The scores of eight cells (their K rows, one K/V head; words their scales' f16 bits) in
+    f64 (portable_f64's argument): each sub-block's exact integer dot (vpmaddubsw lanes), times
+    the q block's scale m * 2^e, summed over the sub-blocks, times the K row's f16 scale: every
+    product and sum exact when the q blocks' exponent spread is within
+    portable_f64.limit(TERM_BITS, nsub) (f64_row), and one f64 -> f32 conversion rounds it once
+    as round_exact does, +0 for an exact zero. Returns <8 x f32> the scores and <8 x i1> true
+    where the exact path must give the cell's score instead (f64_row false, or a nonzero |score|
+    below 2^-126 or at least 2^127). A bad K scale gives NaN or inf here; its cell is NaN
+    either way (the caller's bad select)."""
+    acc = None
+    for sb in range(nsub):
+        lanes = []
+        for row in rows:
+            kc = b.load(b.bitcast(b.gep(row, [i64(2 + sb * QK)]), qb[sb].type.as_pointer()), align=1)
+            lanes.append(sums_us8(b, psign(b, kc, kc), psign(b, qb[sb], kc)))     # pair sums < 2^15
+        t = b.fmul(b.sitofp(lane_sums(b, lanes), pf.v8f64), pm.splat(b, qf[sb], pf.v8f64))
+        acc = t if acc is None else b.fadd(acc, t)
+    s = b.fmul(acc, pf.f16_values(b, words))
+    v8i64 = ir.VectorType(i64, 8)
+    a = b.bitcast(b.and_(b.bitcast(s, v8i64), pm.const(v8i64, (1 << 63) - 1)), pf.v8f64)       # |s|
+    tiny = b.and_(b.fcmp_ordered("<", a, pm.const(pf.v8f64, pf.TINY)), b.fcmp_ordered("!=", a, pm.const(pf.v8f64, 0.0)))
+    need = b.or_(b.or_(tiny, b.fcmp_ordered(">=", a, pm.const(pf.v8f64, 2.0 ** 127))),
+                 pm.splat(b, b.not_(f64_row), ir.VectorType(i1, 8)))
+    r = b.fadd(b.fptrunc(s, v8f32), pm.const(v8f32, 0.0))
+    return r, need
+
+
+def _exact_score(b, krow, qv: list, ms: list, ks, kx, sh_v, emin32, fits, ae_v, nsub: int, red):
+    """The cell's score by the exact path: q block sb . k block sb times both scales'
+    significands, the terms aligned once (portable_exact.round_shifted)."""
+    terms = []
+    for sb in range(nsub):
+        kc = b.sext(b.load(b.bitcast(b.gep(krow, [i64(2 + sb * QK)]), ir.VectorType(i8, QK).as_pointer()), align=1),
+                    qv[sb].type)
+        dot = b.sext(b.call(red, [b.mul(kc, qv[sb])]), i64)                      # |.| < 2^19
+        terms.append(b.mul(b.mul(dot, ms[sb]), ks))                             # |.| < 2^34
+    kxv = pm.splat(b, kx, ae_v.type)
+    return round_shifted(b, _vector(b, terms, ir.VectorType(i64, nsub)), sh_v, b.add(emin32, kx), fits,
+                         b.add(ae_v, kxv))
 
 
 def _value_block(b, pout, obase, w_at, sums, v, blk, amax, hk, Hkv: int, R: int, D: int) -> None:

@@ -20,6 +20,10 @@ from __future__ import annotations
 from llvmlite import ir
 
 from bankml.backends.llvm.common import f32, f64, i8, i16, i32, i64, intrinsic
+from bankml.backends.llvm.kernels_matmul import at
+from bankml.backends.llvm.kernels_portable_rows import TERM_BITS, group_bytes, int8_lanes, lane_sums, lane_sums16, \
+    pair_sums16, splat_v, sub_layout
+from bankml.quants import Q1_0, Q2_0, Q4_1, WEIGHT_TYPES
 
 v4f64, v8f64, v4f32, v4i32 = ir.VectorType(f64, 4), ir.VectorType(f64, 8), ir.VectorType(f32, 4), ir.VectorType(i32, 4)
 v8i32, v8i16, v16i16 = ir.VectorType(i32, 8), ir.VectorType(i16, 8), ir.VectorType(i16, 16)
@@ -113,3 +117,113 @@ def round4(b, s):
     tiny = b.and_(b.fcmp_ordered("<", a, vconst(v4f64, TINY)), b.fcmp_ordered("!=", a, vconst(v4f64, 0.0)))
     none = b.icmp_unsigned("==", _reduce(b, "or", b.zext(tiny, ir.VectorType(i8, 4))), i8(0))
     return b.fadd(b.fptrunc(s, v4f32), vconst(v4f32, 0.0)), none
+
+
+# ---- four weight rows against one column (kernels_portable_matmul's rows4) ----------------------
+
+def scale_words(b, wtype: int, w, goff, nsub: int):
+    """<8 x i16>: lane j the f16 bits of sub-block j's scale (Q4_1: <8 x i32>, d | min << 16),
+    each distinct block's loaded once; lanes past nsub repeat lane 0."""
+    per = WEIGHT_TYPES[wtype].block // 32
+    nd = -(-nsub // per)
+    t = i32 if wtype == Q4_1 else i16
+    v = ir.Constant(ir.VectorType(t, nd), [0] * nd)
+    for k in range(nd):
+        v = b.insert_element(v, b.load(at(b, w, b.add(goff, i64(sub_layout(wtype, k * per)[0])), t), align=1), i32(k))
+    return b.shuffle_vector(v, v, ir.Constant(v8i32, [j // per if j < nsub else 0 for j in range(8)]))
+
+
+def group4(b, wtype: int, wrows: list, gi, nsub: int, cols):
+    """The group gi of four weight rows against one column, summed in f64 (portable_f64):
+    (<4 x f32> the rounded results, i1 whether they are the spec's; else the exact path's)."""
+    if nsub <= 2 and wtype != Q1_0:
+        return tail4(b, wtype, wrows, gi, nsub, cols)
+    goff = b.mul(gi, i64(group_bytes(wtype)))
+    s0 = b.mul(gi, i64(8))
+    zero = ir.Constant(v8i32, [0] * 8)
+    af = cols.vec(b, cols.af, 0, s0, v8f64)
+    caf = cols.vec(b, cols.caf, 0, s0, v8f64) if wtype == Q4_1 else None
+    terms, words = [], []
+    small = wtype in (Q1_0, Q2_0)                    # sub-block dots within i16: pair sums summed as i16
+    for w in wrows:
+        lanes = [ir.Constant(ir.VectorType(i16, 16), [0] * 16) if small else zero] * 8
+        for j in range(nsub):
+            qoff = b.add(goff, i64(sub_layout(wtype, j)[2]))
+            s = b.add(s0, i64(j))
+            lanes[j] = pair_sums16(b, wtype, w, qoff, s, cols) if small else int8_lanes(b, wtype, w, qoff, s, cols)[0]
+        dots = lane_sums16(b, lanes) if small else lane_sums(b, lanes)
+        if wtype == Q1_0:                                                     # set - clear = 2 set - all
+            dots = b.sub(b.shl(dots, vconst(v8i32, 1)), cols.vec(b, cols.csum, 0, s0))
+        if wtype == Q2_0:
+            dots = b.sub(dots, cols.vec(b, cols.csum, 0, s0))                 # codes - 1
+        if wtype == Q1_0:
+            terms.append(b.mul(dots, cols.vec(b, cols.cmul, 0, s0)))
+            continue
+        wd = scale_words(b, wtype, w, goff, nsub)
+        t = b.fmul(b.sitofp(dots, v8f64), b.fmul(f16_values(b, wd), af))
+        if wtype == Q4_1:
+            t = b.fadd(t, b.fmul(f16_values(b, wd, 16), caf))
+        terms.append(t)
+        words.append(wd)
+    if wtype == Q1_0:
+        return q1_0_blocks4(b, wrows, goff, nsub, terms, cols, gi)
+    r, untiny = round4(b, sum4(b, terms))
+    n = 16 if wtype == Q4_1 else 8
+    ok = spread_ok(b, words, wtype == Q4_1, cols.per_group(b, cols.aspread, 0, gi),
+                      cols.per_group(b, cols.gbad, 0, gi), limit(TERM_BITS[wtype], n))
+    return r, b.and_(ok, untiny)
+
+
+def tail4(b, wtype: int, wrows: list, gi, nsub: int, cols):
+    """group4 for a last group of one or two sub-blocks (K = 576: 2): the eight lanes are
+    (row r, sub-block j) at 2r + j, so the four rows share one f64 pass."""
+    goff = b.mul(gi, i64(group_bytes(wtype)))
+    s0 = b.mul(gi, i64(8))
+    zero = ir.Constant(v8i32, [0] * 8)
+    t = i32 if wtype == Q4_1 else i16                                        # scale_words' lanes
+    lanes, words = [], ir.Constant(ir.VectorType(t, 8), [0] * 8)
+    for r, w in enumerate(wrows):
+        for j in range(2):
+            qoff = b.add(goff, i64(sub_layout(wtype, j)[2]))
+            lanes.append(int8_lanes(b, wtype, w, qoff, b.add(s0, i64(j)), cols)[0] if j < nsub else zero)
+            do = sub_layout(wtype, j if j < nsub else 0)[0]        # past nsub: sub-block 0's scale (a 0 term)
+            words = b.insert_element(words, b.load(at(b, w, b.add(goff, i64(do)), t), align=1), i32(2 * r + j))
+    pairs = ir.Constant(v8i32, [0, 1] * 4)
+
+    def per_lane(arr, t):
+        v = cols.vec(b, arr, 0, s0, t)
+        return b.shuffle_vector(v, v, pairs)
+
+    dots = lane_sums(b, lanes)
+    if wtype == Q2_0:
+        dots = b.sub(dots, per_lane(cols.csum, v8i32))                      # codes - 1
+    t = b.fmul(b.sitofp(dots, v8f64), b.fmul(f16_values(b, words), per_lane(cols.af, v8f64)))
+    if wtype == Q4_1:
+        t = b.fadd(t, b.fmul(f16_values(b, words, 16), per_lane(cols.caf, v8f64)))
+    v4 = ir.VectorType(i32, 4)
+    r, untiny = round4(b, b.fadd(b.shuffle_vector(t, t, ir.Constant(v4, [0, 2, 4, 6])),
+                                    b.shuffle_vector(t, t, ir.Constant(v4, [1, 3, 5, 7]))))
+    ok = spread_ok(b, [words], wtype == Q4_1, cols.per_group(b, cols.aspread, 0, gi),
+                      cols.per_group(b, cols.gbad, 0, gi), limit(TERM_BITS[wtype], 16 if wtype == Q4_1 else 8))
+    return r, b.and_(ok, untiny)
+
+
+def q1_0_blocks4(b, wrows: list, goff, nsub: int, sums: list, cols, gi):
+    """Q1_0's group of four rows from sums[r] (<8 x i32>: sub-block j's dot * am_j << (ae_j - aemin)):
+    per row and weight block (two per group) the i32 sum of its four (|.| < 2^31 while the
+    activation spread is at most I32_SPREAD), then f64 I * d * 2^aemin, exact (portable_f64)."""
+    phadd = intrinsic(b.module, "llvm.x86.avx2.phadd.d", v8i32, [v8i32, v8i32])
+    blocks = b.call(phadd, [b.call(phadd, [sums[0], sums[1]]), b.call(phadd, [sums[2], sums[3]])])
+    words = ir.Constant(v8i16, [0] * 8)                    # lanes: block 0 of rows 0..3, block 1 of rows 0..3
+    for blk in range(2):
+        for r, w in enumerate(wrows):
+            off = b.add(goff, i64(18 * blk if blk * 4 < nsub else 0))    # past the row's end: block 0 again (I = 0)
+            words = b.insert_element(words, b.load(at(b, w, off, i16), align=1), i32(4 * blk + r))
+    aemin = cols.per_group(b, cols.aemin, 0, gi)
+    t = b.fmul(b.sitofp(blocks, v8f64), b.fmul(f16_values(b, words), splat_v(b, pow2(b, aemin), 8)))
+    r, untiny = round4(b, b.fadd(b.shuffle_vector(t, t, ir.Constant(ir.VectorType(i32, 4), [0, 1, 2, 3])),
+                                    b.shuffle_vector(t, t, ir.Constant(ir.VectorType(i32, 4), [4, 5, 6, 7]))))
+    aspread = cols.per_group(b, cols.aspread, 0, gi)
+    ok = spread_ok(b, [words], False, aspread, cols.per_group(b, cols.gbad, 0, gi), limit(TERM_BITS[Q1_0], 8))
+    return r, b.and_(b.and_(ok, untiny), b.icmp_signed("<=", aspread, i32(I32_SPREAD)))
+
