@@ -36,6 +36,7 @@ from bankml.backends.llvm import (kernels_attention, kernels_glu, kernels_matmul
 from bankml.backends.llvm import kernels_matmul_legacy, kernels_matmul_repack  # noqa: F401
 from bankml.backends.llvm import kernels_attention_quant  # noqa: F401  (HADAMARD; quantized-cache hooks)
 from bankml.backends.llvm import kernels_portable  # noqa: F401  (the portable profile's kernels)
+from bankml.backends.llvm import kernels_portable_attention  # noqa: F401  (portable FLASH_ATTN)
 from bankml.backends.llvm import kernels_portable_matmul  # profile "portable"; its pq8 layout
 from bankml.backends.llvm import kernels_portable_rows  # noqa: F401  (portable QUANTIZE, GET_ROWS)
 from bankml.backends.llvm.common import i8p, i64, intrinsic, new_function, void

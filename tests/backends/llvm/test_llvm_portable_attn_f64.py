@@ -1,4 +1,4 @@
-"""The portable FLASH_ATTN's f64 scores (kernels_portable._scores8): eight cells at a time, a
+"""The portable FLASH_ATTN's f64 scores (kernels_portable_attention._scores8): eight cells at a time, a
 score summed in f64 only where that is provably exact, else the exact i64 / i512 path
 (_exact_score). Each case equals the numpy spec's bits (attention.attention) for 1, 2 and 3
 threads, and a kernel whose exact path gives NaN instead shows which (query row, head) pairs
@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bankml.backends.llvm import kernels_portable as kp
+from bankml.backends.llvm import kernels_portable_attention as kp
 from bankml.backends.llvm import portable_f64
 from bankml.profiles.portable import quant
 from tests.backends.llvm import test_llvm_portable_ops as ops

@@ -1,5 +1,5 @@
-"""The llvm kernels of the portable profile (kernels_portable.py, portable_math.py) against the
-numpy spec (bankml/profiles/portable/), bit for bit, on edge cases, for thread splits 1, 2, 3."""
+"""The llvm kernels of the portable profile (kernels_portable.py, kernels_portable_attention.py,
+portable_math.py) against the numpy spec (bankml/profiles/portable/), bit for bit, on edge cases, for thread splits 1, 2, 3."""
 from __future__ import annotations
 
 import ctypes
