@@ -186,42 +186,18 @@ class Q1Matvec:
     """y[r] = ggml_vec_dot_q1_0_q8_0(w row r, act) for every row, in one dispatch."""
 
     def __init__(self, d: Device, variant: str = "exact"):
-        vk, self.d = d.vk, d
+        self.d = d
         self.words = q1_matvec.emit(d.info.rte32, d.info.denorm_preserve32, variant)
-        code = np.array(self.words, "<u4").tobytes()
-        self.module = vk.vkCreateShaderModule(d.dev, vk.VkShaderModuleCreateInfo(
-            codeSize=len(code), pCode=code), None)
-        binds = [vk.VkDescriptorSetLayoutBinding(binding=i, descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                                                 descriptorCount=1, stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT)
-                 for i in range(3)]
-        self.dsl = vk.vkCreateDescriptorSetLayout(d.dev, vk.VkDescriptorSetLayoutCreateInfo(
-            bindingCount=3, pBindings=binds), None)
-        pcr = vk.VkPushConstantRange(stageFlags=vk.VK_SHADER_STAGE_COMPUTE_BIT, offset=0, size=8)
-        self.layout = vk.vkCreatePipelineLayout(d.dev, vk.VkPipelineLayoutCreateInfo(
-            setLayoutCount=1, pSetLayouts=[self.dsl], pushConstantRangeCount=1, pPushConstantRanges=[pcr]), None)
-        stage = vk.VkPipelineShaderStageCreateInfo(stage=vk.VK_SHADER_STAGE_COMPUTE_BIT, module=self.module,
-                                                   pName="main")
-        self.pipeline = vk.vkCreateComputePipelines(d.dev, vk.VK_NULL_HANDLE, 1, [
-            vk.VkComputePipelineCreateInfo(stage=stage, layout=self.layout)], None)[0]
-        size = vk.VkDescriptorPoolSize(type=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, descriptorCount=3)
-        self.dpool = vk.vkCreateDescriptorPool(d.dev, vk.VkDescriptorPoolCreateInfo(
-            maxSets=1, poolSizeCount=1, pPoolSizes=[size]), None)
-        self.dset = vk.vkAllocateDescriptorSets(d.dev, vk.VkDescriptorSetAllocateInfo(
-            descriptorPool=self.dpool, descriptorSetCount=1, pSetLayouts=[self.dsl]))[0]
+        self.pipeline = Pipeline(d, self.words, n_buffers=3, push_words=2)
         self.rows = self.k = 0
         self.bufs: list[Buffer] = []
 
     def close(self) -> None:
         """Free the buffers and the pipeline now (else they live as long as the device)."""
-        vk, dev = self.d.vk, self.d.dev
         for b in self.bufs:
             b.free()
         self.bufs = []
-        vk.vkDestroyDescriptorPool(dev, self.dpool, None)
-        vk.vkDestroyPipeline(dev, self.pipeline, None)
-        vk.vkDestroyPipelineLayout(dev, self.layout, None)
-        vk.vkDestroyDescriptorSetLayout(dev, self.dsl, None)
-        vk.vkDestroyShaderModule(dev, self.module, None)
+        self.pipeline.close()
 
     def upload(self, w_raw: bytes, rows: int, k: int) -> "Q1Matvec":
         """Raw Q1_0 weight rows (rows x k, k % 128 == 0), as stored in the GGUF."""
@@ -235,12 +211,7 @@ class Q1Matvec:
         for b in self.bufs:
             b.free()
         self.bufs = [self.w, self.a, self.y]
-        vk = self.d.vk
-        infos = [vk.VkDescriptorBufferInfo(buffer=b.buf, offset=0, range=b.size) for b in (self.w, self.a, self.y)]
-        writes = [vk.VkWriteDescriptorSet(dstSet=self.dset, dstBinding=i, descriptorCount=1,
-                                          descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                                          pBufferInfo=[infos[i]]) for i in range(3)]
-        vk.vkUpdateDescriptorSets(self.d.dev, 3, writes, 0, None)
+        self.pipeline.bind(self.bufs)
         return self
 
     def run(self, act_raw: bytes) -> np.ndarray:
@@ -249,17 +220,7 @@ class Q1Matvec:
         if not self.rows or len(act_raw) != need:
             raise BankmlError(f"Q1_0 matvec: activation of {len(act_raw)} bytes, want {need} (upload first)")
         self.a.write(bytes(act_raw))
-        vk = self.d.vk
-        consts = vk.ffi.new("uint32_t[2]", [self.rows, self.k // 128])
-        groups = -(-self.rows // q1_matvec.ROWS_PER_GROUP)
-
-        def record(cmd):
-            vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, self.pipeline)
-            vk.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, self.layout, 0, 1,
-                                       [self.dset], 0, None)
-            vk.vkCmdPushConstants(cmd, self.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, 8, consts)
-            vk.vkCmdDispatch(cmd, groups, 1, 1)
-        self.d.submit(record)
+        self.pipeline.dispatch([self.rows, self.k // 128], -(-self.rows // q1_matvec.ROWS_PER_GROUP))
         return self.y.read(np.float32, self.rows)
 
 
@@ -269,16 +230,10 @@ def open_device(index: int) -> Device:
     return Device(index)
 
 
-class Program:
-    """Any compute module of `n_buffers` storage buffers (bindings 0..n-1) and `push_words` u32
-    push constants: each run uploads its inputs, dispatches once and reads back what it asks for.
-
-        p = Program(dev, words, n_buffers=4, push_words=3)
-        out = p.run([w, codes, info, 4 * rows], [rows, nsub, row_bytes], groups, {3: (np.float32, rows)})
-
-    An int in `buffers` is a buffer of that many bytes the kernel writes (output or scratch).
-    Buffers are made and freed per run (the portable kernels' tests; Q1Matvec keeps its weights).
-    """
+class Pipeline:
+    """One compute module of `n_buffers` storage buffers (bindings 0..n-1) and `push_words` u32
+    push constants: its pipeline and descriptor set; bind() points the bindings at buffers,
+    dispatch() runs it once."""
 
     def __init__(self, d: Device, words, n_buffers: int, push_words: int):
         vk, self.d = d.vk, d
@@ -303,39 +258,29 @@ class Program:
         self.dset = vk.vkAllocateDescriptorSets(d.dev, vk.VkDescriptorSetAllocateInfo(
             descriptorPool=self.dpool, descriptorSetCount=1, pSetLayouts=[self.dsl]))[0]
 
-    def run(self, buffers: list, push: list[int], groups: int | tuple[int, int], read: dict[int, tuple]
-            ) -> dict[int, np.ndarray]:
-        """groups: workgroups in x, or (x, y)."""
-        if len(buffers) != self.n or len(push) != self.push_words:
-            raise BankmlError(f"Vulkan program of {self.n} buffers and {self.push_words} push words "
-                              f"given {len(buffers)} and {len(push)}")
+    def bind(self, bufs: list[Buffer]) -> None:
+        """Binding i reads and writes bufs[i]."""
         vk = self.d.vk
-        bufs = []
-        try:
-            for b in buffers:
-                buf = self.d.buffer(b if isinstance(b, int) else len(b))
-                bufs.append(buf)
-                if not isinstance(b, int):
-                    buf.write(bytes(b))
-            infos = [vk.VkDescriptorBufferInfo(buffer=b.buf, offset=0, range=b.size) for b in bufs]
-            writes = [vk.VkWriteDescriptorSet(dstSet=self.dset, dstBinding=i, descriptorCount=1,
-                                              descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                                              pBufferInfo=[infos[i]]) for i in range(self.n)]
-            vk.vkUpdateDescriptorSets(self.d.dev, self.n, writes, 0, None)
-            consts = vk.ffi.new(f"uint32_t[{max(1, self.push_words)}]", [p & 0xFFFFFFFF for p in push])
+        infos = [vk.VkDescriptorBufferInfo(buffer=b.buf, offset=0, range=b.size) for b in bufs]
+        writes = [vk.VkWriteDescriptorSet(dstSet=self.dset, dstBinding=i, descriptorCount=1,
+                                          descriptorType=vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+                                          pBufferInfo=[infos[i]]) for i in range(self.n)]
+        vk.vkUpdateDescriptorSets(self.d.dev, self.n, writes, 0, None)
 
-            def record(cmd):
-                vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, self.pipeline)
-                vk.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, self.layout, 0, 1,
-                                           [self.dset], 0, None)
-                vk.vkCmdPushConstants(cmd, self.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, 4 * self.push_words, consts)
-                vk.vkCmdDispatch(cmd, gx, gy, 1)
-            gx, gy = groups if isinstance(groups, tuple) else (groups, 1)
-            self.d.submit(record)
-            return {i: bufs[i].read(dt, count) for i, (dt, count) in read.items()}
-        finally:
-            for b in bufs:
-                b.free()
+    def dispatch(self, push: list[int], groups: int | tuple[int, int]) -> None:
+        """One dispatch of groups workgroups in x, or (x, y), with these push constants; returns
+        when the device is done."""
+        vk = self.d.vk
+        consts = vk.ffi.new(f"uint32_t[{max(1, self.push_words)}]", [p & 0xFFFFFFFF for p in push])
+        gx, gy = groups if isinstance(groups, tuple) else (groups, 1)
+
+        def record(cmd):
+            vk.vkCmdBindPipeline(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, self.pipeline)
+            vk.vkCmdBindDescriptorSets(cmd, vk.VK_PIPELINE_BIND_POINT_COMPUTE, self.layout, 0, 1,
+                                       [self.dset], 0, None)
+            vk.vkCmdPushConstants(cmd, self.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0, 4 * self.push_words, consts)
+            vk.vkCmdDispatch(cmd, gx, gy, 1)
+        self.d.submit(record)
 
     def close(self) -> None:
         vk, dev = self.d.vk, self.d.dev
@@ -344,3 +289,35 @@ class Program:
         vk.vkDestroyPipelineLayout(dev, self.layout, None)
         vk.vkDestroyDescriptorSetLayout(dev, self.dsl, None)
         vk.vkDestroyShaderModule(dev, self.module, None)
+
+
+class Program(Pipeline):
+    """Any compute module of `n_buffers` storage buffers (bindings 0..n-1) and `push_words` u32
+    push constants: each run uploads its inputs, dispatches once and reads back what it asks for.
+
+        p = Program(dev, words, n_buffers=4, push_words=3)
+        out = p.run([w, codes, info, 4 * rows], [rows, nsub, row_bytes], groups, {3: (np.float32, rows)})
+
+    An int in `buffers` is a buffer of that many bytes the kernel writes (output or scratch).
+    Buffers are made and freed per run (the portable kernels' tests; Q1Matvec keeps its weights).
+    """
+
+    def run(self, buffers: list, push: list[int], groups: int | tuple[int, int], read: dict[int, tuple]
+            ) -> dict[int, np.ndarray]:
+        """groups: workgroups in x, or (x, y)."""
+        if len(buffers) != self.n or len(push) != self.push_words:
+            raise BankmlError(f"Vulkan program of {self.n} buffers and {self.push_words} push words "
+                              f"given {len(buffers)} and {len(push)}")
+        bufs = []
+        try:
+            for b in buffers:
+                buf = self.d.buffer(b if isinstance(b, int) else len(b))
+                bufs.append(buf)
+                if not isinstance(b, int):
+                    buf.write(bytes(b))
+            self.bind(bufs)
+            self.dispatch(push, groups)
+            return {i: bufs[i].read(dt, count) for i, (dt, count) in read.items()}
+        finally:
+            for b in bufs:
+                b.free()
