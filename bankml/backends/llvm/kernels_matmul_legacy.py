@@ -10,53 +10,21 @@ Float steps per (row, column) pair, exactly as backends/reference/matmul.py:
 Codes are made in element order: element j < 16 from the low nibble of qs[j], j + 16 from its
 high nibble, the fifth bit (Q5) from bit j of qh. Q4_0 matrices of 8k rows never come here:
 ggml repacks them (kernels_matmul_repack.py).
-Per column tile, prep converts the activation's f16 scales to f32 scratch [block][column].
+Per column tile, prep (kernels_matmul_q's) converts the activation's f16 scales to f32 scratch [block][column].
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from llvmlite import ir
 
-from bankml.backends.llvm.common import f32, for_range, i1, i32, i64
-from bankml.backends.llvm.kernels_matmul import TILERS, Tiler, at, block_loop, fma, hsum8, load_h, psign, scratch, \
-    splat, sums_us8, v16i8, v32i8, zero8
+from bankml.backends.llvm.common import f32, i1, i32, i64
+from bankml.backends.llvm.kernels_matmul import TILERS, Tiler, at, block_loop, fma, hsum8, load_h, psign, splat, \
+    sums_us8, v16i8, v32i8, zero8
+from bankml.backends.llvm.kernels_matmul_q import _alloc as alloc, _prep as prep  # the Q8_0/Q4_1 column tiles
 from bankml.ir import order as fo
 from bankml.quants import Q4_0, Q5_0, Q5_1
 
 v8f32 = ir.VectorType(f32, 8)
 _CAT = ir.Constant(ir.VectorType(i32, 32), list(range(32)))
-
-
-@dataclass
-class Cols:
-    """One column tile: activation row pointers, and per 32-block of each column its f32 scales."""
-    x: list              # C activation row pointers (i8*)
-    d: object            # f32* [K/32][C]: f32(a.d)
-    s: object = None     # f32* [K/32][C]: f32(a.s) (q8_1)
-
-
-def alloc(with_s: bool = False):
-    def alloc_(b, K, C):
-        nb = K // 32 * C
-        return scratch(b, f32, nb, "act.d"), scratch(b, f32, nb, "act.s") if with_s else None
-    return alloc_
-
-
-def prep(bb: int):
-    """Fill the scratch of a column tile from activation blocks of bb bytes (34: q8_0, 36: q8_1)."""
-    def prep_(b, K, xrows, scr):
-        C = len(xrows)
-        cols = Cols(xrows, *scr)
-        with for_range(b, 0, K // 32, name="prep") as kb:
-            for c, x in enumerate(xrows):
-                xo = b.mul(kb, i64(bb))
-                slot = b.add(b.mul(kb, i64(C)), i64(c))
-                b.store(load_h(b, x, xo), b.gep(cols.d, [slot]))
-                if cols.s is not None:
-                    b.store(load_h(b, x, b.add(xo, i64(2))), b.gep(cols.s, [slot]))
-        return cols
-    return prep_
 
 
 def col_d(b, cols, kb, c):
