@@ -30,6 +30,7 @@ from bankml.backends.llvm.common import (dim, f16, f32, fma, for_range, i8, i16,
                                          size, thread_range, typed, v8f32)
 from bankml.backends.llvm.kernels_glu import broadcast, splat
 from bankml.backends.llvm.kernels_matmul import at, f32x8_reduce, hsum8, load_h, scratch, sums_i8, v16i8, v32i8, v8i32
+from bankml.backends.llvm.kernels_quantize import q8_block
 from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
 from bankml.errors import LoweringError
 from bankml.ir.graph import Graph
@@ -95,20 +96,7 @@ def define_hadamard(m: ir.Module, g: Graph, n: Node) -> ir.Function:
 
 def quantize_q8_0_block(b: ir.IRBuilder, src, dst) -> None:
     """quantize_row_q8_0 (AVX2) of the 32 floats at src (f32*) into the 34 bytes at dst (i8*)."""
-    mod = b.module
-    fabs = intrinsic(mod, "llvm.fabs.v32f32", v32f32, [v32f32])
-    vmax = intrinsic(mod, "llvm.vector.reduce.fmax.v32f32", f32, [v32f32])
-    rne = intrinsic(mod, "llvm.roundeven.v32f32", v32f32, [v32f32])
-    smax = intrinsic(mod, "llvm.smax.v32i32", v32i32, [v32i32, v32i32])
-    smin = intrinsic(mod, "llvm.smin.v32i32", v32i32, [v32i32, v32i32])
-    xv = b.load(b.bitcast(src, v32f32.as_pointer()), align=4)
-    amax = b.call(vmax, [b.call(fabs, [xv])])
-    d = b.fdiv(amax, f32(127.0))
-    idv = b.select(b.fcmp_ordered("!=", amax, f32(0.0)), b.fdiv(f32(127.0), amax), f32(0.0))
-    v = b.call(rne, [b.fmul(xv, _splat32(b, idv))])
-    ok = b.fcmp_ordered("<", b.call(fabs, [v]), _vconst(v32f32, 2.0 ** 31))
-    q32 = b.select(ok, b.fptosi(b.select(ok, v, _vconst(v32f32, 0.0)), v32i32), _vconst(v32i32, -(2 ** 31)))
-    q = b.trunc(b.call(smin, [b.call(smax, [q32, _vconst(v32i32, -128)]), _vconst(v32i32, 127)]), v32i8)
+    d, _, q = q8_block(b, b.load(b.bitcast(src, v32f32.as_pointer()), align=4))
     b.store(b.fptrunc(d, f16), at(b, dst, 0, f16), align=1)
     b.store(q, at(b, dst, 2, v32i8), align=1)
 
@@ -139,10 +127,6 @@ def _splat(b, x, count):
     t = ir.VectorType(x.type, count)
     v = b.insert_element(ir.Constant(t, ir.Undefined), x, i32(0))
     return b.shuffle_vector(v, ir.Constant(t, ir.Undefined), ir.Constant(ir.VectorType(i32, count), [0] * count))
-
-
-def _splat32(b, x):
-    return _splat(b, x, 32)
 
 
 _QUANTIZE_BLOCK = {"q8_0": quantize_q8_0_block, "q4_0": quantize_q4_0_block}

@@ -47,27 +47,12 @@ def define_quantize(m: ir.Module, g: Graph, n: Node) -> ir.Function:
         b.ret_void()
         return fn
     bb = 34 if t == Q8_0 else 36
-    mod = b.module
-    fabs = intrinsic(mod, "llvm.fabs.v32f32", v32f32, [v32f32])
-    vmax = intrinsic(mod, "llvm.vector.reduce.fmax.v32f32", f32, [v32f32])
-    rne = intrinsic(mod, "llvm.roundeven.v32f32", v32f32, [v32f32])
-    smax = intrinsic(mod, "llvm.smax.v32i32", v32i32, [v32i32, v32i32])
-    smin = intrinsic(mod, "llvm.smin.v32i32", v32i32, [v32i32, v32i32])
-    vsum = intrinsic(mod, "llvm.vector.reduce.add.v32i32", i32, [v32i32])
+    vsum = intrinsic(b.module, "llvm.vector.reduce.add.v32i32", i32, [v32i32])
     lo, hi = thread_range(b, b.mul(M, i64(K // 32)), ith, nth)
     with for_range(b, lo, hi, name="blk") as ib:
         xv = b.load(at(b, src, b.mul(ib, i64(128)), v32f32), align=4)
         ob = b.mul(ib, i64(bb))
-        amax = b.call(vmax, [b.call(fabs, [xv])])
-        d = b.fdiv(amax, f32(127.0))
-        nz = b.fcmp_ordered("!=", amax, f32(0.0))
-        idv = b.select(nz, b.fdiv(f32(127.0), amax), f32(0.0))
-        v = b.call(rne, [b.fmul(xv, splat(b, idv, 32))])
-        ok = b.fcmp_ordered("<", b.call(fabs, [v]), splat(b, f32(2.0 ** 31), 32))
-        q32 = b.select(ok, b.fptosi(b.select(ok, v, ir.Constant(v32f32, [0.0] * 32)), v32i32),
-                       ir.Constant(v32i32, [-(2 ** 31)] * 32))
-        q = b.trunc(b.call(smin, [b.call(smax, [q32, ir.Constant(v32i32, [-128] * 32)]),
-                                  ir.Constant(v32i32, [127] * 32)]), v32i8)
+        d, q32, q = q8_block(b, xv)
         b.store(b.fptrunc(d, f16), at(b, out, ob, f16), align=1)
         if t == Q8_1:
             s = b.fmul(d, b.sitofp(b.call(vsum, [q32]), f32))
@@ -75,3 +60,25 @@ def define_quantize(m: ir.Module, g: Graph, n: Node) -> ir.Function:
         b.store(q, at(b, out, b.add(ob, i64(bb - 32)), v32i8), align=1)
     b.ret_void()
     return fn
+
+
+def q8_block(b: ir.IRBuilder, xv: ir.Value) -> tuple[ir.Value, ir.Value, ir.Value]:
+    """quantize_row_q8_0/_q8_1's AVX2 steps for one block of 32 floats (<32 x float>):
+    (d = r(amax/127), the codes as cvtps_epi32 gives them (i32), the clamped codes (i8))."""
+    mod = b.module
+    fabs = intrinsic(mod, "llvm.fabs.v32f32", v32f32, [v32f32])
+    vmax = intrinsic(mod, "llvm.vector.reduce.fmax.v32f32", f32, [v32f32])
+    rne = intrinsic(mod, "llvm.roundeven.v32f32", v32f32, [v32f32])
+    smax = intrinsic(mod, "llvm.smax.v32i32", v32i32, [v32i32, v32i32])
+    smin = intrinsic(mod, "llvm.smin.v32i32", v32i32, [v32i32, v32i32])
+    amax = b.call(vmax, [b.call(fabs, [xv])])
+    d = b.fdiv(amax, f32(127.0))
+    nz = b.fcmp_ordered("!=", amax, f32(0.0))
+    idv = b.select(nz, b.fdiv(f32(127.0), amax), f32(0.0))
+    v = b.call(rne, [b.fmul(xv, splat(b, idv, 32))])
+    ok = b.fcmp_ordered("<", b.call(fabs, [v]), splat(b, f32(2.0 ** 31), 32))
+    q32 = b.select(ok, b.fptosi(b.select(ok, v, ir.Constant(v32f32, [0.0] * 32)), v32i32),
+                   ir.Constant(v32i32, [-(2 ** 31)] * 32))
+    q = b.trunc(b.call(smin, [b.call(smax, [q32, ir.Constant(v32i32, [-128] * 32)]),
+                              ir.Constant(v32i32, [127] * 32)]), v32i8)
+    return d, q32, q
