@@ -17,6 +17,15 @@ from bankml.ir.order import GEGLU, SCALE, SWIGLU
 
 
 
+def _assert_bits_for_any_nth(eng, name, ins, want, nths):
+    """Every thread split of the kernel writes want's bits."""
+    for nth in nths:
+        out = np.full(want.shape, np.nan, np.float32)
+        for ith in range(nth):
+            call_kernel(eng, name, out, ins, ith, nth)
+        assert np.array_equal(out.view(np.uint32), want.view(np.uint32)), f"nth={nth}"
+
+
 def _engine(shape):
     g = Graph()
     g.add(Node(0, Op.INPUT, (), shape, "f32"))
@@ -43,11 +52,7 @@ def test_swiglu_bits_equal_reference_for_any_nth(shape):
     rng = np.random.default_rng(shape[-1])
     gate, up = _gate(rng, shape), rng.standard_normal(shape).astype(np.float32)
     want = swiglu(gate, up)
-    for nth in (1, 2, 3):
-        out = np.full(shape, np.nan, np.float32)
-        for ith in range(nth):
-            call_kernel(eng, name, out, [gate, up], ith, nth)
-        assert np.array_equal(out.view(np.uint32), want.view(np.uint32)), f"nth={nth}"
+    _assert_bits_for_any_nth(eng, name, [gate, up], want, (1, 2, 3))
 
 
 def test_v_expf_bits_equal_numpy_ggml_v_expf():
@@ -82,11 +87,7 @@ def test_geglu_bits_equal_reference_for_any_nth(shape):
     gate.reshape(-1)[:min(edge.size, gate.size)] = edge[:gate.size]
     up = rng.standard_normal(shape).astype(np.float32)
     want = geglu(gate, up)
-    for nth in (1, 2, 3):
-        out = np.full(shape, np.nan, np.float32)
-        for ith in range(nth):
-            call_kernel(eng, name, out, [gate, up], ith, nth)
-        assert np.array_equal(out.view(np.uint32), want.view(np.uint32)), f"nth={nth}"
+    _assert_bits_for_any_nth(eng, name, [gate, up], want, (1, 2, 3))
 
 
 def test_scale_bits_equal_reference_for_any_nth():
@@ -94,8 +95,4 @@ def test_scale_bits_equal_reference_for_any_nth():
     eng, name = _one_node(Op.SCALE, SCALE, shape, 1, scale=0.0625)
     x = (np.random.default_rng(3).standard_normal(shape) * 1e3).astype(np.float32)
     want = scale(x, 0.0625)
-    for nth in (1, 3):
-        out = np.full(shape, np.nan, np.float32)
-        for ith in range(nth):
-            call_kernel(eng, name, out, [x], ith, nth)
-        assert np.array_equal(out.view(np.uint32), want.view(np.uint32)), f"nth={nth}"
+    _assert_bits_for_any_nth(eng, name, [x], want, (1, 3))
