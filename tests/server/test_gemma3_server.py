@@ -13,7 +13,7 @@ The file has no tokenizer.chat_template: both servers render ChatML.
 from __future__ import annotations
 
 import pytest
-from test_oracle_server import call, chat, cmpl, user
+from test_oracle_server import chat, cmpl, compare, user
 
 from bankml.oracle.server import LlamaServer
 from bankml.testing import models
@@ -44,12 +44,6 @@ def pair_full():
         yield ours, theirs
 
 
-def compare(ours, theirs, path, body):
-    got, want = call(ours.url, path, body), call(theirs.url, path, body)
-    assert got == want, f"{path} {body}"
-    return got
-
-
 @pytest.mark.oracle
 @pytest.mark.server
 def test_gemma3_270m_chat_equals_llama_server(pair, record):
@@ -60,10 +54,10 @@ def test_gemma3_270m_chat_equals_llama_server(pair, record):
     for kw in ({"temperature": 0}, {"seed": 610, "temperature": 0.8}):
         messages = [user("Hi! What is your name?")]
         for follow in ["Tell me one fact about cats.", "Now one about dogs."]:
-            got = compare(ours, theirs, *chat(messages, max_tokens=N, **kw))
+            got = compare(NAME, ours, theirs, *chat(messages, max_tokens=N, **kw))
             messages += [{"role": "assistant", "content": got["text"]}, user(follow)]
             n += 1
-        third = compare(ours, theirs, *chat(messages, max_tokens=N, stream=True, **kw))
+        third = compare(NAME, ours, theirs, *chat(messages, max_tokens=N, stream=True, **kw))
         assert third["usage"]["prompt_tokens"] < 1024
         n += 1
     record(kind="server", model=NAME, compared=n, identical=n)
@@ -78,8 +72,8 @@ def test_gemma3_270m_generations_equal_llama_server(pair, record):
     ours, theirs = pair
     n = 0
     for i, p in enumerate(PROMPTS):
-        compare(ours, theirs, *cmpl(p, max_tokens=N, temperature=0))
-        compare(ours, theirs, *cmpl(p, max_tokens=N, seed=1000 + i, temperature=0.8, stream=i % 2 == 1))
+        compare(NAME, ours, theirs, *cmpl(p, max_tokens=N, temperature=0))
+        compare(NAME, ours, theirs, *cmpl(p, max_tokens=N, seed=1000 + i, temperature=0.8, stream=i % 2 == 1))
         n += 2
     record(kind="server", model=NAME, compared=n, identical=n)
 
@@ -99,9 +93,9 @@ def test_gemma3_270m_conversation_past_the_window_equals_llama_server_swa_full(p
     ours, theirs = pair_full
     messages = [user("Read this list. " + LONG)]
     for follow in ["Repeat the list backwards. " + LONG, "Which items are blue? " + LONG]:
-        got = compare(ours, theirs, *chat(messages, max_tokens=N, temperature=0))
+        got = compare(NAME, ours, theirs, *chat(messages, max_tokens=N, temperature=0))
         messages += [{"role": "assistant", "content": got["text"]}, user(follow)]
-    third = compare(ours, theirs, *chat(messages, max_tokens=N, temperature=0))
+    third = compare(NAME, ours, theirs, *chat(messages, max_tokens=N, temperature=0))
     assert third["usage"]["prompt_tokens"] > 1024 and third["cache"][0] > 512, third
     record(kind="server", model=NAME, compared=3, identical=3)
 
@@ -116,9 +110,9 @@ def test_gemma3_270m_conversation_past_512_below_1024_cells_equals_llama_server(
     half = LONG[:len(LONG) // 2]
     messages = [user("Read this list. " + LONG)]
     for follow in ["Now this one. " + half, "Which items are blue?"]:
-        got = compare(ours, theirs, *chat(messages, max_tokens=N, temperature=0))
+        got = compare(NAME, ours, theirs, *chat(messages, max_tokens=N, temperature=0))
         messages += [{"role": "assistant", "content": got["text"]}, user(follow)]
-    third = compare(ours, theirs, *chat(messages, max_tokens=N, temperature=0))
+    third = compare(NAME, ours, theirs, *chat(messages, max_tokens=N, temperature=0))
     assert 512 < third["usage"]["prompt_tokens"] and third["usage"]["total_tokens"] < 1024, third
     assert third["cache"][0] > 512, third
     record(kind="server", model=NAME, compared=3, identical=3)

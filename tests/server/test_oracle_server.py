@@ -120,7 +120,7 @@ def pair(request):
         yield name, ours, theirs
 
 
-def compare(name, ours, theirs, path, body, record=None):
+def compare(name, ours, theirs, path, body):
     got, want = call(ours.url, path, body), call(theirs.url, path, body)
     assert got == want, f"{name} {path} {body}"
     return got
