@@ -3,6 +3,7 @@ matvec of every weight type (fast int64 and wide sums), RMSNorm, softmax, exp/re
 int8-cache attention of a decode step, and the same ops of a real SmolLM2/Qwen3 decode step."""
 from __future__ import annotations
 
+import contextlib
 import re
 
 import numpy as np
@@ -470,13 +471,20 @@ def test_activation_exponents_beyond_quantize_acts_are_refused(device_kern):
 
 
 # ---- whole sessions with the kernels in place of the spec's ops
-def _spirv_lowerings(kern, calls: dict) -> dict:
+DEVICE_OPS = (Op.MUL_MAT, Op.RMS_NORM, Op.FLASH_ATTN)
+
+
+def _spirv_lowerings(kern, calls: dict, flip_logits: bool = False) -> dict:
     """mul_mat, rms_norm and flash_attn of the reference backend's portable table, run by the
-    SPIR-V kernels (one dispatch per mul_mat and rms_norm, one per query row of flash_attn)."""
+    SPIR-V kernels (one dispatch per mul_mat and rms_norm, one per query row of flash_attn).
+    flip_logits: the logits' mul_mat flips the low bit of its first value (a device one bit off)."""
     def mul_mat(env, g, n, w, a):
         wtype = int(g[n.inputs[0]].params["ggml_type"])
         calls[Op.MUL_MAT] += 1
-        return kern.mul_mat(w, wtype, a).reshape(*n.shape[:-1], -1)
+        y = kern.mul_mat(w, wtype, a).reshape(*n.shape[:-1], -1)
+        if flip_logits and n.id == g.outputs.get("logits"):
+            y.reshape(-1).view(np.uint32)[0] ^= 1
+        return y
 
     def rms_norm(env, g, n, x):
         calls[Op.RMS_NORM] += 1
@@ -489,21 +497,115 @@ def _spirv_lowerings(kern, calls: dict) -> dict:
     return {Op.MUL_MAT: mul_mat, Op.RMS_NORM: rms_norm, Op.FLASH_ATTN: flash_attn}
 
 
-@pytest.mark.parametrize("name", ["smollm2-q4_1", "qwen3-small-q1_0"])
-def test_logits_rows_with_the_spirv_kernels_equal_the_specs(device_kern, monkeypatch, name):
-    """A prefill (every row) and decodes with every mul_mat, rms_norm and flash_attn on lavapipe:
-    every logits row is the reference's, bit for bit."""
-    from bankml.backends.reference import portable
-    toks = np.random.default_rng(4).integers(0, 49152, 9).tolist()
+@contextlib.contextmanager
+def _kernels_in_place(kern, flip_logits: bool = False):
+    """Inside, reference-backend runs of the portable profile lower mul_mat, rms_norm and
+    flash_attn to the SPIR-V kernels. Yields {op: device dispatches} and {op: that op's nodes in
+    the graphs run}: equal when every one of them ran on the device."""
+    from bankml.backends.reference import portable, run as ref_run
+    calls, in_graphs = dict.fromkeys(DEVICE_OPS, 0), dict.fromkeys(DEVICE_OPS, 0)
+    run_graph = ref_run.run
 
-    def rows():
-        with bankml.load(models.path(name), backend="reference", profile="portable", n_ctx=128) as m:
+    def counting_run(g, env, trace=None):
+        for n in g:
+            if n.op in in_graphs:
+                in_graphs[n.op] += 1
+        return run_graph(g, env, trace)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(ref_run, "run", counting_run)
+        for op, fn in _spirv_lowerings(kern, calls, flip_logits).items():
+            mp.setitem(portable.LOWERINGS, op, fn)
+        yield calls, in_graphs
+
+
+def _all_on_device(calls: dict, in_graphs: dict) -> bool:
+    return calls == in_graphs and all(calls.values())
+
+
+def _load(name: str, n_ctx: int = 256):
+    return bankml.load(models.path(name), backend="reference", profile="portable", n_ctx=n_ctx)
+
+
+# model -> prompt tokens (as tests/runtime/test_portable_llvm.py; the 65-token prefill, and the
+# prefill of 64, on the Qwen3 model: SmolLM2's 30 layers cost the numpy spec over a minute)
+SESSION_MODELS = {"smollm2-q4_1": 9, "smollm2-f16": 9, "smollm2-q8_0": 9, "smollm2-q2_0": 9,
+                  "qwen3-small-q1_0": 65, "qwen3-small-f16": 9, "qwen3-small-q2_0": 9,
+                  "qwen3-small-untied-q1_0": 9, "qwen3-small-untied-f16": 9, "qwen3-small-untied-q2_0": 9}
+CUTS = ((1, "all"), (7, "last"), (64, "last"))     # prefills of the first tokens, then a decode
+
+
+@pytest.mark.parametrize("name", list(SESSION_MODELS))
+def test_logits_rows_with_the_spirv_kernels_equal_the_specs(device_kern, name):
+    """Every mul_mat, rms_norm and flash_attn on lavapipe: the prefill of the whole prompt (every
+    row), and prefills of its first 1, 7 and 64 tokens (all rows, or the last) each followed by
+    a decode, give the reference's rows of one prefill bit for bit (a portable row does not
+    depend on the cut: tests/runtime/test_portable_model.py)."""
+    n = SESSION_MODELS[name]
+    toks = np.random.default_rng(3).integers(0, 49152, n).tolist()
+    with _load(name) as m:
+        want = m.session().prefill(toks, outputs="all")
+    with _kernels_in_place(device_kern) as (calls, in_graphs), _load(name) as m:
+        got = m.session().prefill(toks, outputs="all")
+        assert _same(got, want), f"prefill of {n}: {_diff(got, want)}"
+        for cut, outputs in (c for c in CUTS if c[0] < n):
             s = m.session()
-            return np.concatenate([s.prefill(toks[:6], outputs="all")] + [s.decode(t)[None] for t in toks[6:]])
-    want = rows()
-    calls = dict.fromkeys((Op.MUL_MAT, Op.RMS_NORM, Op.FLASH_ATTN), 0)
-    for op, fn in _spirv_lowerings(device_kern, calls).items():
-        monkeypatch.setitem(portable.LOWERINGS, op, fn)
-    got = rows()
-    assert all(calls.values()), calls
+            rows = s.prefill(toks[:cut], outputs=outputs)
+            first = 0 if outputs == "all" else cut - 1
+            assert _same(rows, want[first:cut]), f"prefill of {cut} ({outputs}): {_diff(rows, want[first:cut])}"
+            row = s.decode(toks[cut])
+            assert _same(row, want[cut]), f"decode after {cut}: {_diff(row, want[cut])}"
+    assert _all_on_device(calls, in_graphs), (calls, in_graphs)
+
+
+def test_a_logits_value_one_bit_off_on_the_device_fails_the_comparison(device_kern):
+    toks = [5, 900, 17]
+    with _load("qwen3-small-q1_0") as m:
+        want = m.session().prefill(toks, outputs="all")
+    with _kernels_in_place(device_kern, flip_logits=True), _load("qwen3-small-q1_0") as m:
+        got = m.session().prefill(toks, outputs="all")
+    assert not _same(got, want)
+    assert (got.view(np.uint32) != want.view(np.uint32)).sum() == 1 and got[0, 0] != want[0, 0]
+
+
+# decode steps at these (first position, steps): n_kv 1,024 -> 1,280 and the 1,100th cell
+LONG_STEPS = ((1022, 4), (1097, 3))
+
+
+def _decode_steps(name: str, cache: dict, toks: list[int]) -> np.ndarray:
+    """Rows of single-token decodes at LONG_STEPS' positions on the reference backend, its cache
+    the given cells."""
+    rows = []
+    with _load(name, 1280) as m:
+        s = m.session()
+        for key, c in s.caches.items():
+            c[:] = cache[key]
+        for first, steps in LONG_STEPS:
+            s.restore(first)
+            rows += [s.decode(t) for t in toks[first:first + steps]]
+    return np.array(rows)
+
+
+@pytest.mark.parametrize("name", ["smollm2-q4_1", "qwen3-small-q1_0"])
+def test_decodes_past_1024_cells_with_the_spirv_kernels_equal_the_spec_and_llvm(device_kern, name):
+    """The attention over a cache past 1,024 cells (n_kv 1,280) up to the 1,100th cell: llvm
+    fills the cache (1,100 tokens: the numpy spec would take minutes) and gives its rows of
+    decodes at those positions; the reference backend's decodes there from llvm's cells, with
+    the numpy spec and with the SPIR-V kernels, give the same bits. Both head shapes
+    (SmolLM2 9/3 x 64, Qwen3 4/2 x 128)."""
+    toks = np.random.default_rng(4).integers(0, 49152, 1100).tolist()
+    llvm_rows = []
+    with bankml.load(models.path(name), backend="llvm", threads=2, profile="portable", n_ctx=1280) as m:
+        s = m.session()
+        at = 0
+        for first, steps in LONG_STEPS:
+            s.prefill(toks[at:first], outputs="last")
+            llvm_rows += [s.decode(t) for t in toks[first:first + steps]]
+            at = first + steps
+        assert s.n_past == 1100
+        cache = {key: c.copy() for key, c in s.caches.items()}
+    want = _decode_steps(name, cache, toks)
+    assert _same(want, np.array(llvm_rows)), _diff(want, np.array(llvm_rows))
+    with _kernels_in_place(device_kern) as (calls, in_graphs):
+        got = _decode_steps(name, cache, toks)
     assert _same(got, want), _diff(got, want)
+    assert _all_on_device(calls, in_graphs), (calls, in_graphs)
