@@ -474,31 +474,35 @@ def test_activation_exponents_beyond_quantize_acts_are_refused(device_kern):
 DEVICE_OPS = (Op.MUL_MAT, Op.RMS_NORM, Op.FLASH_ATTN)
 
 
-def _spirv_lowerings(kern, calls: dict, flip_logits: bool = False) -> dict:
+def _spirv_lowerings(kern, calls: dict, outputs: list | None = None, flip: str | None = None) -> dict:
     """mul_mat, rms_norm and flash_attn of the reference backend's portable table, run by the
     SPIR-V kernels (one dispatch per mul_mat and rms_norm, one per query row of flash_attn).
-    flip_logits: the logits' mul_mat flips the low bit of its first value (a device one bit off)."""
-    def mul_mat(env, g, n, w, a):
-        wtype = int(g[n.inputs[0]].params["ggml_type"])
-        calls[Op.MUL_MAT] += 1
-        y = kern.mul_mat(w, wtype, a).reshape(*n.shape[:-1], -1)
-        if flip_logits and n.id == g.outputs.get("logits"):
+    outputs: gets (op, node, value) of every call. flip: the first call of that op (or the
+    logits' mul_mat, "logits") flips the low bit of its first value (a device one bit off)."""
+    def done(g, n, y):
+        calls[n.op] += 1
+        if flip == n.op.value and calls[n.op] == 1 or flip == "logits" and n.id == g.outputs.get("logits"):
             y.reshape(-1).view(np.uint32)[0] ^= 1
+        if outputs is not None:
+            outputs.append((n.op, n.name or n.id, y.copy()))
         return y
 
+    def mul_mat(env, g, n, w, a):
+        wtype = int(g[n.inputs[0]].params["ggml_type"])
+        return done(g, n, kern.mul_mat(w, wtype, a).reshape(*n.shape[:-1], -1))
+
     def rms_norm(env, g, n, x):
-        calls[Op.RMS_NORM] += 1
-        return kern.rmsnorm(x, None, n.params["eps"])
+        return done(g, n, kern.rmsnorm(x, None, n.params["eps"]))
 
     def flash_attn(env, g, n, q, k, v, mask):
-        calls[Op.FLASH_ATTN] += 1
         mask = np.asarray(mask, F32)
-        return np.stack([kern.attention(q[t], k, v, mask[t], n.params["scale"]) for t in range(q.shape[0])])
+        return done(g, n, np.stack([kern.attention(q[t], k, v, mask[t], n.params["scale"])
+                                    for t in range(q.shape[0])]))
     return {Op.MUL_MAT: mul_mat, Op.RMS_NORM: rms_norm, Op.FLASH_ATTN: flash_attn}
 
 
 @contextlib.contextmanager
-def _kernels_in_place(kern, flip_logits: bool = False):
+def _kernels_in_place(kern, outputs: list | None = None, flip: str | None = None):
     """Inside, reference-backend runs of the portable profile lower mul_mat, rms_norm and
     flash_attn to the SPIR-V kernels. Yields {op: device dispatches} and {op: that op's nodes in
     the graphs run}: equal when every one of them ran on the device."""
@@ -513,9 +517,34 @@ def _kernels_in_place(kern, flip_logits: bool = False):
         return run_graph(g, env, trace)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ref_run, "run", counting_run)
-        for op, fn in _spirv_lowerings(kern, calls, flip_logits).items():
+        for op, fn in _spirv_lowerings(kern, calls, outputs, flip).items():
             mp.setitem(portable.LOWERINGS, op, fn)
         yield calls, in_graphs
+
+
+@contextlib.contextmanager
+def _spec_outputs(outputs: list):
+    """Inside, the reference backend's mul_mat, rms_norm and flash_attn (the numpy spec) append
+    (op, node, value) of every call to outputs."""
+    from bankml.backends.reference import portable
+    with pytest.MonkeyPatch.context() as mp:
+        for op in DEVICE_OPS:
+            def recorded(env, g, n, *args, spec=portable.LOWERINGS[op]):
+                y = spec(env, g, n, *args)
+                outputs.append((n.op, n.name or n.id, np.array(y, F32)))
+                return y
+            mp.setitem(portable.LOWERINGS, op, recorded)
+        yield outputs
+
+
+def _first_op_differing(got: list, want: list) -> str | None:
+    """The first device output whose bits are not the spec's output of the same call (the runs
+    being the same graphs in the same order, each call's inputs are the spec's until then)."""
+    assert [g[:2] for g in got] == [w[:2] for w in want], "not the same calls"
+    for (op, node, g), (_, _, w) in zip(got, want):
+        if not _same(g, w):
+            return f"{op.value} {node}: {_diff(g, w)}"
+    return None
 
 
 def _all_on_device(calls: dict, in_graphs: dict) -> bool:
@@ -536,17 +565,20 @@ CUTS = ((1, "all"), (7, "last"), (64, "last"))     # prefills of the first token
 
 @pytest.mark.parametrize("name", list(SESSION_MODELS))
 def test_logits_rows_with_the_spirv_kernels_equal_the_specs(device_kern, name):
-    """Every mul_mat, rms_norm and flash_attn on lavapipe: the prefill of the whole prompt (every
-    row), and prefills of its first 1, 7 and 64 tokens (all rows, or the last) each followed by
-    a decode, give the reference's rows of one prefill bit for bit (a portable row does not
-    depend on the cut: tests/runtime/test_portable_model.py)."""
+    """Every mul_mat, rms_norm and flash_attn on lavapipe: the prefill of the whole prompt gives
+    every op's output and every row of the reference's prefill bit for bit; prefills of its
+    first 1, 7 and 64 tokens (all rows, or the last), each followed by a decode, give the same
+    rows (a portable row does not depend on the cut: tests/runtime/test_portable_model.py)."""
     n = SESSION_MODELS[name]
     toks = np.random.default_rng(3).integers(0, 49152, n).tolist()
-    with _load(name) as m:
+    with _spec_outputs([]) as spec_ops, _load(name) as m:
         want = m.session().prefill(toks, outputs="all")
-    with _kernels_in_place(device_kern) as (calls, in_graphs), _load(name) as m:
+    device_ops = []
+    with _kernels_in_place(device_kern, device_ops) as (calls, in_graphs), _load(name) as m:
         got = m.session().prefill(toks, outputs="all")
+        assert _first_op_differing(device_ops, spec_ops) is None, _first_op_differing(device_ops, spec_ops)
         assert _same(got, want), f"prefill of {n}: {_diff(got, want)}"
+        device_ops.clear()
         for cut, outputs in (c for c in CUTS if c[0] < n):
             s = m.session()
             rows = s.prefill(toks[:cut], outputs=outputs)
@@ -557,14 +589,22 @@ def test_logits_rows_with_the_spirv_kernels_equal_the_specs(device_kern, name):
     assert _all_on_device(calls, in_graphs), (calls, in_graphs)
 
 
-def test_a_logits_value_one_bit_off_on_the_device_fails_the_comparison(device_kern):
+@pytest.mark.parametrize("flip", ["logits", "mul_mat", "rms_norm", "flash_attn"])
+def test_a_device_output_one_bit_off_fails_the_comparison(device_kern, flip):
+    """One device output one bit off: the logits row shows it; in a layer, the next activation
+    quantization may absorb it (the rows stay the spec's), the comparison of every op does not."""
     toks = [5, 900, 17]
-    with _load("qwen3-small-q1_0") as m:
+    with _spec_outputs([]) as spec_ops, _load("qwen3-small-q1_0") as m:
         want = m.session().prefill(toks, outputs="all")
-    with _kernels_in_place(device_kern, flip_logits=True), _load("qwen3-small-q1_0") as m:
+    device_ops = []
+    with _kernels_in_place(device_kern, device_ops, flip), _load("qwen3-small-q1_0") as m:
         got = m.session().prefill(toks, outputs="all")
-    assert not _same(got, want)
-    assert (got.view(np.uint32) != want.view(np.uint32)).sum() == 1 and got[0, 0] != want[0, 0]
+    first = _first_op_differing(device_ops, spec_ops)
+    if flip == "logits":
+        assert first.startswith("mul_mat result_output: 1 differ, first [0]")
+        assert (got.view(np.uint32) != want.view(np.uint32)).sum() == 1 and got[0, 0] != want[0, 0]
+    else:
+        assert first.startswith(f"{flip} ") and ": 1 differ, first [0]" in first, first
 
 
 # decode steps at these (first position, steps): n_kv 1,024 -> 1,280 and the 1,100th cell
@@ -603,9 +643,12 @@ def test_decodes_past_1024_cells_with_the_spirv_kernels_equal_the_spec_and_llvm(
             at = first + steps
         assert s.n_past == 1100
         cache = {key: c.copy() for key, c in s.caches.items()}
-    want = _decode_steps(name, cache, toks)
+    with _spec_outputs([]) as spec_ops:
+        want = _decode_steps(name, cache, toks)
     assert _same(want, np.array(llvm_rows)), _diff(want, np.array(llvm_rows))
-    with _kernels_in_place(device_kern) as (calls, in_graphs):
+    device_ops = []
+    with _kernels_in_place(device_kern, device_ops) as (calls, in_graphs):
         got = _decode_steps(name, cache, toks)
+    assert _first_op_differing(device_ops, spec_ops) is None, _first_op_differing(device_ops, spec_ops)
     assert _same(got, want), _diff(got, want)
     assert _all_on_device(calls, in_graphs), (calls, in_graphs)
