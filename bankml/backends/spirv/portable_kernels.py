@@ -14,6 +14,7 @@ activations with the spec (quant.quantize_act) and uploads them in this layout:
     y = k.matvec(w_raw, wtype, quant.quantize_act(x[None]))      # f32[rows]
     y = k.rmsnorm(x, w, eps); y = k.softmax(x)                     # rows of the last axis
     y = k.attention(q, k_rows, v_rows, mask, scale)                # one decode step, [H, D]
+    y = k.attention_rows(q, k_rows, v_rows, masks, scale)          # M query rows, [M, H, D]
 """
 from __future__ import annotations
 
@@ -390,10 +391,10 @@ def emit_binary(op: str, flushing: bool = False, rte: bool = True) -> tuple[int,
 # ---- attention of one decode step
 @functools.cache
 def emit_attention(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
-    """attention.attention for one query row: one invocation per head.
-    Bindings: 0 q codes (H*D), 1 q info (H*D/32 blocks), 2 K cache rows, 3 V cache rows
-    (n_kv x Hkv rows of f16 scale + D int8), 4 mask f32[n_kv], 5 tables, 6 scratch f32[H*n_kv],
-    7 out f32[H*D]. Push: H, H/Hkv, Hkv, D, n_kv, scale bits."""
+    """attention.attention of M query rows: one invocation per (head, row) (workgroups x = head,
+    y = row). Bindings: 0 q codes (M*H*D), 1 q info (M*H*D/32 blocks), 2 K cache rows, 3 V cache
+    rows (n_kv x Hkv rows of f16 scale + D int8), 4 mask f32[M*n_kv], 5 tables, 6 scratch
+    f32[M*H*n_kv], 7 out f32[M*H*D]. Push: H, H/Hkv, Hkv, D, n_kv, scale bits."""
     k = _Module(local=1, flushing=flushing, rte=rte)
     m = k.m
     cbuf, ibuf, kbuf, vbuf = k.buffer("q_codes"), k.buffer("q_info"), k.buffer("k_cache"), k.buffer("v_cache")
@@ -412,7 +413,9 @@ def emit_attention(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
 
     def row_at(j):                                     # byte offset of cell j's row for kvh
         return e.u("IMul", e.u("IAdd", e.u("IMul", j, Hkv), kvh), rbytes)
-    srow = e.u("IMul", h, n_kv)
+    hq = e.u("IAdd", e.u("IMul", k.gid_y, H), h, name="row_head")     # the head's index in q, out
+    mrow = e.u("IMul", k.gid_y, n_kv, name="mask_row")
+    srow = e.u("IMul", hq, n_kv)
     P, X = e.terms()
     # 1. scores
     with f.loop(ncell, "cell") as j:
@@ -420,13 +423,13 @@ def emit_attention(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
         ks, kx, kbad = _f16_parts(e, _u16(e, kbuf, kr))
         bad = e.var(u32, "sbad", e.sel(kbad, e.c(1), e.c(0)))
         with f.loop(nsub, "qs") as s:
-            blk = e.u("IAdd", e.u("IMul", h, nsub), s)
+            blk = e.u("IAdd", e.u("IMul", hq, nsub), s)
             info0 = _word(e, ibuf, e.u("ShiftLeftLogical", blk, e.c(3)))
             ae = _word(e, ibuf, e.u("IAdd", e.u("ShiftLeftLogical", blk, e.c(3)), e.c(4)))
             dot = e.var(u32, "sdot", e.c(0))
             with f.loop(e.c(32), "qi") as i:
                 d = e.u("IAdd", e.u("ShiftLeftLogical", s, e.c(5)), i)
-                a = _s8(e, cbuf, e.u("IAdd", e.u("IMul", h, D), d))
+                a = _s8(e, cbuf, e.u("IAdd", e.u("IMul", hq, D), d))
                 kv = _s8(e, kbuf, e.u("IAdd", kr, e.u("IAdd", d, e.c(2))))
                 f.store(dot, e.u("IAdd", f.load(u32, dot), e.u("IMul", a, kv)))
             p = e.w("IMul", e.w("IMul", e.zext64(e.u("BitwiseAnd", info0, e.c(0xFF))), e.sext64(ks)),
@@ -435,7 +438,7 @@ def emit_attention(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
             qbad = e.b("INotEqual", e.u("ShiftRightLogical", info0, e.c(8)), e.c(0))
             f.store(bad, e.sel(qbad, e.c(1), f.load(u32, bad)))
         sc = e.flt(e.sel(e.b("INotEqual", f.load(u32, bad), e.c(0)), e.c(QNAN), e.round_terms(P, X, nsub)))
-        sc = e.fadd(e.fmul(sc, e.flt(scale)), _f32_at(e, mbuf, j))
+        sc = e.fadd(e.fmul(sc, e.flt(scale)), _f32_at(e, mbuf, e.u("IAdd", mrow, j)))
         _store(e, sbuf, e.u("IAdd", srow, j), sc)
 
     # 2. p = softmax(scores), in place
@@ -447,7 +450,7 @@ def emit_attention(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
     #    out += r(2^E * Σ_j W_j v_j) (-0.0 for an exact zero); any NaN w: the head is NaN
     wa = e.var(m.type("TypeArray", u32, e.c(32)), "W")
     nan = e.var(u32, "wnan", e.c(0))
-    obase = e.u("IMul", h, D)
+    obase = e.u("IMul", hq, D)
     with f.loop(e.u("ShiftRightLogical", ncell, e.c(5)), "vb") as b:
         amax = e.var(u32, "amax", e.c(0))
 
@@ -587,13 +590,21 @@ class PortableKernels:
     def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, scale: float) -> np.ndarray:
         """attention.attention(q[None], k, v, mask[None], scale)[0]: q f32 [H, D]; k, v cache rows
         [n_kv, Hkv] (n_kv a multiple of 32); mask f32 [n_kv] -> f32 [H, D]."""
-        H, D = q.shape
+        return self.attention_rows(np.asarray(q)[None], k, v, np.asarray(mask)[None], scale)[0]
+
+    def attention_rows(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, scale: float
+                       ) -> np.ndarray:
+        """attention.attention(q, k, v, mask, scale) in one dispatch: q f32 [M, H, D]; k, v cache
+        rows [n_kv, Hkv] (n_kv a multiple of 32); mask f32 [M, n_kv] -> f32 [M, H, D]."""
+        M, H, D = q.shape
         n_kv, Hkv = k.shape
-        if n_kv % 32 or D % 32 or H % Hkv:
-            raise BankmlError(f"portable attention: n_kv {n_kv} and D {D} must be multiples of 32, H {H} of Hkv {Hkv}")
-        codes, info = act_buffers(quant.quantize_act(np.asarray(q, _F32)))
+        if n_kv % 32 or D % 32 or H % Hkv or np.shape(mask) != (M, n_kv):
+            raise BankmlError(f"portable attention: n_kv {n_kv} and D {D} must be multiples of 32, H {H} of Hkv "
+                              f"{Hkv}, the mask [{M}, {n_kv}] not {list(np.shape(mask))}")
+        codes, info = act_buffers(quant.quantize_act(np.asarray(q, _F32).reshape(M * H, D)))
         p = self.program("attention", emit_attention(self.flushing, self.rte), 8, 6)
         out = p.run([codes, info, np.ascontiguousarray(k).tobytes(), np.ascontiguousarray(v).tobytes(),
-                     np.ascontiguousarray(mask, _F32).tobytes(), self.tables, 4 * H * n_kv, 4 * H * D],
-                    [H, H // Hkv, Hkv, D, n_kv, int(np.float32(scale).view(np.uint32))], H, {7: (_F32, H * D)})
-        return out[7].reshape(H, D)
+                     np.ascontiguousarray(mask, _F32).tobytes(), self.tables, 4 * M * H * n_kv, 4 * M * H * D],
+                    [H, H // Hkv, Hkv, D, n_kv, int(np.float32(scale).view(np.uint32))], (H, M),
+                    {7: (_F32, M * H * D)})
+        return out[7].reshape(M, H, D)

@@ -364,6 +364,20 @@ def test_attention_decode_step(kern, H, Hkv, D, n_kv, visible):
     _check_attention(kern, q, k, v, mask, 1 / np.sqrt(D))
 
 
+@pytest.mark.parametrize("H,Hkv,D,M,n_kv", [(9, 3, 64, 9, 256), (4, 2, 128, 65, 96)])
+def test_attention_of_several_query_rows_in_one_dispatch(kern, H, Hkv, D, M, n_kv):
+    """A prefill's rows: row t sees the first n_kv - M + t + 1 cells (a causal mask), one row NaN."""
+    rng = np.random.default_rng(M + D)
+    q = (rng.standard_normal((M, H, D)) * 3).astype(F32)
+    q[M // 2, 1, 5] = np.nan
+    k = A.quantize_rows(rng.standard_normal((n_kv, Hkv, D)).astype(F32))
+    v = A.quantize_rows(rng.standard_normal((n_kv, Hkv, D)).astype(F32))
+    visible = np.arange(n_kv)[None, :] <= np.arange(n_kv - M, n_kv)[:, None]
+    mask = np.where(visible, F32(0), F32(-np.inf)).astype(F32)
+    got, want = kern.attention_rows(q, k, v, mask, 0.125), A.attention(q, k, v, mask, 0.125)
+    assert _same(got, want), _diff(got, want)
+
+
 def test_attention_edges(kern):
     rng = np.random.default_rng(11)
     H, Hkv, D, n_kv = 6, 2, 64, 96
@@ -480,7 +494,7 @@ DEVICE_OPS = (Op.MUL_MAT, Op.RMS_NORM, Op.FLASH_ATTN)
 
 def _spirv_lowerings(kern, calls: dict, outputs: list | None = None, flip: str | None = None) -> dict:
     """mul_mat, rms_norm and flash_attn of the reference backend's portable table, run by the
-    SPIR-V kernels (one dispatch per mul_mat and rms_norm, one per query row of flash_attn).
+    SPIR-V kernels (one dispatch each).
     outputs: gets (op, node, value) of every call. flip: the first call of that op (or the
     logits' mul_mat, "logits") flips the low bit of its first value (a device one bit off)."""
     def done(g, n, y):
@@ -499,9 +513,7 @@ def _spirv_lowerings(kern, calls: dict, outputs: list | None = None, flip: str |
         return done(g, n, kern.rmsnorm(x, None, n.params["eps"]))
 
     def flash_attn(env, g, n, q, k, v, mask):
-        mask = np.asarray(mask, F32)
-        return done(g, n, np.stack([kern.attention(q[t], k, v, mask[t], n.params["scale"])
-                                    for t in range(q.shape[0])]))
+        return done(g, n, kern.attention_rows(q, k, v, np.asarray(mask, F32), n.params["scale"]))
     return {Op.MUL_MAT: mul_mat, Op.RMS_NORM: rms_norm, Op.FLASH_ATTN: flash_attn}
 
 
