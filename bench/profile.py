@@ -90,7 +90,7 @@ def main() -> None:
     for _ in range(a.reps):
         be.call(cg.fn, bufs)
     whole = (time.perf_counter() - t0) / a.reps
-    print(f"{path.name} ({a.profile}): {T} tokens after {a.past} ({v.name} graph), {a.threads} threads: whole graph {whole * 1e3:.2f} ms, "
+    print(f"{path.name} ({a.profile}): {T} tokens after {a.past} ({v.name} graph, n_kv {n_kv}), {a.threads} threads: whole graph {whole * 1e3:.2f} ms, "
           f"kernel by kernel{' (one thread)' if a.one_thread else ''} {total * 1e3:.2f} ms")
     for label, t in sorted(per.items(), key=lambda kv: -kv[1]):
         print(f"  {t * 1e3:8.3f} ms  {100 * t / total:5.1f}%  {count[label]:4d} x {t / count[label] * 1e6:7.1f} us  {label}")

@@ -245,10 +245,19 @@ def define_flash_attn(m: ir.Module, g: Graph, n: Node) -> ir.Function:
             minf = b.fcmp_ordered("==", mx.get(), f32(float("-inf")))
             mxs = pm.splat(b, b.select(minf, f32(0.0), mx.get()), v8f32)
             lanes = _Var(b, v8f32, neg0, entry)
+            zero8 = pm.const(v8f32, 0.0)
             with for_range(b, 0, nkv, 8, name="e") as j:
-                e = pm.exp(b, pm.sub(b, _vload(b, scores, j), mxs))
-                _vstore(b, e, scores, j)
-                lanes.set(pm.add(b, lanes.get(), e))
+                x = _vload(b, scores, j)
+                # eight -inf scores (masked cells): exp(-inf - max) is +0 (x - max is -inf for
+                # any max but NaN, and a NaN max skips the softmax), so no exp is needed
+                with b.if_else(_all8(b, b.fcmp_ordered("==", x, ninf8))) as (masked8, live8):
+                    with masked8:
+                        _vstore(b, zero8, scores, j)
+                        lanes.set(pm.add(b, lanes.get(), zero8))
+                    with live8:
+                        e = pm.exp(b, pm.sub(b, x, mxs))
+                        _vstore(b, e, scores, j)
+                        lanes.set(pm.add(b, lanes.get(), e))
             r = pm.recip(b, pm.tree(b, lanes.get()))
             # 4. values: w = r(p * s_v), 2^E per 32 cells, exact integer block sums, blocks in order
             with for_range(b, 0, b.sdiv(nkv, i64(QK)), name="blk") as blk:

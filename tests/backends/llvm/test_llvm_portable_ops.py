@@ -321,3 +321,20 @@ def test_flash_attn_wide_spread_scores():
     q[1, :, 32:64] *= np.float32(2.0 ** 30)
     q[1, :, 64:96] = -q[1, :, 64:96] * np.float32(2.0 ** -27)
     _attn_check(q, k, v, mask, np.float32(1.0))
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_flash_attn_masked_groups(model):
+    """Groups of eight masked cells anywhere in the row (the softmax skips their exp): first,
+    between live cells, all but one cell, every other group; one row's max is +inf."""
+    q, k, v, mask, scale = _attn_case(11, 5, 200, model)
+    n_kv = mask.shape[1]
+    cell = np.arange(n_kv)
+    mask[0, :8] = -np.inf                                       # the first group masked
+    mask[0, 16:32] = -np.inf                                    # two groups between live ones
+    mask[1] = np.where(cell == 150, 0, -np.inf)                 # one live cell
+    mask[2] = np.where((cell // 8) % 2 == 1, -np.inf, mask[2])  # every other group
+    mask[3, 8:200] = -np.inf                                    # a long masked run, live cells after it
+    q[4] *= np.float32(1e30)                                    # scores of +-inf: the max is +inf
+    mask[4, :64] = -np.inf
+    _attn_check(q, k, v, mask, scale)
