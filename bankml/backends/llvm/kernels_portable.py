@@ -25,8 +25,8 @@ import numpy as np
 from llvmlite import ir
 
 from bankml.backends.llvm import portable_math as pm
-from bankml.backends.llvm.common import (dim, f16, f32, f64, for_range, i1, i8, i32, i64, new_function, size,
-                                         thread_range, typed, v8f32)
+from bankml.backends.llvm.common import (dim, f16, f32, f64, for_range, i1, i8, i32, i64, intrinsic, new_function,
+                                         size, thread_range, typed, v8f32)
 from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
 from bankml.errors import LoweringError
 from bankml.ir.dims import Dim
@@ -125,9 +125,19 @@ def _elementwise(m: ir.Module, g: Graph, n: Node, step) -> ir.Function:
     t = v8f32 if vec else f32
     chunks = b.sdiv(b.add(total, i64(step_n - 1)), i64(step_n))
     lo, hi = thread_range(b, chunks, ith, nth)
+    # a broadcast operand's index at mod P, carried from chunk to chunk (wrapping at P) on
+    # 8 lanes, not divided per chunk
+    wraps = {per: b.alloca(i64, name=f"mod{per}") for per in set(periods) if per is not None and vec}
+    for per, slot in wraps.items():
+        b.store(b.srem(b.mul(lo, i64(step_n)), i64(per)), slot)
     with for_range(b, lo, hi, name="c") as c:
         at = b.mul(c, i64(step_n))
-        args = [_load(b, p, at if per is None else b.srem(at, i64(per)), t) for p, per in zip(srcs, periods)]
+        idx = {per: b.load(slot) for per, slot in wraps.items()}
+        args = [_load(b, p, at if per is None else idx[per] if per in idx else b.srem(at, i64(per)), t)
+                for p, per in zip(srcs, periods)]
+        for per, slot in wraps.items():
+            nxt = b.add(idx[per], i64(step_n))
+            b.store(b.select(b.icmp_signed("==", nxt, i64(per)), i64(0), nxt), slot)
         y = step(b, *args)
         if vec:
             _vstore(b, y, po_, at)
@@ -231,34 +241,47 @@ def define_rope(m: ir.Module, g: Graph, n: Node) -> ir.Function:
 # ---------------------------------------------------------------- SET_ROWS
 
 def _quantize_row(b: ir.IRBuilder, px, src_at, row: ir.Value, D: int) -> None:
-    """attention.quantize_rows of D values at px[src_at:] into the cache row at byte pointer row."""
-    amax = f32(0.0)
-    nan = i1(0)
-    with_amax = b.alloca(f32)
-    with_nan = b.alloca(i1)
-    b.store(amax, with_amax)
-    b.store(nan, with_nan)
-    with for_range(b, 0, D, name="a") as i:
-        x = _load(b, px, b.add(src_at, i))
+    """attention.quantize_rows of D values at px[src_at:] into the cache row at byte pointer row:
+    8 lanes at a time where D allows (the max of |x| in any order, one f64 division per value
+    either way), else one value at a time."""
+    lanes = 8 if D % 8 == 0 else 1
+    t = v8f32 if lanes == 8 else f32
+    t64 = ir.VectorType(f64, 8) if lanes == 8 else f64
+    ti1, ti8 = (ir.VectorType(i1, 8), ir.VectorType(i8, 8)) if lanes == 8 else (i1, i8)
+    with_amax = b.alloca(t)
+    with_nan = b.alloca(ti1)
+    b.store(pm.const(t, 0.0), with_amax)
+    b.store(pm.const(ti1, 0), with_nan)
+    with for_range(b, 0, D, lanes, name="a") as i:
+        x = _load(b, px, b.add(src_at, i), t)
         a = pm.fabs(b, x)
         cur = b.load(with_amax)
         b.store(b.select(b.fcmp_ordered(">", a, cur), a, cur), with_amax)
         b.store(b.or_(b.load(with_nan), pm.is_nan(b, x)), with_nan)
-    amax = pm.with_bits(b, b.load(with_nan), pm.QNAN, b.load(with_amax))        # np.max: NaN wins
+    amax, nan = b.load(with_amax), b.load(with_nan)
+    if lanes == 8:
+        m = b.extract_element(amax, i32(0))
+        for lane in range(1, 8):
+            x = b.extract_element(amax, i32(lane))
+            m = b.select(b.fcmp_ordered(">", x, m), x, m)
+        amax, nan = m, b.icmp_unsigned("!=", b.bitcast(nan, ir.IntType(8)), ir.IntType(8)(0))
+    amax = pm.with_bits(b, nan, pm.QNAN, amax)                              # np.max: NaN wins
     s16 = b.fptrunc(pm.mul(b, amax, f32(float(tables.constants()["INV_127"]))), f16)
     b.store(s16, b.bitcast(row, f16.as_pointer()), align=1)
     s = b.fpext(s16, f64)
     ok = b.and_(b.fcmp_ordered("!=", s, f64(0.0)), b.fcmp_ordered("<", pm.fabs64(b, s), f64(float("inf"))))
+    div = pm.splat(b, b.select(ok, s, f64(1.0)), t64)
     codes = b.gep(row, [i64(2)])
-    with for_range(b, 0, D, name="q") as i:
-        x = b.fpext(_load(b, px, b.add(src_at, i)), f64)
-        y = b.fdiv(x, b.select(ok, s, f64(1.0)))
-        fin = b.fcmp_ordered("<", pm.fabs64(b, y), f64(float("inf")))
-        r = pm.roundeven(b, y)
-        r = b.select(b.fcmp_ordered(">", r, f64(127.0)), f64(127.0), r)
-        r = b.select(b.fcmp_ordered("<", r, f64(-127.0)), f64(-127.0), r)
-        q = b.select(b.and_(ok, fin), b.fptosi(r, i8), i8(0))
-        b.store(q, b.gep(codes, [i]))
+    rne = intrinsic(b.module, "llvm.roundeven.v8f64", t64, [t64]) if lanes == 8 else None
+    with for_range(b, 0, D, lanes, name="q") as i:
+        y = b.fdiv(b.fpext(_load(b, px, b.add(src_at, i), t), t64), div)
+        r = b.call(rne, [y]) if rne else pm.roundeven(b, y)
+        fin = b.fcmp_ordered("<", b.call(intrinsic(b.module, f"llvm.fabs.{'v8f64' if rne else 'f64'}", t64, [t64]), [y]),
+                             pm.const(t64, float("inf")))
+        r = b.select(b.fcmp_ordered(">", r, pm.const(t64, 127.0)), pm.const(t64, 127.0), r)
+        r = b.select(b.fcmp_ordered("<", r, pm.const(t64, -127.0)), pm.const(t64, -127.0), r)
+        q = b.select(b.and_(pm.splat(b, ok, ti1), fin), b.fptosi(r, ti8), pm.const(ti8, 0))
+        b.store(q, b.bitcast(b.gep(codes, [i]), ti8.as_pointer()), align=1)
 
 
 @kernel(Op.SET_ROWS, profile="portable")

@@ -220,7 +220,7 @@ def test_rope_refuses_yarn():
 
 # ---------------------------------------------------------------- SET_ROWS
 
-@pytest.mark.parametrize("hkv,d", [(3, 64), (2, 128)], ids=str)
+@pytest.mark.parametrize("hkv,d", [(3, 64), (2, 128), (2, 20)], ids=str)      # 20: one value at a time
 def test_set_rows_bits_equal_spec(hkv, d):
     T, kv = 9, 256
     rng = np.random.default_rng(d)
