@@ -169,27 +169,47 @@ def define_swiglu(m: ir.Module, g: Graph, n: Node) -> ir.Function:
 
 # ---------------------------------------------------------------- ROPE
 
-def _rope_cos_sin(b: ir.IRBuilder, pos: ir.Value, sig: ir.Value, s: ir.Value, C, S):
-    """rope.rope_table at one position (i64) for one pair: t = sig * 2^-s turns (i64 sig, s)."""
-    c = tables.constants()
+def _rope_turn(b: ir.IRBuilder, pos: ir.Value, sig: ir.Value, s: ir.Value):
+    """rope.rope_table's integer part at one position for one pair or 8 (pos, sig, s i64 of one
+    lane count; t = sig * 2^-s turns): (j, the table point as i32; rest as f32, rounded once;
+    the f64 scale 2^-s). frac and j are >= 0: logical shifts."""
+    it = s.type
+    c = lambda x: pm.const(it, x)                                                 # noqa: E731
+    t32 = ir.VectorType(i32, it.count) if isinstance(it, ir.VectorType) else i32
+    tf = ir.VectorType(f32, it.count) if isinstance(it, ir.VectorType) else f32
+    t64 = ir.VectorType(f64, it.count) if isinstance(it, ir.VectorType) else f64
     prod = b.mul(pos, sig)                                                        # < 2^41
-    sm = b.select(b.icmp_signed("<", s, i64(62)), s, i64(62))
-    frac = b.and_(prod, b.sub(b.shl(i64(1), sm), i64(1)))
-    shift = b.sub(s, i64(8))
-    shift = b.select(b.icmp_signed("<", shift, i64(62)), shift, i64(62))
-    j = b.ashr(frac, shift)
+    sm = b.select(b.icmp_signed("<", s, c(62)), s, c(62))
+    frac = b.and_(prod, b.sub(b.shl(c(1), sm), c(1)))
+    shift = b.sub(s, c(8))
+    shift = b.select(b.icmp_signed("<", shift, c(62)), shift, c(62))
+    j = b.lshr(frac, shift)
     rest = b.sub(frac, b.shl(j, shift))
-    scale = b.bitcast(b.shl(b.sub(i64(1023), s), i64(52)), f64)                  # 2^-s
-    d = pm.canon(b, b.fptrunc(b.fmul(b.fpext(b.sitofp(rest, f32), f64), scale), f32))
-    rho = pm.mul(b, d, f32(float(c["TWO_PI"])))
+    scale = b.bitcast(b.shl(b.sub(c(1023), s), c(52)), t64)                       # 2^-s
+    return b.trunc(b.and_(j, c(tables.SINCOS_N - 1)), t32), b.sitofp(rest, tf), scale
+
+
+def _rope_cos_sin(b: ir.IRBuilder, jj: ir.Value, rest: ir.Value, scale: ir.Value, C, S):
+    """rope.rope_table's f32 steps for one pair or 8 (jj i32, rest f32, scale f64 of one lane
+    count): d = rest * 2^-s rounded to f32 (flushed), rho, the polynomials, the table points."""
+    c = tables.constants()
+    t = rest.type
+    t64 = ir.VectorType(f64, t.count) if isinstance(t, ir.VectorType) else f64
+    k = lambda x: pm.fconst(t, x)                                                 # noqa: E731
+    d = pm.canon(b, b.fptrunc(b.fmul(b.fpext(rest, t64), scale), t))
+    rho = pm.mul(b, d, k(c["TWO_PI"]))
     r2 = pm.mul(b, rho, rho)
-    sin_r = pm.sub(b, rho, pm.mul(b, pm.mul(b, r2, f32(float(c["SIXTH"]))), rho))
-    cos_r = pm.sub(b, f32(1.0), pm.mul(b, r2, pm.sub(b, f32(0.5), pm.mul(b, r2, f32(float(c["TWENTYFOURTH"]))))))
-    jj = b.trunc(b.and_(j, i64(tables.SINCOS_N - 1)), i32)
+    sin_r = pm.sub(b, rho, pm.mul(b, pm.mul(b, r2, k(c["SIXTH"])), rho))
+    cos_r = pm.sub(b, k(1.0), pm.mul(b, r2, pm.sub(b, k(0.5), pm.mul(b, r2, k(c["TWENTYFOURTH"])))))
     cj, sj = pm.lookup(b, C, jj), pm.lookup(b, S, jj)
     cos = pm.sub(b, pm.mul(b, cj, cos_r), pm.mul(b, sj, sin_r))
     sin = pm.add(b, pm.mul(b, sj, cos_r), pm.mul(b, cj, sin_r))
     return cos, sin
+
+
+def _rotate(b: ir.IRBuilder, x0, x1, c, s):
+    """(y0, y1) = (x0 c - x1 s, x0 s + x1 c), each step rounded and canonical."""
+    return pm.sub(b, pm.mul(b, x0, c), pm.mul(b, x1, s)), pm.add(b, pm.mul(b, x0, s), pm.mul(b, x1, c))
 
 
 @kernel(Op.ROPE, profile="portable")
@@ -212,6 +232,9 @@ def define_rope(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     cs, sn = tables.sincos_table()
     C, S = pm.table(m, "portable_cos256", cs), pm.table(m, "portable_sin256", sn)
     neox = p["mode"] == "neox"
+    vec = half % 8 == 0
+    lanes = 8 if vec else 1
+    v8i32 = ir.VectorType(i32, 8)
 
     fn, b = new_function(m, kernel_name(n), kernel_type(n))
     out, src, posp, ith, nth, dims = fn.args
@@ -221,19 +244,48 @@ def define_rope(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     lo, hi = thread_range(b, dim(b, dims, T), ith, nth)
     with for_range(b, lo, hi, name="t") as t:
         pos = b.sext(b.load(b.gep(pp, [t])), i64)
-        with for_range(b, 0, half, name="i") as i:
-            cos, sin = _rope_cos_sin(b, pos, b.load(b.gep(g_sig, [i32(0), i])), b.load(b.gep(g_s, [i32(0), i])), C, S)
-            b.store(cos, b.gep(cos_t, [i]))
-            b.store(sin, b.gep(sin_t, [i]))
+        # the table at this position (8 pairs at a time where half allows)
+        with for_range(b, 0, half, lanes, name="i") as i:
+            if vec:
+                v8i64 = ir.VectorType(i64, 8)
+                sig_i = _vload(b, b.gep(g_sig, [i32(0), i32(0)]), i, v8i64)
+                s_i = _vload(b, b.gep(g_s, [i32(0), i32(0)]), i, v8i64)
+                cos, sin = _rope_cos_sin(b, *_rope_turn(b, pm.splat(b, pos, v8i64), sig_i, s_i), C, S)
+                _vstore(b, cos, cos_t, i)
+                _vstore(b, sin, sin_t, i)
+            else:
+                sig_i, s_i = b.load(b.gep(g_sig, [i32(0), i])), b.load(b.gep(g_s, [i32(0), i]))
+                cos, sin = _rope_cos_sin(b, *_rope_turn(b, pos, sig_i, s_i), C, S)
+                b.store(cos, b.gep(cos_t, [i]))
+                b.store(sin, b.gep(sin_t, [i]))
         with for_range(b, 0, H, name="h") as h:
             base = b.mul(b.add(b.mul(t, i64(H)), h), i64(hd))
-            with for_range(b, 0, half, name="k") as k:
-                i0 = b.add(base, k if neox else b.mul(k, i64(2)))
-                i1 = b.add(i0, i64(half if neox else 1))
-                x0, x1 = _load(b, px, i0), _load(b, px, i1)
-                c, s = b.load(b.gep(cos_t, [k])), b.load(b.gep(sin_t, [k]))
-                b.store(pm.sub(b, pm.mul(b, x0, c), pm.mul(b, x1, s)), b.gep(py, [i0]))
-                b.store(pm.add(b, pm.mul(b, x0, s), pm.mul(b, x1, c)), b.gep(py, [i1]))
+            if vec and neox:                     # x0 = x[k:k+8], x1 = x[half+k:half+k+8]
+                with for_range(b, 0, half, 8, name="k") as k:
+                    i0, i1 = b.add(base, k), b.add(base, b.add(k, i64(half)))
+                    y0, y1 = _rotate(b, _load(b, px, i0, v8f32), _load(b, px, i1, v8f32),
+                                     _vload(b, cos_t, k), _vload(b, sin_t, k))
+                    _vstore(b, y0, py, i0)
+                    _vstore(b, y1, py, i1)
+            elif vec:                            # pairs (2i, 2i+1): 16 values, split and merged
+                ev = ir.Constant(v8i32, list(range(0, 16, 2)))
+                od = ir.Constant(v8i32, list(range(1, 16, 2)))
+                with for_range(b, 0, half, 8, name="k") as k:
+                    i0 = b.add(base, b.mul(k, i64(2)))
+                    i1 = b.add(i0, i64(8))
+                    a0, a1 = _load(b, px, i0, v8f32), _load(b, px, i1, v8f32)
+                    y0, y1 = _rotate(b, b.shuffle_vector(a0, a1, ev), b.shuffle_vector(a0, a1, od),
+                                     _vload(b, cos_t, k), _vload(b, sin_t, k))
+                    _vstore(b, b.shuffle_vector(y0, y1, ir.Constant(v8i32, [0, 8, 1, 9, 2, 10, 3, 11])), py, i0)
+                    _vstore(b, b.shuffle_vector(y0, y1, ir.Constant(v8i32, [4, 12, 5, 13, 6, 14, 7, 15])), py, i1)
+            else:
+                with for_range(b, 0, half, name="k") as k:
+                    i0 = b.add(base, k if neox else b.mul(k, i64(2)))
+                    i1 = b.add(i0, i64(half if neox else 1))
+                    y0, y1 = _rotate(b, _load(b, px, i0), _load(b, px, i1),
+                                     b.load(b.gep(cos_t, [k])), b.load(b.gep(sin_t, [k])))
+                    b.store(y0, b.gep(py, [i0]))
+                    b.store(y1, b.gep(py, [i1]))
     b.ret_void()
     return fn
 

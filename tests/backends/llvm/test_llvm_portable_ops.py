@@ -195,7 +195,9 @@ ROPE_PARAMS = {"n_ctx_orig": 32768, "ext_factor": 0.0, "attn_factor": 1.0, "beta
 
 
 @pytest.mark.parametrize("mode,heads,hd,base", [("norm", 9, 64, 10000.0), ("neox", 4, 128, 1000000.0),
-                                                ("norm", 3, 128, 100000.0), ("neox", 2, 64, 10000.0)], ids=str)
+                                                ("norm", 3, 128, 100000.0), ("neox", 2, 64, 10000.0),
+                                                ("norm", 2, 20, 10000.0), ("neox", 3, 36, 500000.0)],  # 8 lanes, 1 lane
+                         ids=str)
 def test_rope_bits_equal_spec(mode, heads, hd, base):
     pos = np.array([0, 1, 2, 7, 255, 256, 1023, 1099, 4095, 65535, 99991, 131071], np.int32)
     T = len(pos)
