@@ -112,17 +112,23 @@ def _period(g: Graph, n: Node, i: int):
     return math.prod(s)
 
 
-def _elementwise(m: ir.Module, g: Graph, n: Node, step) -> ir.Function:
-    """out[i] = step(a[i'], b[i'']) over the flat output, 8 lanes at a time where every
-    operand's period allows, split over threads in chunks of 8."""
+def _elementwise(m: ir.Module, g: Graph, n: Node, step, wide: int = 8) -> ir.Function:
+    """out[i] = step(a[i'], b[i'']) over the flat output, `wide` lanes at a time (8, or 16: two
+    ymm registers whose independent chains overlap) where every operand's period and the last
+    dim allow, else 8 or 1; split over threads in chunks of that many."""
     fn, b = new_function(m, kernel_name(n), kernel_type(n))
     out, pa, pb, ith, nth, dims = fn.args
     po_, srcs = typed(b, out, f32), [typed(b, pa, f32), typed(b, pb, f32)]
     periods = [_period(g, n, 0), _period(g, n, 1)]
     total = size(b, dims, n.shape)
-    vec = all(p is None or p % 8 == 0 for p in periods) and not (isinstance(n.shape[-1], int) and n.shape[-1] % 8)
-    step_n = 8 if vec else 1
-    t = v8f32 if vec else f32
+    last = n.shape[-1]
+
+    def fits(k: int) -> bool:         # a symbolic last dim: 8 lanes (a row of 8s), never wider
+        return all(p is None or p % k == 0 for p in periods) and \
+            (last % k == 0 if isinstance(last, int) else k == 8)
+    step_n = wide if fits(wide) else 8 if fits(8) else 1
+    vec = step_n > 1
+    t = ir.VectorType(f32, step_n) if vec else f32
     chunks = b.sdiv(b.add(total, i64(step_n - 1)), i64(step_n))
     lo, hi = thread_range(b, chunks, ith, nth)
     # a broadcast operand's index at mod P, carried from chunk to chunk (wrapping at P) on
@@ -164,7 +170,7 @@ def define_swiglu(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     _check(n, po.SWIGLU)
     if any(g[i].shape != n.shape for i in n.inputs):
         raise LoweringError(f"llvm portable profile: swiglu {n.name or n.id} needs gate and up of its shape")
-    return _elementwise(m, g, n, lambda b, gate, up: pm.mul(b, pm.silu(b, gate), up))
+    return _elementwise(m, g, n, lambda b, gate, up: pm.mul(b, pm.silu(b, gate), up), wide=32)
 
 
 # ---------------------------------------------------------------- ROPE

@@ -171,7 +171,7 @@ def test_elementwise_with_a_symbolic_row_count():
         _same(out, mul(a, w), f"nth={nth}")
 
 
-@pytest.mark.parametrize("shape", [(7, 1536), (1, 1536), (3, 20)], ids=str)
+@pytest.mark.parametrize("shape", [(7, 1536), (1, 1536), (2, 40), (3, 20)], ids=str)    # 32, 8, 1 lanes
 def test_swiglu_bits_equal_spec(shape):
     g = _pgraph(_inp(0, shape), _inp(1, shape))
     n = g.add(Node(2, Op.SWIGLU, (0, 1), shape, "f32", "ffn_swiglu-0", po.SWIGLU))
