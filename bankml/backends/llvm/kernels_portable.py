@@ -334,8 +334,8 @@ def _quantize_row(b: ir.IRBuilder, px, src_at, row: ir.Value, D: int) -> None:
     with for_range(b, 0, D, lanes, name="q") as i:
         y = b.fdiv(b.fpext(_load(b, px, b.add(src_at, i), t), t64), div)
         r = b.call(rne, [y]) if rne else pm.roundeven(b, y)
-        fin = b.fcmp_ordered("<", b.call(intrinsic(b.module, f"llvm.fabs.{'v8f64' if rne else 'f64'}", t64, [t64]), [y]),
-                             pm.const(t64, float("inf")))
+        fabs = intrinsic(b.module, f"llvm.fabs.{'v8f64' if rne else 'f64'}", t64, [t64])
+        fin = b.fcmp_ordered("<", b.call(fabs, [y]), pm.const(t64, float("inf")))
         r = b.select(b.fcmp_ordered(">", r, pm.const(t64, 127.0)), pm.const(t64, 127.0), r)
         r = b.select(b.fcmp_ordered("<", r, pm.const(t64, -127.0)), pm.const(t64, -127.0), r)
         q = b.select(b.and_(pm.splat(b, ok, ti1), fin), b.fptosi(r, ti8), pm.const(ti8, 0))

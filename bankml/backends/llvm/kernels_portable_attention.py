@@ -261,41 +261,63 @@ def define_flash_attn(m: ir.Module, g: Graph, n: Node) -> ir.Function:
             r = pm.recip(b, pm.tree(b, lanes.get()))
             # 4. values: w = r(p * s_v), 2^E per 32 cells, exact integer block sums, blocks in order
             with for_range(b, 0, b.sdiv(nkv, i64(QK)), name="blk") as blk:
-                vamax = _Var(b, v8f32, pm.const(v8f32, 0.0), entry)      # |w| lane-wise: max in any order
-                wnan, winf = _Var(b, v8i1, pm.const(v8i1, 0), entry), _Var(b, v8i1, pm.const(v8i1, 0), entry)
-                r8, zero8f = pm.splat(b, r, v8f32), pm.const(v8f32, 0.0)
-                with for_range(b, 0, QK, 8, name="w") as jj:
-                    j = b.add(b.mul(blk, i64(QK)), jj)
-                    svw = ir.Constant(ir.VectorType(f16, 8), ir.Undefined)
-                    for c in range(8):
-                        vrow = b.gep(v, [b.mul(b.add(b.mul(b.add(j, i64(c)), i64(Hkv)), hk), i64(R))])
-                        svw = b.insert_element(svw, b.load(b.bitcast(vrow, f16.as_pointer()), align=1), i32(c))
-                    p = b.select(pm.splat(b, minf, v8i1), zero8f, pm.mul(b, _vload(b, scores, j), r8))
-                    w = pm.mul(b, p, pm.canon(b, b.fpext(svw, v8f32)))
-                    _vstore(b, w, scores, j)
-                    a = pm.fabs(b, w)
-                    cur = vamax.get()
-                    vamax.set(b.select(b.fcmp_ordered(">", a, cur), a, cur))
-                    wnan.set(b.or_(wnan.get(), pm.is_nan(b, w)))
-                    winf.set(b.or_(winf.get(), b.fcmp_ordered("==", a, pm.const(v8f32, float("inf")))))
-                lanes8 = vamax.get()
-                amax = _Var(b, f32, b.extract_element(lanes8, i32(0)), entry)
-                for lane in range(1, 8):
-                    x, cur = b.extract_element(lanes8, i32(lane)), amax.get()
-                    amax.set(b.select(b.fcmp_ordered(">", x, cur), x, cur))
-                wnan, winf = _any8(b, wnan.get()), _any8(b, winf.get())
-                with b.if_then(wnan):
-                    rownan.set(i1(1))
-                nonzero = b.fcmp_ordered(">", amax.get(), f32(0.0))
-                with b.if_else(winf) as (then, otherwise):
-                    with then:       # the spec's W*v of an infinite w is NaN, cast to int64's least value
-                        ninf = pm.const(v8f32, float("-inf"))
-                        with for_range(b, 0, D, 8, name="oi") as o:
-                            at = b.add(obase, o)
-                            _vstore(b, pm.add(b, _vload(b, pout, at), ninf), pout, at)
-                    with otherwise:
-                        with b.if_then(b.and_(nonzero, b.not_(wnan))):
-                            _value_block(b, pout, obase, scores, sums, v, blk, amax.get(), hk, Hkv, R, D)
+                # a block of 32 zero weights p (masked cells, or none live): w = +0 * s_v is +-0
+                # (no block sum) or NaN where s_v is inf or NaN, so only the V scales are read
+                zero8f = pm.const(v8f32, 0.0)
+                zeros = [_all8(b, b.fcmp_ordered("==", _vload(b, scores, b.add(b.mul(blk, i64(QK)), i64(c8))), zero8f))
+                         for c8 in range(0, QK, 8)]
+                with b.if_else(b.or_(minf, b.and_(b.and_(zeros[0], zeros[1]), b.and_(zeros[2], zeros[3])))) \
+                        as (zero_blk, live_blk):
+                    with zero_blk:
+                        bad = pm.const(v8i1, 0)
+                        for c8 in range(0, QK, 8):
+                            words = ir.Constant(pf.v8i16, [0] * 8)
+                            for c in range(8):
+                                j = b.add(b.mul(blk, i64(QK)), i64(c8 + c))
+                                vrow = b.gep(v, [b.mul(b.add(b.mul(j, i64(Hkv)), hk), i64(R))])
+                                words = b.insert_element(words, b.load(b.bitcast(vrow, i16.as_pointer()), align=1),
+                                                         i32(c))
+                            exps = b.and_(words, pm.const(pf.v8i16, 0x7C00))
+                            bad = b.or_(bad, b.icmp_unsigned("==", exps, pm.const(pf.v8i16, 0x7C00)))
+                        with b.if_then(_any8(b, bad)):
+                            rownan.set(i1(1))
+                    with live_blk:
+                        vamax = _Var(b, v8f32, pm.const(v8f32, 0.0), entry)  # |w| lane-wise: max in any order
+                        wnan, winf = _Var(b, v8i1, pm.const(v8i1, 0), entry), _Var(b, v8i1, pm.const(v8i1, 0), entry)
+                        r8 = pm.splat(b, r, v8f32)
+                        with for_range(b, 0, QK, 8, name="w") as jj:
+                            j = b.add(b.mul(blk, i64(QK)), jj)
+                            svw = ir.Constant(ir.VectorType(f16, 8), ir.Undefined)
+                            for c in range(8):
+                                vrow = b.gep(v, [b.mul(b.add(b.mul(b.add(j, i64(c)), i64(Hkv)), hk), i64(R))])
+                                sv = b.load(b.bitcast(vrow, f16.as_pointer()), align=1)
+                                svw = b.insert_element(svw, sv, i32(c))
+                            p = b.select(pm.splat(b, minf, v8i1), zero8f, pm.mul(b, _vload(b, scores, j), r8))
+                            w = pm.mul(b, p, pm.canon(b, b.fpext(svw, v8f32)))
+                            _vstore(b, w, scores, j)
+                            a = pm.fabs(b, w)
+                            cur = vamax.get()
+                            vamax.set(b.select(b.fcmp_ordered(">", a, cur), a, cur))
+                            wnan.set(b.or_(wnan.get(), pm.is_nan(b, w)))
+                            winf.set(b.or_(winf.get(), b.fcmp_ordered("==", a, pm.const(v8f32, float("inf")))))
+                        lanes8 = vamax.get()
+                        amax = _Var(b, f32, b.extract_element(lanes8, i32(0)), entry)
+                        for lane in range(1, 8):
+                            x, cur = b.extract_element(lanes8, i32(lane)), amax.get()
+                            amax.set(b.select(b.fcmp_ordered(">", x, cur), x, cur))
+                        wnan, winf = _any8(b, wnan.get()), _any8(b, winf.get())
+                        with b.if_then(wnan):
+                            rownan.set(i1(1))
+                        nonzero = b.fcmp_ordered(">", amax.get(), f32(0.0))
+                        with b.if_else(winf) as (then, otherwise):
+                            with then:       # the spec's W*v of an infinite w is NaN, cast to int64's least value
+                                ninf = pm.const(v8f32, float("-inf"))
+                                with for_range(b, 0, D, 8, name="oi") as o:
+                                    at = b.add(obase, o)
+                                    _vstore(b, pm.add(b, _vload(b, pout, at), ninf), pout, at)
+                            with otherwise:
+                                with b.if_then(b.and_(nonzero, b.not_(wnan))):
+                                    _value_block(b, pout, obase, scores, sums, v, blk, amax.get(), hk, Hkv, R, D)
         with b.if_then(rownan.get()):
             nan = pm.const(v8f32, float("nan"))
             with for_range(b, 0, D, 8, name="on") as o:

@@ -328,7 +328,8 @@ def test_flash_attn_wide_spread_scores():
 @pytest.mark.parametrize("model", list(MODELS))
 def test_flash_attn_masked_groups(model):
     """Groups of eight masked cells anywhere in the row (the softmax skips their exp): first,
-    between live cells, all but one cell, every other group; one row's max is +inf."""
+    between live cells, all but one cell, every other group; one row's max is +inf. A block of
+    32 masked cells reads only its V scales: an infinite one makes its head's rows NaN."""
     q, k, v, mask, scale = _attn_case(11, 5, 200, model)
     n_kv = mask.shape[1]
     cell = np.arange(n_kv)
@@ -339,4 +340,7 @@ def test_flash_attn_masked_groups(model):
     mask[3, 8:200] = -np.inf                                    # a long masked run, live cells after it
     q[4] *= np.float32(1e30)                                    # scores of +-inf: the max is +inf
     mask[4, :64] = -np.inf
-    _attn_check(q, k, v, mask, scale)
+    v[230, 1]["d"] = np.float16(np.inf)                         # in a block masked in every row: NaN rows
+    out = _attn_check(q, k, v, mask, scale)
+    grp = MODELS[model][0] // MODELS[model][1]
+    assert np.isnan(out[:, grp:2 * grp]).all() and not np.isnan(out[:3, :grp]).any()
