@@ -11,7 +11,15 @@ reference backend's (backends/reference/portable.py) for every thread count:
             rope.rope, pairs (2i, 2i+1) in mode norm, (i, i + n/2) in mode neox; YaRN refused
 - SET_ROWS  attention.quantize_rows into the int8 cache rows (f16 scale, then int8 codes)
 
-Threads split rows (RMS_NORM), chunks of 8 values (ADD, MUL, SWIGLU), tokens (ROPE),
+Vector width: ADD and MUL 8 lanes (a broadcast operand's index carried from chunk to chunk,
+wrapping at its period); SWIGLU 32 lanes a pass where the row length allows (four independent
+exp/recip chains overlap), else 8 or 1; ROPE's cos/sin table and rotation 8 pairs at a time
+where half the head dim is a multiple of 8 (mode norm's pairs split and merged by shuffles),
+else one; SET_ROWS quantizes a row on 8 lanes where D allows. Lanes change no bit: every step
+is elementwise, and the only folds (RMS_NORM's sum, SET_ROWS's max |x|) keep the spec's order
+or need none.
+
+Threads split rows (RMS_NORM), chunks of 32, 8 or 1 values (ADD, MUL, SWIGLU), tokens (ROPE),
 or (token, K/V head) rows (SET_ROWS); no result depends on the split.
 
 The K/V cache of a layer is the session's array of rows of attention.cache_dtype(D): per

@@ -7,9 +7,11 @@ rounded once: eight cells at a time in f64 (_scores8: vpmaddubsw dots, exact pro
 while the q blocks' exponent spread is within portable_f64.limit, one f64 -> f32 conversion),
 else (spread past the limit, a nonzero score below 2^-126 or from 2^127 up) per cell
 portable_exact.round_shifted (_exact_score, the alignment made once per q row); scale and mask on
-8 lanes; softmax over the n_kv cells in a stack buffer, then per block of 32 cells the
-power-of-two scale, exact int32 sums and one rounding, blocks added in cell order (a block whose
-weights are all 0 adds -0.0: skipped).
+8 lanes; softmax over the n_kv cells in a stack buffer (eight -inf scores, masked cells, skip
+the exp: each is +0, and the sum's lanes add +0), then per block of 32 cells the power-of-two
+scale, exact int32 sums and one rounding, blocks added in cell order (a block whose weights are
+all 0 adds -0.0: skipped). A block whose 32 softmax values are all +0 (masked cells) reads only
+its V scales: w = +0 * s_v is +-0, or NaN (the row NaN) where s_v is inf or NaN.
 
 Threads split (query row, head) pairs; no result depends on the split. The K/V cache rows are
 SET_ROWS's (kernels_portable.py): per (cell, K/V head) 2 bytes of f16 scale, then D int8 codes.

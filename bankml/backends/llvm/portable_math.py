@@ -9,7 +9,11 @@ and repeats the numpy spec one step for one step:
   canonical, so operands made here need no second flush.
 - tree8: the lane fold of arith.fold_sum, (l0+l1), (l2+l3), ... then pairs of those.
 - exp, recip, rsqrt, sigmoid, silu: funcs.py, their tables (tables.py, decimal, rounded once)
-  as LLVM constant arrays, looked up lane by lane.
+  as LLVM constant arrays, looked up lane by lane. exp, recip and sigmoid take their inner steps
+  as plain fadd/fsub/fmul where the spec's canon is provably a no-op (the value is normal or
+  zero) or its flush is absorbed by the next add (a value below 2^-126 added to 1/2 or 1): same
+  bits (each emitter's docstring gives the argument; the tests sweep a million bit patterns
+  over every binade, and every f32 input was compared once with the canon-every-step form).
 - scale2: y * 2^k exactly by adding k to the exponent field, +-inf above the range and zero of
   y's sign below 2^-126 (arith.scale2, for finite y).
 Exact integer sums rounded once (arith.round_exact) are portable_exact.py's.
