@@ -2,7 +2,7 @@
 bankml/profiles/portable/ per (query row, head) (K/V head h // (H/Hkv)), step for step with the
 emitters of portable_math.py, so its bits are the reference backend's
 (backends/reference/portable.py) for every thread count. q is quantized per 32 as
-quant.quantize_act (32 lanes), each score the exact integer dot of the codes times both scales
+quant.quantize_act (32 lanes; the codes by kernels_portable_rows.nearest_quotient), each score the exact integer dot of the codes times both scales
 rounded once: eight cells at a time in f64 (_scores8: vpmaddubsw dots, exact products and sums
 while the q blocks' exponent spread is within portable_f64.limit, one f64 -> f32 conversion),
 else (spread past the limit, a nonzero score below 2^-126 or from 2^127 up) per cell
@@ -25,7 +25,7 @@ from bankml.backends.llvm import portable_f64 as pf
 from bankml.backends.llvm import portable_math as pm
 from bankml.backends.llvm.kernels_matmul import psign, sums_us8
 from bankml.backends.llvm.kernels_portable import NEG0, _check, _load, _vload, _vstore
-from bankml.backends.llvm.kernels_portable_rows import lane_sums
+from bankml.backends.llvm.kernels_portable_rows import lane_sums, nearest_quotient
 from bankml.backends.llvm.portable_exact import room, round_shifted
 from bankml.backends.llvm.common import (dim, f16, f32, f64, for_range, i1, i8, i16, i32, i64, intrinsic,
                                          new_function, thread_range, typed, v8f32)
@@ -143,7 +143,6 @@ def define_flash_attn(m: ir.Module, g: Graph, n: Node) -> ir.Function:
         badq = i1(0)
         ms, es = [], []
         v32f32, v32f64, v32i64 = ir.VectorType(f32, QK), ir.VectorType(f64, QK), ir.VectorType(i64, QK)
-        rne = intrinsic(m, "llvm.roundeven.v32f64", v32f64, [v32f64])
         for sb in range(nsub):         # 32 lanes: the same steps per value as the scalar spec
             x = _load(b, pq, b.add(qbase, i64(sb * QK)), v32f32)
             a = pm.fabs(b, x)
@@ -156,8 +155,7 @@ def define_flash_attn(m: ir.Module, g: Graph, n: Node) -> ir.Function:
             inv = _pow2(b, b.sub(i64(0), eq))
             div = b.sitofp(b.select(b.icmp_signed("==", mq, i64(0)), i64(1), mq), f64)
             zero_codes = b.or_(blk_bad, b.icmp_signed("==", mq, i64(0)))
-            y = b.fdiv(b.fmul(b.fpext(x, v32f64), pm.splat(b, inv, v32f64)), pm.splat(b, div, v32f64))
-            y = b.call(rne, [y])
+            y = nearest_quotient(b, b.fmul(b.fpext(x, v32f64), pm.splat(b, inv, v32f64)), div)  # x 2^-e / m
             y = b.select(b.fcmp_ordered(">", y, pm.const(v32f64, 127.0)), pm.const(v32f64, 127.0), y)
             y = b.select(b.fcmp_ordered("<", y, pm.const(v32f64, -127.0)), pm.const(v32f64, -127.0), y)
             ya = b.and_(b.bitcast(y, v32i64), pm.const(v32i64, (1 << 63) - 1))
