@@ -1,9 +1,12 @@
 """Where the time goes: each kernel of one micro-batch graph timed on its own (llvm backend).
 
     python bench/profile.py MODEL_NAME_OR_PATH [--tokens N] [--past P] [--threads T] [--reps R]
+        [--profile ggml|portable] [--one-thread]
 
-Runs the compiled graph kernel by kernel (graph_part), summing wall time per op and weight
-type; a decode is --tokens 1. Not a timed test: a report for docs/PERFORMANCE.md.
+Runs the compiled graph kernel by kernel (graph_part), summing each kernel's median wall time
+per op and weight type; a decode is --tokens 1. On the pool a call's hand-off (tens of us)
+swamps a decode's small kernels; --one-thread calls each kernel as thread 0 of 1, less an
+empty call's cost, which shows what the kernels themselves cost. Not a timed test: a report for docs/PERFORMANCE.md.
 """
 from __future__ import annotations
 
@@ -27,9 +30,12 @@ def main() -> None:
     ap.add_argument("--past", type=int, default=0)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--profile", default="ggml", help="ggml or portable (issue #15)")
+    ap.add_argument("--one-thread", action="store_true",
+                    help="kernel by kernel on this thread alone (nth 1; no pool hand-off, empty call's cost subtracted)")
     a = ap.parse_args()
     path = Path(a.model) if Path(a.model).exists() else models.path(a.model)
-    m = bankml.load(path, threads=a.threads)
+    m = bankml.load(path, threads=a.threads, profile=a.profile)
     T, used = a.tokens, a.past + a.tokens
     n_kv = m.n_kv(used)
     n_kv_swa = m.n_kv_swa_for(n_kv) if m.kv_size_swa else None      # a sliding-window cache (gemma3)
@@ -46,29 +52,48 @@ def main() -> None:
         window = (cells <= pos[:, None]) & (pos[:, None] - cells < m.hparams.n_swa)
         inputs |= {"swa_idxs": pos, "kq_mask_swa": np.where(window, np.float16(0), np.float16(-np.inf))}
     bufs.bind(g, cg, m.weight, s.caches, inputs, values)
-    per = defaultdict(float)
-    total = 0.0
-    for _ in range(a.reps):
-        for k, n in enumerate(cg.kernels):
-            t0 = time.perf_counter()
+    dims = bufs.dims.ctypes.data
+
+    def run_part(k: int) -> float:
+        """Seconds of kernel k: on the pool, or (--one-thread) called directly as thread 0 of 1,
+        less the cost of an empty call."""
+        t0 = time.perf_counter()
+        if a.one_thread:
+            cg.part(bufs.table, 0, 1, None, dims, k, k + 1)
+        else:
             be.call(cg.part, bufs, k, k + 1)
-            dt = time.perf_counter() - t0
-            label = n.op.value
-            if n.op is Op.MUL_MAT:
-                w = g[n.inputs[0]]
-                label += f" {w.dtype} {w.shape[0]}x{w.shape[1]}"
-            elif n.op is Op.FLASH_ATTN:
-                label += f" {n.order.kernel}"
-            per[label] += dt / a.reps
-            total += dt / a.reps
+        return time.perf_counter() - t0
+
+    times = defaultdict(list)
+    for _ in range(a.reps):
+        for k in range(len(cg.kernels)):       # in graph order: each kernel sees a decode's data
+            times[k].append(run_part(k))
+    empty = []
+    for _ in range(200):
+        t0 = time.perf_counter()
+        cg.part(bufs.table, 0, 1, None, dims, 0, 0)
+        empty.append(time.perf_counter() - t0)
+    overhead = float(np.median(empty)) if a.one_thread else 0.0
+    per = defaultdict(float)
+    count = defaultdict(int)
+    for k, n in enumerate(cg.kernels):
+        label = n.op.value
+        if n.op is Op.MUL_MAT:
+            w = g[n.inputs[0]]
+            label += f" {w.dtype} {w.shape[0]}x{w.shape[1]}"
+        elif n.op is Op.FLASH_ATTN:
+            label += f" {n.order.kernel}"
+        per[label] += float(np.median(times[k])) - overhead
+        count[label] += 1
+    total = sum(per.values())
     t0 = time.perf_counter()
     for _ in range(a.reps):
         be.call(cg.fn, bufs)
     whole = (time.perf_counter() - t0) / a.reps
-    print(f"{path.name}: {T} tokens after {a.past} ({v.name} graph), {a.threads} threads: whole graph {whole * 1e3:.2f} ms, "
-          f"kernel by kernel {total * 1e3:.2f} ms")
+    print(f"{path.name} ({a.profile}): {T} tokens after {a.past} ({v.name} graph, n_kv {n_kv}), {a.threads} threads: whole graph {whole * 1e3:.2f} ms, "
+          f"kernel by kernel{' (one thread)' if a.one_thread else ''} {total * 1e3:.2f} ms")
     for label, t in sorted(per.items(), key=lambda kv: -kv[1]):
-        print(f"  {t * 1e3:8.3f} ms  {100 * t / total:5.1f}%  {label}")
+        print(f"  {t * 1e3:8.3f} ms  {100 * t / total:5.1f}%  {count[label]:4d} x {t / count[label] * 1e6:7.1f} us  {label}")
 
 
 if __name__ == "__main__":

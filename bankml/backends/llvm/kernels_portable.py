@@ -11,7 +11,15 @@ reference backend's (backends/reference/portable.py) for every thread count:
             rope.rope, pairs (2i, 2i+1) in mode norm, (i, i + n/2) in mode neox; YaRN refused
 - SET_ROWS  attention.quantize_rows into the int8 cache rows (f16 scale, then int8 codes)
 
-Threads split rows (RMS_NORM), chunks of 8 values (ADD, MUL, SWIGLU), tokens (ROPE),
+Vector width: ADD and MUL 8 lanes (a broadcast operand's index carried from chunk to chunk,
+wrapping at its period); SWIGLU 32 lanes a pass where the row length allows (four independent
+exp/recip chains overlap), else 8 or 1; ROPE's cos/sin table and rotation 8 pairs at a time
+where half the head dim is a multiple of 8 (mode norm's pairs split and merged by shuffles),
+else one; SET_ROWS quantizes a row on 8 lanes where D allows. Lanes change no bit: every step
+is elementwise, and the only folds (RMS_NORM's sum, SET_ROWS's max |x|) keep the spec's order
+or need none.
+
+Threads split rows (RMS_NORM), chunks of 32, 8 or 1 values (ADD, MUL, SWIGLU), tokens (ROPE),
 or (token, K/V head) rows (SET_ROWS); no result depends on the split.
 
 The K/V cache of a layer is the session's array of rows of attention.cache_dtype(D): per
@@ -25,8 +33,8 @@ import numpy as np
 from llvmlite import ir
 
 from bankml.backends.llvm import portable_math as pm
-from bankml.backends.llvm.common import (dim, f16, f32, f64, for_range, i1, i8, i32, i64, new_function, size,
-                                         thread_range, typed, v8f32)
+from bankml.backends.llvm.common import (dim, f16, f32, f64, for_range, i1, i8, i32, i64, intrinsic, new_function,
+                                         size, thread_range, typed, v8f32)
 from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
 from bankml.errors import LoweringError
 from bankml.ir.dims import Dim
@@ -112,22 +120,38 @@ def _period(g: Graph, n: Node, i: int):
     return math.prod(s)
 
 
-def _elementwise(m: ir.Module, g: Graph, n: Node, step) -> ir.Function:
-    """out[i] = step(a[i'], b[i'']) over the flat output, 8 lanes at a time where every
-    operand's period allows, split over threads in chunks of 8."""
+def _elementwise(m: ir.Module, g: Graph, n: Node, step, wide: int = 8) -> ir.Function:
+    """out[i] = step(a[i'], b[i'']) over the flat output, `wide` lanes at a time (8, or 16: two
+    ymm registers whose independent chains overlap) where every operand's period and the last
+    dim allow, else 8 or 1; split over threads in chunks of that many."""
     fn, b = new_function(m, kernel_name(n), kernel_type(n))
     out, pa, pb, ith, nth, dims = fn.args
     po_, srcs = typed(b, out, f32), [typed(b, pa, f32), typed(b, pb, f32)]
     periods = [_period(g, n, 0), _period(g, n, 1)]
     total = size(b, dims, n.shape)
-    vec = all(p is None or p % 8 == 0 for p in periods) and not (isinstance(n.shape[-1], int) and n.shape[-1] % 8)
-    step_n = 8 if vec else 1
-    t = v8f32 if vec else f32
+    last = n.shape[-1]
+
+    def fits(k: int) -> bool:         # a symbolic last dim: 8 lanes (a row of 8s), never wider
+        return all(p is None or p % k == 0 for p in periods) and \
+            (last % k == 0 if isinstance(last, int) else k == 8)
+    step_n = wide if fits(wide) else 8 if fits(8) else 1
+    vec = step_n > 1
+    t = ir.VectorType(f32, step_n) if vec else f32
     chunks = b.sdiv(b.add(total, i64(step_n - 1)), i64(step_n))
     lo, hi = thread_range(b, chunks, ith, nth)
+    # a broadcast operand's index at mod P, carried from chunk to chunk (wrapping at P) on
+    # 8 lanes, not divided per chunk
+    wraps = {per: b.alloca(i64, name=f"mod{per}") for per in set(periods) if per is not None and vec}
+    for per, slot in wraps.items():
+        b.store(b.srem(b.mul(lo, i64(step_n)), i64(per)), slot)
     with for_range(b, lo, hi, name="c") as c:
         at = b.mul(c, i64(step_n))
-        args = [_load(b, p, at if per is None else b.srem(at, i64(per)), t) for p, per in zip(srcs, periods)]
+        idx = {per: b.load(slot) for per, slot in wraps.items()}
+        args = [_load(b, p, at if per is None else idx[per] if per in idx else b.srem(at, i64(per)), t)
+                for p, per in zip(srcs, periods)]
+        for per, slot in wraps.items():
+            nxt = b.add(idx[per], i64(step_n))
+            b.store(b.select(b.icmp_signed("==", nxt, i64(per)), i64(0), nxt), slot)
         y = step(b, *args)
         if vec:
             _vstore(b, y, po_, at)
@@ -154,32 +178,52 @@ def define_swiglu(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     _check(n, po.SWIGLU)
     if any(g[i].shape != n.shape for i in n.inputs):
         raise LoweringError(f"llvm portable profile: swiglu {n.name or n.id} needs gate and up of its shape")
-    return _elementwise(m, g, n, lambda b, gate, up: pm.mul(b, pm.silu(b, gate), up))
+    return _elementwise(m, g, n, lambda b, gate, up: pm.mul(b, pm.silu(b, gate), up), wide=32)
 
 
 # ---------------------------------------------------------------- ROPE
 
-def _rope_cos_sin(b: ir.IRBuilder, pos: ir.Value, sig: ir.Value, s: ir.Value, C, S):
-    """rope.rope_table at one position (i64) for one pair: t = sig * 2^-s turns (i64 sig, s)."""
-    c = tables.constants()
+def _rope_turn(b: ir.IRBuilder, pos: ir.Value, sig: ir.Value, s: ir.Value):
+    """rope.rope_table's integer part at one position for one pair or 8 (pos, sig, s i64 of one
+    lane count; t = sig * 2^-s turns): (j, the table point as i32; rest as f32, rounded once;
+    the f64 scale 2^-s). frac and j are >= 0: logical shifts."""
+    it = s.type
+    c = lambda x: pm.const(it, x)                                                 # noqa: E731
+    t32 = ir.VectorType(i32, it.count) if isinstance(it, ir.VectorType) else i32
+    tf = ir.VectorType(f32, it.count) if isinstance(it, ir.VectorType) else f32
+    t64 = ir.VectorType(f64, it.count) if isinstance(it, ir.VectorType) else f64
     prod = b.mul(pos, sig)                                                        # < 2^41
-    sm = b.select(b.icmp_signed("<", s, i64(62)), s, i64(62))
-    frac = b.and_(prod, b.sub(b.shl(i64(1), sm), i64(1)))
-    shift = b.sub(s, i64(8))
-    shift = b.select(b.icmp_signed("<", shift, i64(62)), shift, i64(62))
-    j = b.ashr(frac, shift)
+    sm = b.select(b.icmp_signed("<", s, c(62)), s, c(62))
+    frac = b.and_(prod, b.sub(b.shl(c(1), sm), c(1)))
+    shift = b.sub(s, c(8))
+    shift = b.select(b.icmp_signed("<", shift, c(62)), shift, c(62))
+    j = b.lshr(frac, shift)
     rest = b.sub(frac, b.shl(j, shift))
-    scale = b.bitcast(b.shl(b.sub(i64(1023), s), i64(52)), f64)                  # 2^-s
-    d = pm.canon(b, b.fptrunc(b.fmul(b.fpext(b.sitofp(rest, f32), f64), scale), f32))
-    rho = pm.mul(b, d, f32(float(c["TWO_PI"])))
+    scale = b.bitcast(b.shl(b.sub(c(1023), s), c(52)), t64)                       # 2^-s
+    return b.trunc(b.and_(j, c(tables.SINCOS_N - 1)), t32), b.sitofp(rest, tf), scale
+
+
+def _rope_cos_sin(b: ir.IRBuilder, jj: ir.Value, rest: ir.Value, scale: ir.Value, C, S):
+    """rope.rope_table's f32 steps for one pair or 8 (jj i32, rest f32, scale f64 of one lane
+    count): d = rest * 2^-s rounded to f32 (flushed), rho, the polynomials, the table points."""
+    c = tables.constants()
+    t = rest.type
+    t64 = ir.VectorType(f64, t.count) if isinstance(t, ir.VectorType) else f64
+    k = lambda x: pm.fconst(t, x)                                                 # noqa: E731
+    d = pm.canon(b, b.fptrunc(b.fmul(b.fpext(rest, t64), scale), t))
+    rho = pm.mul(b, d, k(c["TWO_PI"]))
     r2 = pm.mul(b, rho, rho)
-    sin_r = pm.sub(b, rho, pm.mul(b, pm.mul(b, r2, f32(float(c["SIXTH"]))), rho))
-    cos_r = pm.sub(b, f32(1.0), pm.mul(b, r2, pm.sub(b, f32(0.5), pm.mul(b, r2, f32(float(c["TWENTYFOURTH"]))))))
-    jj = b.trunc(b.and_(j, i64(tables.SINCOS_N - 1)), i32)
+    sin_r = pm.sub(b, rho, pm.mul(b, pm.mul(b, r2, k(c["SIXTH"])), rho))
+    cos_r = pm.sub(b, k(1.0), pm.mul(b, r2, pm.sub(b, k(0.5), pm.mul(b, r2, k(c["TWENTYFOURTH"])))))
     cj, sj = pm.lookup(b, C, jj), pm.lookup(b, S, jj)
     cos = pm.sub(b, pm.mul(b, cj, cos_r), pm.mul(b, sj, sin_r))
     sin = pm.add(b, pm.mul(b, sj, cos_r), pm.mul(b, cj, sin_r))
     return cos, sin
+
+
+def _rotate(b: ir.IRBuilder, x0, x1, c, s):
+    """(y0, y1) = (x0 c - x1 s, x0 s + x1 c), each step rounded and canonical."""
+    return pm.sub(b, pm.mul(b, x0, c), pm.mul(b, x1, s)), pm.add(b, pm.mul(b, x0, s), pm.mul(b, x1, c))
 
 
 @kernel(Op.ROPE, profile="portable")
@@ -202,6 +246,9 @@ def define_rope(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     cs, sn = tables.sincos_table()
     C, S = pm.table(m, "portable_cos256", cs), pm.table(m, "portable_sin256", sn)
     neox = p["mode"] == "neox"
+    vec = half % 8 == 0
+    lanes = 8 if vec else 1
+    v8i32 = ir.VectorType(i32, 8)
 
     fn, b = new_function(m, kernel_name(n), kernel_type(n))
     out, src, posp, ith, nth, dims = fn.args
@@ -211,19 +258,48 @@ def define_rope(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     lo, hi = thread_range(b, dim(b, dims, T), ith, nth)
     with for_range(b, lo, hi, name="t") as t:
         pos = b.sext(b.load(b.gep(pp, [t])), i64)
-        with for_range(b, 0, half, name="i") as i:
-            cos, sin = _rope_cos_sin(b, pos, b.load(b.gep(g_sig, [i32(0), i])), b.load(b.gep(g_s, [i32(0), i])), C, S)
-            b.store(cos, b.gep(cos_t, [i]))
-            b.store(sin, b.gep(sin_t, [i]))
+        # the table at this position (8 pairs at a time where half allows)
+        with for_range(b, 0, half, lanes, name="i") as i:
+            if vec:
+                v8i64 = ir.VectorType(i64, 8)
+                sig_i = _vload(b, b.gep(g_sig, [i32(0), i32(0)]), i, v8i64)
+                s_i = _vload(b, b.gep(g_s, [i32(0), i32(0)]), i, v8i64)
+                cos, sin = _rope_cos_sin(b, *_rope_turn(b, pm.splat(b, pos, v8i64), sig_i, s_i), C, S)
+                _vstore(b, cos, cos_t, i)
+                _vstore(b, sin, sin_t, i)
+            else:
+                sig_i, s_i = b.load(b.gep(g_sig, [i32(0), i])), b.load(b.gep(g_s, [i32(0), i]))
+                cos, sin = _rope_cos_sin(b, *_rope_turn(b, pos, sig_i, s_i), C, S)
+                b.store(cos, b.gep(cos_t, [i]))
+                b.store(sin, b.gep(sin_t, [i]))
         with for_range(b, 0, H, name="h") as h:
             base = b.mul(b.add(b.mul(t, i64(H)), h), i64(hd))
-            with for_range(b, 0, half, name="k") as k:
-                i0 = b.add(base, k if neox else b.mul(k, i64(2)))
-                i1 = b.add(i0, i64(half if neox else 1))
-                x0, x1 = _load(b, px, i0), _load(b, px, i1)
-                c, s = b.load(b.gep(cos_t, [k])), b.load(b.gep(sin_t, [k]))
-                b.store(pm.sub(b, pm.mul(b, x0, c), pm.mul(b, x1, s)), b.gep(py, [i0]))
-                b.store(pm.add(b, pm.mul(b, x0, s), pm.mul(b, x1, c)), b.gep(py, [i1]))
+            if vec and neox:                     # x0 = x[k:k+8], x1 = x[half+k:half+k+8]
+                with for_range(b, 0, half, 8, name="k") as k:
+                    i0, i1 = b.add(base, k), b.add(base, b.add(k, i64(half)))
+                    y0, y1 = _rotate(b, _load(b, px, i0, v8f32), _load(b, px, i1, v8f32),
+                                     _vload(b, cos_t, k), _vload(b, sin_t, k))
+                    _vstore(b, y0, py, i0)
+                    _vstore(b, y1, py, i1)
+            elif vec:                            # pairs (2i, 2i+1): 16 values, split and merged
+                ev = ir.Constant(v8i32, list(range(0, 16, 2)))
+                od = ir.Constant(v8i32, list(range(1, 16, 2)))
+                with for_range(b, 0, half, 8, name="k") as k:
+                    i0 = b.add(base, b.mul(k, i64(2)))
+                    i1 = b.add(i0, i64(8))
+                    a0, a1 = _load(b, px, i0, v8f32), _load(b, px, i1, v8f32)
+                    y0, y1 = _rotate(b, b.shuffle_vector(a0, a1, ev), b.shuffle_vector(a0, a1, od),
+                                     _vload(b, cos_t, k), _vload(b, sin_t, k))
+                    _vstore(b, b.shuffle_vector(y0, y1, ir.Constant(v8i32, [0, 8, 1, 9, 2, 10, 3, 11])), py, i0)
+                    _vstore(b, b.shuffle_vector(y0, y1, ir.Constant(v8i32, [4, 12, 5, 13, 6, 14, 7, 15])), py, i1)
+            else:
+                with for_range(b, 0, half, name="k") as k:
+                    i0 = b.add(base, k if neox else b.mul(k, i64(2)))
+                    i1 = b.add(i0, i64(half if neox else 1))
+                    y0, y1 = _rotate(b, _load(b, px, i0), _load(b, px, i1),
+                                     b.load(b.gep(cos_t, [k])), b.load(b.gep(sin_t, [k])))
+                    b.store(y0, b.gep(py, [i0]))
+                    b.store(y1, b.gep(py, [i1]))
     b.ret_void()
     return fn
 
@@ -231,34 +307,47 @@ def define_rope(m: ir.Module, g: Graph, n: Node) -> ir.Function:
 # ---------------------------------------------------------------- SET_ROWS
 
 def _quantize_row(b: ir.IRBuilder, px, src_at, row: ir.Value, D: int) -> None:
-    """attention.quantize_rows of D values at px[src_at:] into the cache row at byte pointer row."""
-    amax = f32(0.0)
-    nan = i1(0)
-    with_amax = b.alloca(f32)
-    with_nan = b.alloca(i1)
-    b.store(amax, with_amax)
-    b.store(nan, with_nan)
-    with for_range(b, 0, D, name="a") as i:
-        x = _load(b, px, b.add(src_at, i))
+    """attention.quantize_rows of D values at px[src_at:] into the cache row at byte pointer row:
+    8 lanes at a time where D allows (the max of |x| in any order, one f64 division per value
+    either way), else one value at a time."""
+    lanes = 8 if D % 8 == 0 else 1
+    t = v8f32 if lanes == 8 else f32
+    t64 = ir.VectorType(f64, 8) if lanes == 8 else f64
+    ti1, ti8 = (ir.VectorType(i1, 8), ir.VectorType(i8, 8)) if lanes == 8 else (i1, i8)
+    with_amax = b.alloca(t)
+    with_nan = b.alloca(ti1)
+    b.store(pm.const(t, 0.0), with_amax)
+    b.store(pm.const(ti1, 0), with_nan)
+    with for_range(b, 0, D, lanes, name="a") as i:
+        x = _load(b, px, b.add(src_at, i), t)
         a = pm.fabs(b, x)
         cur = b.load(with_amax)
         b.store(b.select(b.fcmp_ordered(">", a, cur), a, cur), with_amax)
         b.store(b.or_(b.load(with_nan), pm.is_nan(b, x)), with_nan)
-    amax = pm.with_bits(b, b.load(with_nan), pm.QNAN, b.load(with_amax))        # np.max: NaN wins
+    amax, nan = b.load(with_amax), b.load(with_nan)
+    if lanes == 8:
+        m = b.extract_element(amax, i32(0))
+        for lane in range(1, 8):
+            x = b.extract_element(amax, i32(lane))
+            m = b.select(b.fcmp_ordered(">", x, m), x, m)
+        amax, nan = m, b.icmp_unsigned("!=", b.bitcast(nan, ir.IntType(8)), ir.IntType(8)(0))
+    amax = pm.with_bits(b, nan, pm.QNAN, amax)                              # np.max: NaN wins
     s16 = b.fptrunc(pm.mul(b, amax, f32(float(tables.constants()["INV_127"]))), f16)
     b.store(s16, b.bitcast(row, f16.as_pointer()), align=1)
     s = b.fpext(s16, f64)
     ok = b.and_(b.fcmp_ordered("!=", s, f64(0.0)), b.fcmp_ordered("<", pm.fabs64(b, s), f64(float("inf"))))
+    div = pm.splat(b, b.select(ok, s, f64(1.0)), t64)
     codes = b.gep(row, [i64(2)])
-    with for_range(b, 0, D, name="q") as i:
-        x = b.fpext(_load(b, px, b.add(src_at, i)), f64)
-        y = b.fdiv(x, b.select(ok, s, f64(1.0)))
-        fin = b.fcmp_ordered("<", pm.fabs64(b, y), f64(float("inf")))
-        r = pm.roundeven(b, y)
-        r = b.select(b.fcmp_ordered(">", r, f64(127.0)), f64(127.0), r)
-        r = b.select(b.fcmp_ordered("<", r, f64(-127.0)), f64(-127.0), r)
-        q = b.select(b.and_(ok, fin), b.fptosi(r, i8), i8(0))
-        b.store(q, b.gep(codes, [i]))
+    rne = intrinsic(b.module, "llvm.roundeven.v8f64", t64, [t64]) if lanes == 8 else None
+    with for_range(b, 0, D, lanes, name="q") as i:
+        y = b.fdiv(b.fpext(_load(b, px, b.add(src_at, i), t), t64), div)
+        r = b.call(rne, [y]) if rne else pm.roundeven(b, y)
+        fabs = intrinsic(b.module, f"llvm.fabs.{'v8f64' if rne else 'f64'}", t64, [t64])
+        fin = b.fcmp_ordered("<", b.call(fabs, [y]), pm.const(t64, float("inf")))
+        r = b.select(b.fcmp_ordered(">", r, pm.const(t64, 127.0)), pm.const(t64, 127.0), r)
+        r = b.select(b.fcmp_ordered("<", r, pm.const(t64, -127.0)), pm.const(t64, -127.0), r)
+        q = b.select(b.and_(pm.splat(b, ok, ti1), fin), b.fptosi(r, ti8), pm.const(ti8, 0))
+        b.store(q, b.bitcast(b.gep(codes, [i]), ti8.as_pointer()), align=1)
 
 
 @kernel(Op.SET_ROWS, profile="portable")

@@ -2,14 +2,16 @@
 bankml/profiles/portable/ per (query row, head) (K/V head h // (H/Hkv)), step for step with the
 emitters of portable_math.py, so its bits are the reference backend's
 (backends/reference/portable.py) for every thread count. q is quantized per 32 as
-quant.quantize_act (32 lanes), each score the exact integer dot of the codes times both scales
+quant.quantize_act (32 lanes; the codes by kernels_portable_rows.nearest_quotient), each score the exact integer dot of the codes times both scales
 rounded once: eight cells at a time in f64 (_scores8: vpmaddubsw dots, exact products and sums
 while the q blocks' exponent spread is within portable_f64.limit, one f64 -> f32 conversion),
 else (spread past the limit, a nonzero score below 2^-126 or from 2^127 up) per cell
 portable_exact.round_shifted (_exact_score, the alignment made once per q row); scale and mask on
-8 lanes; softmax over the n_kv cells in a stack buffer, then per block of 32 cells the
-power-of-two scale, exact int32 sums and one rounding, blocks added in cell order (a block whose
-weights are all 0 adds -0.0: skipped).
+8 lanes; softmax over the n_kv cells in a stack buffer (eight -inf scores, masked cells, skip
+the exp: each is +0, and the sum's lanes add +0), then per block of 32 cells the power-of-two
+scale, exact int32 sums and one rounding, blocks added in cell order (a block whose weights are
+all 0 adds -0.0: skipped). A block whose 32 softmax values are all +0 (masked cells) reads only
+its V scales: w = +0 * s_v is +-0, or NaN (the row NaN) where s_v is inf or NaN.
 
 Threads split (query row, head) pairs; no result depends on the split. The K/V cache rows are
 SET_ROWS's (kernels_portable.py): per (cell, K/V head) 2 bytes of f16 scale, then D int8 codes.
@@ -23,7 +25,7 @@ from bankml.backends.llvm import portable_f64 as pf
 from bankml.backends.llvm import portable_math as pm
 from bankml.backends.llvm.kernels_matmul import psign, sums_us8
 from bankml.backends.llvm.kernels_portable import NEG0, _check, _load, _vload, _vstore
-from bankml.backends.llvm.kernels_portable_rows import lane_sums
+from bankml.backends.llvm.kernels_portable_rows import lane_sums, nearest_quotient
 from bankml.backends.llvm.portable_exact import room, round_shifted
 from bankml.backends.llvm.common import (dim, f16, f32, f64, for_range, i1, i8, i16, i32, i64, intrinsic,
                                          new_function, thread_range, typed, v8f32)
@@ -141,7 +143,6 @@ def define_flash_attn(m: ir.Module, g: Graph, n: Node) -> ir.Function:
         badq = i1(0)
         ms, es = [], []
         v32f32, v32f64, v32i64 = ir.VectorType(f32, QK), ir.VectorType(f64, QK), ir.VectorType(i64, QK)
-        rne = intrinsic(m, "llvm.roundeven.v32f64", v32f64, [v32f64])
         for sb in range(nsub):         # 32 lanes: the same steps per value as the scalar spec
             x = _load(b, pq, b.add(qbase, i64(sb * QK)), v32f32)
             a = pm.fabs(b, x)
@@ -154,8 +155,7 @@ def define_flash_attn(m: ir.Module, g: Graph, n: Node) -> ir.Function:
             inv = _pow2(b, b.sub(i64(0), eq))
             div = b.sitofp(b.select(b.icmp_signed("==", mq, i64(0)), i64(1), mq), f64)
             zero_codes = b.or_(blk_bad, b.icmp_signed("==", mq, i64(0)))
-            y = b.fdiv(b.fmul(b.fpext(x, v32f64), pm.splat(b, inv, v32f64)), pm.splat(b, div, v32f64))
-            y = b.call(rne, [y])
+            y = nearest_quotient(b, b.fmul(b.fpext(x, v32f64), pm.splat(b, inv, v32f64)), div)  # x 2^-e / m
             y = b.select(b.fcmp_ordered(">", y, pm.const(v32f64, 127.0)), pm.const(v32f64, 127.0), y)
             y = b.select(b.fcmp_ordered("<", y, pm.const(v32f64, -127.0)), pm.const(v32f64, -127.0), y)
             ya = b.and_(b.bitcast(y, v32i64), pm.const(v32i64, (1 << 63) - 1))
@@ -245,48 +245,79 @@ def define_flash_attn(m: ir.Module, g: Graph, n: Node) -> ir.Function:
             minf = b.fcmp_ordered("==", mx.get(), f32(float("-inf")))
             mxs = pm.splat(b, b.select(minf, f32(0.0), mx.get()), v8f32)
             lanes = _Var(b, v8f32, neg0, entry)
+            zero8 = pm.const(v8f32, 0.0)
             with for_range(b, 0, nkv, 8, name="e") as j:
-                e = pm.exp(b, pm.sub(b, _vload(b, scores, j), mxs))
-                _vstore(b, e, scores, j)
-                lanes.set(pm.add(b, lanes.get(), e))
+                x = _vload(b, scores, j)
+                # eight -inf scores (masked cells): exp(-inf - max) is +0 (x - max is -inf for
+                # any max but NaN, and a NaN max skips the softmax), so no exp is needed
+                with b.if_else(_all8(b, b.fcmp_ordered("==", x, ninf8))) as (masked8, live8):
+                    with masked8:
+                        _vstore(b, zero8, scores, j)
+                        lanes.set(pm.add(b, lanes.get(), zero8))
+                    with live8:
+                        e = pm.exp(b, pm.sub(b, x, mxs))
+                        _vstore(b, e, scores, j)
+                        lanes.set(pm.add(b, lanes.get(), e))
             r = pm.recip(b, pm.tree(b, lanes.get()))
             # 4. values: w = r(p * s_v), 2^E per 32 cells, exact integer block sums, blocks in order
             with for_range(b, 0, b.sdiv(nkv, i64(QK)), name="blk") as blk:
-                vamax = _Var(b, v8f32, pm.const(v8f32, 0.0), entry)      # |w| lane-wise: max in any order
-                wnan, winf = _Var(b, v8i1, pm.const(v8i1, 0), entry), _Var(b, v8i1, pm.const(v8i1, 0), entry)
-                r8, zero8f = pm.splat(b, r, v8f32), pm.const(v8f32, 0.0)
-                with for_range(b, 0, QK, 8, name="w") as jj:
-                    j = b.add(b.mul(blk, i64(QK)), jj)
-                    svw = ir.Constant(ir.VectorType(f16, 8), ir.Undefined)
-                    for c in range(8):
-                        vrow = b.gep(v, [b.mul(b.add(b.mul(b.add(j, i64(c)), i64(Hkv)), hk), i64(R))])
-                        svw = b.insert_element(svw, b.load(b.bitcast(vrow, f16.as_pointer()), align=1), i32(c))
-                    p = b.select(pm.splat(b, minf, v8i1), zero8f, pm.mul(b, _vload(b, scores, j), r8))
-                    w = pm.mul(b, p, pm.canon(b, b.fpext(svw, v8f32)))
-                    _vstore(b, w, scores, j)
-                    a = pm.fabs(b, w)
-                    cur = vamax.get()
-                    vamax.set(b.select(b.fcmp_ordered(">", a, cur), a, cur))
-                    wnan.set(b.or_(wnan.get(), pm.is_nan(b, w)))
-                    winf.set(b.or_(winf.get(), b.fcmp_ordered("==", a, pm.const(v8f32, float("inf")))))
-                lanes8 = vamax.get()
-                amax = _Var(b, f32, b.extract_element(lanes8, i32(0)), entry)
-                for lane in range(1, 8):
-                    x, cur = b.extract_element(lanes8, i32(lane)), amax.get()
-                    amax.set(b.select(b.fcmp_ordered(">", x, cur), x, cur))
-                wnan, winf = _any8(b, wnan.get()), _any8(b, winf.get())
-                with b.if_then(wnan):
-                    rownan.set(i1(1))
-                nonzero = b.fcmp_ordered(">", amax.get(), f32(0.0))
-                with b.if_else(winf) as (then, otherwise):
-                    with then:       # the spec's W*v of an infinite w is NaN, cast to int64's least value
-                        ninf = pm.const(v8f32, float("-inf"))
-                        with for_range(b, 0, D, 8, name="oi") as o:
-                            at = b.add(obase, o)
-                            _vstore(b, pm.add(b, _vload(b, pout, at), ninf), pout, at)
-                    with otherwise:
-                        with b.if_then(b.and_(nonzero, b.not_(wnan))):
-                            _value_block(b, pout, obase, scores, sums, v, blk, amax.get(), hk, Hkv, R, D)
+                # a block of 32 zero weights p (masked cells, or none live): w = +0 * s_v is +-0
+                # (no block sum) or NaN where s_v is inf or NaN, so only the V scales are read
+                zero8f = pm.const(v8f32, 0.0)
+                zeros = [_all8(b, b.fcmp_ordered("==", _vload(b, scores, b.add(b.mul(blk, i64(QK)), i64(c8))), zero8f))
+                         for c8 in range(0, QK, 8)]
+                with b.if_else(b.or_(minf, b.and_(b.and_(zeros[0], zeros[1]), b.and_(zeros[2], zeros[3])))) \
+                        as (zero_blk, live_blk):
+                    with zero_blk:
+                        bad = pm.const(v8i1, 0)
+                        for c8 in range(0, QK, 8):
+                            words = ir.Constant(pf.v8i16, [0] * 8)
+                            for c in range(8):
+                                j = b.add(b.mul(blk, i64(QK)), i64(c8 + c))
+                                vrow = b.gep(v, [b.mul(b.add(b.mul(j, i64(Hkv)), hk), i64(R))])
+                                words = b.insert_element(words, b.load(b.bitcast(vrow, i16.as_pointer()), align=1),
+                                                         i32(c))
+                            exps = b.and_(words, pm.const(pf.v8i16, 0x7C00))
+                            bad = b.or_(bad, b.icmp_unsigned("==", exps, pm.const(pf.v8i16, 0x7C00)))
+                        with b.if_then(_any8(b, bad)):
+                            rownan.set(i1(1))
+                    with live_blk:
+                        vamax = _Var(b, v8f32, pm.const(v8f32, 0.0), entry)  # |w| lane-wise: max in any order
+                        wnan, winf = _Var(b, v8i1, pm.const(v8i1, 0), entry), _Var(b, v8i1, pm.const(v8i1, 0), entry)
+                        r8 = pm.splat(b, r, v8f32)
+                        with for_range(b, 0, QK, 8, name="w") as jj:
+                            j = b.add(b.mul(blk, i64(QK)), jj)
+                            svw = ir.Constant(ir.VectorType(f16, 8), ir.Undefined)
+                            for c in range(8):
+                                vrow = b.gep(v, [b.mul(b.add(b.mul(b.add(j, i64(c)), i64(Hkv)), hk), i64(R))])
+                                sv = b.load(b.bitcast(vrow, f16.as_pointer()), align=1)
+                                svw = b.insert_element(svw, sv, i32(c))
+                            p = b.select(pm.splat(b, minf, v8i1), zero8f, pm.mul(b, _vload(b, scores, j), r8))
+                            w = pm.mul(b, p, pm.canon(b, b.fpext(svw, v8f32)))
+                            _vstore(b, w, scores, j)
+                            a = pm.fabs(b, w)
+                            cur = vamax.get()
+                            vamax.set(b.select(b.fcmp_ordered(">", a, cur), a, cur))
+                            wnan.set(b.or_(wnan.get(), pm.is_nan(b, w)))
+                            winf.set(b.or_(winf.get(), b.fcmp_ordered("==", a, pm.const(v8f32, float("inf")))))
+                        lanes8 = vamax.get()
+                        amax = _Var(b, f32, b.extract_element(lanes8, i32(0)), entry)
+                        for lane in range(1, 8):
+                            x, cur = b.extract_element(lanes8, i32(lane)), amax.get()
+                            amax.set(b.select(b.fcmp_ordered(">", x, cur), x, cur))
+                        wnan, winf = _any8(b, wnan.get()), _any8(b, winf.get())
+                        with b.if_then(wnan):
+                            rownan.set(i1(1))
+                        nonzero = b.fcmp_ordered(">", amax.get(), f32(0.0))
+                        with b.if_else(winf) as (then, otherwise):
+                            with then:       # the spec's W*v of an infinite w is NaN, cast to int64's least value
+                                ninf = pm.const(v8f32, float("-inf"))
+                                with for_range(b, 0, D, 8, name="oi") as o:
+                                    at = b.add(obase, o)
+                                    _vstore(b, pm.add(b, _vload(b, pout, at), ninf), pout, at)
+                            with otherwise:
+                                with b.if_then(b.and_(nonzero, b.not_(wnan))):
+                                    _value_block(b, pout, obase, scores, sums, v, blk, amax.get(), hk, Hkv, R, D)
         with b.if_then(rownan.get()):
             nan = pm.const(v8f32, float("nan"))
             with for_range(b, 0, D, 8, name="on") as o:

@@ -11,8 +11,9 @@ block of 32 values 36 bytes:
 
 QUANTIZE, per block: x canonical (denormals read as zero); bad = any non-finite; absmax as the
 largest |x| bits; (m, e) from its significand C and exponent p as act_scale; codes =
-rint(x * 2^-e / m) in f64 (x * 2^-e exact, one correctly rounded vdivpd, then roundeven: the
-spec's steps), clamped to +-127, all 0 where m = 0 or bad.
+rint(x * 2^-e / m) in f64 (x * 2^-e exact; the spec's one division and roundeven give the exact
+quotient's nearest integer, here from the product with r(1/m): nearest_quotient), clamped to
++-127, all 0 where m = 0 or bad.
 
 GET_ROWS of a weight: every weight's exact value rounded once (round_i64), NaN in a 32-block
 with a bad scale (F16: a 32-block holding an inf or NaN); of an f32 node: the ggml row copy.
@@ -78,6 +79,19 @@ def start(m, n):
 
 # ---- QUANTIZE --------------------------------------------------------------------------------
 
+def nearest_quotient(b: ir.IRBuilder, x, m):
+    """rint(x / m), ties to even, as f64 lanes, for x f64 lanes each an f32 value times a power
+    of two (24 significant bits) with |x / m| <= 127, and m an integer 1..15 (scalar f64): the
+    spec's rint of one f64 division (the exact quotient's nearest integer), by a product with
+    r(1/m). y = x * r(1/m) is within 2^-45 of x/m. Off a tie, x/m is at least 2^-21 / 15 from
+    every half-integer (where |x| >= 2: x a multiple of 2^-22, (2k+1)m/2 of 1/2), so y rounds
+    as x/m. The ties x = (k + 1/2) m are few (|k| < 128, m < 16): for each, y is exactly k + 1/2
+    (checked for all of them: tests/backends/llvm/test_llvm_portable_quantize.py)."""
+    t = x.type
+    y = b.fmul(x, splat_v(b, b.fdiv(f64(1.0), m), t.count))
+    return b.call(intrinsic(b.module, f"llvm.roundeven.v{t.count}f64", t, [t]), [y])
+
+
 @kernel(Op.QUANTIZE, profile="portable")
 def define_quantize(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     x = g[n.inputs[0]]
@@ -105,12 +119,10 @@ def define_quantize(m: ir.Module, g: Graph, n: Node) -> ir.Function:
         zero = b.icmp_unsigned("==", amax, i32(0))
         ms = b.select(zero, i32(0), b.select(small, m1, m2))
         e = b.select(zero, i32(0), b.select(small, b.sub(p, i32(10)), b.sub(p, i32(9))))
-        # rint(x * 2^-e / m): 2^-e as f64 bits, one division, roundeven, clamp
+        # rint(x * 2^-e / m): 2^-e as f64 bits, then nearest_quotient, clamp
         pow2 = b.bitcast(b.shl(b.zext(b.sub(i32(1023), e), i64), i64(52)), f64)
         y = b.fmul(b.fpext(b.bitcast(xc, v32f32), v32f64), splat_v(b, pow2, 32))
-        y = b.fdiv(y, splat_v(b, b.uitofp(b.select(zero, i32(1), ms), f64), 32))
-        rne = intrinsic(b.module, "llvm.roundeven.v32f64", v32f64, [v32f64])
-        y = b.call(rne, [y])
+        y = nearest_quotient(b, y, b.uitofp(b.select(zero, i32(1), ms), f64))
         y = b.select(b.fcmp_ordered(">", y, vconst(v32f64, 127.0)), vconst(v32f64, 127.0), y)
         y = b.select(b.fcmp_ordered("<", y, vconst(v32f64, -127.0)), vconst(v32f64, -127.0), y)
         q = b.fptosi(y, v32i8)

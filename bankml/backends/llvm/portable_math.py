@@ -9,7 +9,11 @@ and repeats the numpy spec one step for one step:
   canonical, so operands made here need no second flush.
 - tree8: the lane fold of arith.fold_sum, (l0+l1), (l2+l3), ... then pairs of those.
 - exp, recip, rsqrt, sigmoid, silu: funcs.py, their tables (tables.py, decimal, rounded once)
-  as LLVM constant arrays, looked up lane by lane.
+  as LLVM constant arrays, looked up lane by lane. exp, recip and sigmoid take their inner steps
+  as plain fadd/fsub/fmul where the spec's canon is provably a no-op (the value is normal or
+  zero) or its flush is absorbed by the next add (a value below 2^-126 added to 1/2 or 1): same
+  bits (each emitter's docstring gives the argument; the tests sweep a million bit patterns
+  over every binade, and every f32 input was compared once with the canon-every-step form).
 - scale2: y * 2^k exactly by adding k to the exponent field, +-inf above the range and zero of
   y's sign below 2^-126 (arith.scale2, for finite y).
 Exact integer sums rounded once (arith.round_exact) are portable_exact.py's.
@@ -190,37 +194,51 @@ def _mantissa(b: ir.IRBuilder, frac: ir.Value, t: ir.Type) -> ir.Value:
 
 
 def exp(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    """funcs.exp of canonical x."""
+    """funcs.exp of canonical x (a NaN of either sign). Its steps are plain fadd/fsub/fmul: for
+    x in [-104, 89] (after the clamp) every canon of the spec's steps is a no-op or its flush
+    is absorbed by the next add, so the bits are the spec's (the steps' comments say why)."""
     c = tables.constants()
     t, it = x.type, int_type(x.type)
     nan = is_nan(b, x)
     x = b.select(nan, const(t, 0.0), x)
     x = b.select(b.fcmp_ordered("<", x, fconst(t, -104.0)), fconst(t, -104.0), x)
     x = b.select(b.fcmp_ordered(">", x, fconst(t, 89.0)), fconst(t, 89.0), x)
-    n = b.fptosi(roundeven(b, mul(b, x, fconst(t, c["INV_LN2_64"]))), it)
+    # x * 64/ln2: +-0, or |.| >= 92 * 2^-126 (normal) and below 9604
+    n = b.fptosi(roundeven(b, b.fmul(x, fconst(t, c["INV_LN2_64"]))), it)
     nf = b.sitofp(n, t)
-    r = sub(b, sub(b, x, mul(b, nf, fconst(t, c["EXP_C1"]))), mul(b, nf, fconst(t, c["EXP_C2"])))
-    q = mul(b, add(b, mul(b, add(b, mul(b, r, fconst(t, c["SIXTH"])), fconst(t, 0.5)), r), fconst(t, 1.0)), r)
+    # n*C1 is exact (C1's significand has 11 bits, |n| < 2^14). n = 0: r1 = x. Else |x| > 2^-8,
+    # so x and n*C1 are multiples of 2^-31 and r1 is 0 or at least 2^-31. n*C2 is 0 or at least
+    # C2 (2^-17) and a multiple of 2^-40, so r is x (n = 0), or 0 or at least 2^-40: normal
+    r1 = b.fsub(x, b.fmul(nf, fconst(t, c["EXP_C1"])))
+    r = b.fsub(r1, b.fmul(nf, fconst(t, c["EXP_C2"])))
+    # r/6 and (..)*r may be below 2^-126 (r tiny) where the spec flushes them; the adds of 1/2
+    # and of 1 absorb them either way (|.| < 2^-126 against an ulp of 2^-25 or 2^-24). q: for
+    # |r| < 2^-24 the factor is exactly 1 and q = r; else |q| > 2^-26
+    u = b.fmul(b.fadd(b.fmul(r, fconst(t, c["SIXTH"])), fconst(t, 0.5)), r)
+    q = b.fmul(b.fadd(u, fconst(t, 1.0)), r)
     tj = lookup(b, table(b.module, "portable_exp_table", tables.exp_table()), b.and_(n, const(it, 63)))
-    y = add(b, tj, mul(b, tj, q))
+    # tj in [1, 2): |tj*q| >= |q| (0 or normal), and y in (0.98, 2.01)
+    y = b.fadd(tj, b.fmul(tj, q))
     out = scale2(b, y, b.ashr(n, const(it, 6)))
     return with_bits(b, nan, QNAN, out)
 
 
 def recip(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    """funcs.recip of canonical x."""
+    """funcs.recip of canonical x. The iteration's steps are plain: m in [1, 2), the seed in
+    (0.5, 1), so m*y, 2 - m*y and y*(2 - m*y) stay normal (near 1 and in (0.5, 1]) and every
+    canon is a no-op; so is the last one (scale2's result with its sign, +-inf, +-0 or QNAN)."""
     t, it = x.type, int_type(x.type)
     s, e, frac = _fields(b, x)
     m = _mantissa(b, frac, t)
     y = lookup(b, table(b.module, "portable_recip_table", tables.recip_table()), b.lshr(frac, const(it, 17)))
     for _ in range(2):
-        y = mul(b, y, sub(b, fconst(t, 2.0), mul(b, m, y)))
+        y = b.fmul(y, b.fsub(fconst(t, 2.0), b.fmul(m, y)))
     out = bits(b, scale2(b, y, b.sub(const(it, 127), e)))
     out = b.xor(out, s)
     out = b.select(b.fcmp_ordered("==", x, const(t, 0.0)), b.or_(s, const(it, EXPO)), out)
     out = b.select(b.fcmp_ordered("==", fabs(b, x), const(t, float("inf"))), s, out)
     out = b.select(is_nan(b, x), const(it, QNAN), out)
-    return canon(b, b.bitcast(out, t))
+    return b.bitcast(out, t)
 
 
 def rsqrt(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
@@ -244,8 +262,9 @@ def rsqrt(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
 
 
 def sigmoid(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    """recip(1 + exp(-x)) of canonical x."""
-    return recip(b, add(b, fconst(x.type, 1.0), exp(b, canon(b, b.fneg(x)))))
+    """recip(1 + exp(-x)) of canonical x: -x is canonical but for a NaN's sign, which exp
+    takes; 1 + exp(-x) is at least 1, +inf or QNAN (canonical)."""
+    return recip(b, b.fadd(fconst(x.type, 1.0), exp(b, b.fneg(x))))
 
 
 def silu(b: ir.IRBuilder, x: ir.Value) -> ir.Value:

@@ -113,6 +113,23 @@ def test_functions_bits_equal_spec_scalar_and_8_lanes(name):
         _same(out, want, f"{name} {'8 lanes' if vec else 'scalar'}")
 
 
+@pytest.mark.parametrize("name", ["exp", "recip", "sigmoid", "silu"])
+def test_functions_on_a_sweep_of_bit_patterns(name):
+    """Every 4099th f32 bit pattern (every binade, both signs, NaNs and denormals): exp, recip
+    and sigmoid skip the canon of steps that cannot need it; the bits stay the spec's."""
+    emit, spec = FUNCS[name]
+    eng = _function_module(f"sweep_{name}", emit)
+    x = np.arange(0, 2 ** 32, 4099, dtype=np.uint64).astype(np.uint32).view(np.float32)
+    x = x[: len(x) // 8 * 8]
+    with np.errstate(all="ignore"):
+        want = spec(x)
+    out = np.zeros_like(x)
+    fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)(
+        eng.get_function_address(f"sweep_{name}_1"))
+    fn(out.ctypes.data, x.ctypes.data, len(x))
+    _same(out, want, f"{name} 8 lanes")
+
+
 def test_functions_emit_no_fma_and_no_fast_math():
     m = ir.Module()
     fn, b = new_function(m, "f", ir.FunctionType(ir.VoidType(), [i8p]))
@@ -171,7 +188,7 @@ def test_elementwise_with_a_symbolic_row_count():
         _same(out, mul(a, w), f"nth={nth}")
 
 
-@pytest.mark.parametrize("shape", [(7, 1536), (1, 1536), (3, 20)], ids=str)
+@pytest.mark.parametrize("shape", [(7, 1536), (1, 1536), (2, 40), (3, 20)], ids=str)    # 32, 8, 1 lanes
 def test_swiglu_bits_equal_spec(shape):
     g = _pgraph(_inp(0, shape), _inp(1, shape))
     n = g.add(Node(2, Op.SWIGLU, (0, 1), shape, "f32", "ffn_swiglu-0", po.SWIGLU))
@@ -195,7 +212,9 @@ ROPE_PARAMS = {"n_ctx_orig": 32768, "ext_factor": 0.0, "attn_factor": 1.0, "beta
 
 
 @pytest.mark.parametrize("mode,heads,hd,base", [("norm", 9, 64, 10000.0), ("neox", 4, 128, 1000000.0),
-                                                ("norm", 3, 128, 100000.0), ("neox", 2, 64, 10000.0)], ids=str)
+                                                ("norm", 3, 128, 100000.0), ("neox", 2, 64, 10000.0),
+                                                ("norm", 2, 20, 10000.0), ("neox", 3, 36, 500000.0)],  # 8 lanes, 1 lane
+                         ids=str)
 def test_rope_bits_equal_spec(mode, heads, hd, base):
     pos = np.array([0, 1, 2, 7, 255, 256, 1023, 1099, 4095, 65535, 99991, 131071], np.int32)
     T = len(pos)
@@ -220,7 +239,7 @@ def test_rope_refuses_yarn():
 
 # ---------------------------------------------------------------- SET_ROWS
 
-@pytest.mark.parametrize("hkv,d", [(3, 64), (2, 128)], ids=str)
+@pytest.mark.parametrize("hkv,d", [(3, 64), (2, 128), (2, 20)], ids=str)      # 20: one value at a time
 def test_set_rows_bits_equal_spec(hkv, d):
     T, kv = 9, 256
     rng = np.random.default_rng(d)
@@ -321,3 +340,24 @@ def test_flash_attn_wide_spread_scores():
     q[1, :, 32:64] *= np.float32(2.0 ** 30)
     q[1, :, 64:96] = -q[1, :, 64:96] * np.float32(2.0 ** -27)
     _attn_check(q, k, v, mask, np.float32(1.0))
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+def test_flash_attn_masked_groups(model):
+    """Groups of eight masked cells anywhere in the row (the softmax skips their exp): first,
+    between live cells, all but one cell, every other group; one row's max is +inf. A block of
+    32 masked cells reads only its V scales: an infinite one makes its head's rows NaN."""
+    q, k, v, mask, scale = _attn_case(11, 5, 200, model)
+    n_kv = mask.shape[1]
+    cell = np.arange(n_kv)
+    mask[0, :8] = -np.inf                                       # the first group masked
+    mask[0, 16:32] = -np.inf                                    # two groups between live ones
+    mask[1] = np.where(cell == 150, 0, -np.inf)                 # one live cell
+    mask[2] = np.where((cell // 8) % 2 == 1, -np.inf, mask[2])  # every other group
+    mask[3, 8:200] = -np.inf                                    # a long masked run, live cells after it
+    q[4] *= np.float32(1e30)                                    # scores of +-inf: the max is +inf
+    mask[4, :64] = -np.inf
+    v[230, 1]["d"] = np.float16(np.inf)                         # in a block masked in every row: NaN rows
+    out = _attn_check(q, k, v, mask, scale)
+    grp = MODELS[model][0] // MODELS[model][1]
+    assert np.isnan(out[:, grp:2 * grp]).all() and not np.isnan(out[:3, :grp]).any()
