@@ -38,7 +38,7 @@ from llvmlite import ir
 
 from bankml.backends.llvm.common import f32, f64, for_range, i8, i16, i32, i64, size, smin, typed, thread_range
 from bankml.backends.llvm.kernels_matmul import CHUNK_BYTES, at, scratch, v32i8
-from bankml.backends.llvm import portable_f64 as pf
+from bankml.backends.llvm import kernels_portable_q1_lut as q1lut, portable_f64 as pf
 from bankml.backends.llvm.kernels_portable_rows import BLOCK_BYTES, QNAN, TERM_BITS, _PERM, any_lane, f16_dots, \
     f16_parts, group_bytes, int8_lanes, lane_sums, pq8_bytes, reduce, splat_v, start, sub_layout, v32i32, vconst
 from bankml.backends.llvm.portable_exact import room, round_shifted, round_terms
@@ -64,7 +64,7 @@ class Cols:
     Q2_0's permuted order ([C][K] bytes). Over the blocks of a group with am != 0, aemin is the
     least ae, aspread the largest ae - aemin, sa = ae - aemin (0 where am = 0); gbad: any bad."""
 
-    def __init__(self, b, K: int, C: int, wtype: int):
+    def __init__(self, b, K: int, C: int, wtype: int, lut: bool = False):
         self.ng = -(-K // 256)
         self.npad = self.ng * 8
         n = C * self.npad
@@ -76,6 +76,7 @@ class Cols:
         self.caf = scratch(b, f64, n, "act.sumf64") if wtype == Q4_1 else None   # csum * am * 2^ae
         self.cmul = scratch(b, i32, n, "act.mul") if wtype == Q1_0 else None      # am << (ae - aemin)
         self.perm = scratch(b, i8, C * K, "act.perm") if wtype == Q2_0 else None
+        self.lut = scratch(b, i8, K // 32 * q1lut.TABLE_BYTES_PER_32, "act.lut") if lut else None  # one Q1_0 column
         self.K = K
         self.x = []
 
@@ -122,6 +123,8 @@ class Cols:
                 if self.caf is not None:
                     caf = b.fmul(b.sitofp(self.vec(b, self.csum, c, s0), pf.v8f64), af)
                     b.store(caf, self.vec(b, self.caf, c, s0, pf.v8f64, load=False), align=8)
+        if self.lut is not None:
+            q1lut.tables(b, K, xrows[0], self.lut)
         return self
 
     def per_group(self, b, arr, c: int, gi):
@@ -276,7 +279,8 @@ def define_mul_mat(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     M = size(b, dims, n.shape[:-1])
     lo, hi = thread_range(b, N, ith, nth)
     C = max(1, min(TILE, M_hi))
-    tiles = [Cols(b, K, C, wtype)] + ([Cols(b, K, 1, wtype)] if C > 1 else [])
+    lut = wtype == Q1_0 and M_hi == 1 and K % 128 == 0          # the decode: 16 rows by table lookups
+    tiles = [Cols(b, K, C, wtype, lut)] + ([Cols(b, K, 1, wtype)] if C > 1 else [])
 
     def row(cols: Cols, m0, r):
         """Weight row r against the tile's columns: groups added in order per column."""
@@ -322,7 +326,39 @@ def define_mul_mat(m: ir.Module, g: Graph, n: Node) -> ir.Function:
             add_group(i64(nfull), tail)
         b.store(canon_nan(b, b.load(acc)), typed(b, b.gep(yp, [b.add(b.mul(m0, i64(N)), r)]), pf.v4f32), align=4)
 
+    def rows16(cols: Cols, m0, r):
+        """Weight rows r..r+15 against one column: groups by q1lut.group16, else the exact path."""
+        wrows = [b.gep(wp, [b.mul(b.add(r, i64(k)), i64(wrb))]) for k in range(q1lut.ROWS)]
+        with b.goto_entry_block():
+            acc = b.alloca(q1lut.v16f32, name="acc16")
+            exact = b.alloca(ir.ArrayType(f32, q1lut.ROWS), name="exact16")
+        b.store(vconst(q1lut.v16f32, -0.0), acc)
+
+        def add_group(gi, nblk):
+            r16, ok = q1lut.group16(b, K, wrows, gi, nblk, cols)
+            fast = q1lut.all_lanes(b, ok)
+            with b.if_then(b.not_(fast), likely=False):
+                b.store(r16, typed(b, exact, q1lut.v16f32), align=4)
+                with for_range(b, 0, q1lut.ROWS, name="exact16") as k:
+                    with b.if_then(b.not_(b.extract_element(ok, b.trunc(k, i32)))):
+                        wk = b.gep(wp, [b.mul(b.add(r, k), i64(wrb))])
+                        b.store(group(b, wtype, wk, gi, 4 * nblk, cols)[0], b.gep(exact, [i64(0), k]))
+            v = b.select(fast, r16, b.load(typed(b, exact, q1lut.v16f32), align=4))
+            b.store(add_f32(b, b.load(acc), v), acc)
+
+        with for_range(b, 0, nfull, name="grp16") as gi:
+            add_group(gi, 2)
+        if tail:
+            add_group(i64(nfull), tail // 4)
+        b.store(canon_nan(b, b.load(acc)), typed(b, b.gep(yp, [b.add(b.mul(m0, i64(N)), r)]), q1lut.v16f32),
+                align=4)
+
     def rows(cols: Cols, m0, rlo, rhi):
+        if cols.lut is not None:                             # one Q1_0 column: 16 rows at a time
+            n16 = b.add(rlo, b.mul(b.sdiv(b.sub(rhi, rlo), i64(q1lut.ROWS)), i64(q1lut.ROWS)))
+            with for_range(b, rlo, n16, step=q1lut.ROWS, name="row16") as r:
+                rows16(cols, m0, r)
+            rlo = n16
         if len(cols.x) == 1 and wtype != F16:                # one column: four rows at a time
             n4 = b.add(rlo, b.mul(b.sdiv(b.sub(rhi, rlo), i64(4)), i64(4)))
             with for_range(b, rlo, n4, step=4, name="row4") as r:
