@@ -22,6 +22,10 @@ profile's f32 add (a NaN made the one NaN once, at the end). Any exact sum gives
   exponent, in i32 (q1_0_blocks4); a last group of one or two sub-blocks packs the four rows'
   sub-blocks into one vector (tail4). Q1_0 and Q2_0 sub-block dots are i16 pair sums added by
   vphaddw (lane_sums16).
+- the decode (one column known at compile time), Q1_0: sixteen weight rows at a time (rows16),
+  the sub-block dots by table lookups over the column's codes (kernels_portable_q1_lut.py;
+  tables built once per call in Cols.prep), the same i32 block sums and f64 group sums, row by
+  row proved exact or sent the exact way; a thread's last rows (fewer than 16) as above.
 - F16: per sub-block the products weight * code exact in f32, summed exactly in f64 (the dot
   of weights * 2^24 as an i64), the terms by portable_exact.round_terms.
 Q2_0 codes are unpacked in a permuted order (byte 8p+i is element 4i+p) and the activation
@@ -60,8 +64,8 @@ v8i32, v8i64 = ir.VectorType(i32, 8), ir.VectorType(i64, 8)
 
 class Cols:
     """Per column of a tile, per sub-block s: am, ae, bad, sum of codes, sa (i32 scratch
-    [C][npad]); per group g: aemin, aspread, gbad (i32 scratch [C][ngroups]); and the codes in
-    Q2_0's permuted order ([C][K] bytes). Over the blocks of a group with am != 0, aemin is the
+    [C][npad]); per group g: aemin, aspread, gbad (i32 scratch [C][ngroups]); the codes in
+    Q2_0's permuted order ([C][K] bytes); lut: a Q1_0 decode column's lookup tables. Over the blocks of a group with am != 0, aemin is the
     least ae, aspread the largest ae - aemin, sa = ae - aemin (0 where am = 0); gbad: any bad."""
 
     def __init__(self, b, K: int, C: int, wtype: int, lut: bool = False):

@@ -86,10 +86,10 @@ def group16(b, K: int, wrows: list, gi, nblk: int, cols):
         d = b.fpext(b.bitcast(words, ir.VectorType(f16, 16)), v16f64)
         term = b.fmul(b.sitofp(block_sums(b, K, wrows, ib, cols), v16f64), b.fmul(d, scale))
         t = term if t is None else b.fadd(t, term)
-        es.append(pf._minmax(b, "umax", b.and_(words, vconst(v16i16, 0x7C00)), vconst(v16i16, 0x0400)))
+        es.append(pf.minmax(b, "umax", b.and_(words, vconst(v16i16, 0x7C00)), vconst(v16i16, 0x0400)))
     lo, hi = es[0], es[0]
     if nblk == 2:
-        lo, hi = pf._minmax(b, "umin", es[0], es[1]), pf._minmax(b, "umax", es[0], es[1])
+        lo, hi = pf.minmax(b, "umin", es[0], es[1]), pf.minmax(b, "umax", es[0], es[1])
     aspread = cols.per_group(b, cols.aspread, 0, gi)
     column_ok = b.and_(b.icmp_unsigned("==", cols.per_group(b, cols.gbad, 0, gi), i32(0)),
                        b.icmp_signed("<=", aspread, i32(pf.I32_SPREAD)))
