@@ -30,8 +30,8 @@ folded low half + high half. Pass 2 also prefetches the next 16 rows: a decode s
 weights from DRAM.
 
 The portable profile's Q1_0 mat-vec (kernels_portable_q1_lut.py) shares the tables
-(build_tables, its own layout and activation blocks), the transpose (transposed), the lookups
-(lookup_words, nibbles) and scale_words.
+(build_tables, its own layout, activation blocks and split), the transpose (transposed), the
+lookups (lookup_bytes, nibbles) and scale_words.
 """
 from __future__ import annotations
 
@@ -59,7 +59,7 @@ def _mask(idx) -> ir.Constant:
 
 # ---- the 16 x 16 byte transpose, with its byte labels simulated alongside ------------------
 
-def _unpack_idx(n: int, hi: bool) -> list[int]:
+def unpack_idx(n: int, hi: bool) -> list[int]:
     """vpunpck{l,h}{bw,wd,dq} on a 256-bit vector of n elements: per 128-bit half, the low (or
     high) halves of x and y interleaved; indices into the concatenation x ++ y."""
     per, out = n // 2, []
@@ -88,7 +88,7 @@ def _transpose_plan():
     vecs = [np.concatenate([np.arange(16) + 16 * r, np.arange(16) + 16 * (r + 8)]) for r in range(8)]
     for width in (8, 16, 32):
         n = 256 // width
-        vecs = [_simulate(vecs[i], vecs[i + 1], width, _unpack_idx(n, hi)) for hi in (False, True)
+        vecs = [_simulate(vecs[i], vecs[i + 1], width, unpack_idx(n, hi)) for hi in (False, True)
                 for i in range(0, 8, 2)]
     out = []
     for v in vecs:
@@ -114,7 +114,7 @@ def transposed(b, wrows, wb):
         vecs.append(b.shuffle_vector(lo, hi, _mask(range(32))))
     for width in (8, 16, 32):
         n = 256 // width
-        vecs = [_shuffle_bytes(b, vecs[i], vecs[i + 1], width, _unpack_idx(n, hi)) for hi in (False, True)
+        vecs = [_shuffle_bytes(b, vecs[i], vecs[i + 1], width, unpack_idx(n, hi)) for hi in (False, True)
                 for i in range(0, 8, 2)]
     v4i64 = ir.VectorType(i64, 4)
     out = {}
@@ -143,14 +143,17 @@ def block_major(b, K: int, c: int, kb):
     return b.add(b.mul(kb, i64(TABLE_BYTES)), i64(c * 64))
 
 
-def build_tables(b, K: int, x, tbl, block_bytes: int = 34, codes_at: int = 2, layout=combo_major) -> None:
+def build_tables(b, K: int, x, tbl, block_bytes: int = 34, codes_at: int = 2, layout=combo_major,
+                 split: int = 8) -> None:
     """tbl at layout(K, c, kb): for combo c = (qa, qb) and 32-block kb, byte p of the low half
-    is pattern p's sum over lane qa (elements 4qa..4qa+3, +a where bit i of p is set, -a where
-    clear), of the high half the same for lane qb; low and high (signed) bytes of the sum. The
-    codes: 32 int8 at codes_at in each activation block of block_bytes (q8_0: 34, 2; pq8: 36, 0)."""
+    is pattern p's sum t over lane qa (elements 4qa..4qa+3, +a where bit i of p is set, -a where
+    clear), of the high half the same for lane qb; as two tables: t's low `split` bits (t & 0xFF
+    for 8: the low byte) and t >> split (signed). The codes: 32 int8 at codes_at in each
+    activation block of block_bytes (q8_0: 34, 2; pq8: 36, 0)."""
     v32i16 = ir.VectorType(i16, 32)
     signs = [ir.Constant(v32i16, _signs(i) * 2) for i in range(4)]
-    eight = ir.Constant(v32i16, [8] * 32)
+    shift = ir.Constant(v32i16, [split] * 32)
+    low_bits = ir.Constant(v32i16, [(1 << split) - 1] * 32)
     with for_range(b, 0, K // 32, name="lut") as kb:
         a = b.sext(b.load(at(b, x, b.add(b.mul(kb, i64(block_bytes)), i64(codes_at)), v32i8), align=1), v32i16)
         for c, (qa, qb) in enumerate(COMBOS):
@@ -160,8 +163,8 @@ def build_tables(b, K: int, x, tbl, block_bytes: int = 34, codes_at: int = 2, la
                 term = b.mul(ai, signs[i])
                 t = term if t is None else b.add(t, term)
             base = layout(b, K, c, kb)
-            b.store(b.trunc(t, v32i8), at(b, tbl, base, v32i8), align=32)
-            b.store(b.trunc(b.ashr(t, eight), v32i8), at(b, tbl, b.add(base, i64(32)), v32i8), align=32)
+            b.store(b.trunc(t if split == 8 else b.and_(t, low_bits), v32i8), at(b, tbl, base, v32i8), align=32)
+            b.store(b.trunc(b.ashr(t, shift), v32i8), at(b, tbl, b.add(base, i64(32)), v32i8), align=32)
 
 
 # ---- the tile ----------------------------------------------------------------------------
@@ -262,11 +265,17 @@ def lookup_words(b, tbl, base, idx):
     """The i16 sums of 16 rows x lanes (qa | qb) for nibbles idx and the tables at byte offset
     base: vpshufb of the low and of the high bytes, vpunpck{l,h}bw to i16. Two <16 x i16>: rows
     0..7 lane qa | rows 0..7 lane qb, then rows 8..15 the same."""
+    low, high = lookup_bytes(b, tbl, base, idx)
+    return [b.bitcast(b.shuffle_vector(low, high, _mask(unpack_idx(32, hi))), v16i16) for hi in (False, True)]
+
+
+def lookup_bytes(b, tbl, base, idx):
+    """vpshufb of the low and of the high table bytes at byte offset base for nibbles idx: two
+    <32 x i8> of 16 rows x lanes (qa | qb)."""
     pshufb = intrinsic(b.module, "llvm.x86.avx2.pshuf.b", v32i8, [v32i8, v32i8])
     tl = b.load(at(b, tbl, base, v32i8), align=32)
     th = b.load(at(b, tbl, b.add(base, i64(32)), v32i8), align=32)
-    low, high = b.call(pshufb, [tl, idx]), b.call(pshufb, [th, idx])
-    return [b.bitcast(b.shuffle_vector(low, high, _mask(_unpack_idx(32, hi))), v16i16) for hi in (False, True)]
+    return b.call(pshufb, [tl, idx]), b.call(pshufb, [th, idx])
 
 
 def nibbles(b, v, high: bool):

@@ -3,15 +3,16 @@ group results at once, the spec's bits (bankml/profiles/portable/quant.py: mul_m
 argument of portable_f64.py.
 
 A Q1_0 sub-block's dot with the pq8 codes is the same kind of exact integer as in ggml's Q1_0
-path: per lane l (elements 4l..4l+3) the signed sum of four codes picked by a nibble of the
+path: per lane l (elements 4l..4l+3) the signed sum t of four codes picked by a nibble of the
 weight bits. So the tables, transpose and lookups are kernels_matmul_q1_lut's: per column, once
 per call, the 16 signed sums of each 4 codes (build_tables over the pq8 blocks, sub-block major:
-a sub-block's four combos together, block_major); per 128-block of 16 rows, the bit bytes
-transposed in registers (transposed), and per sub-block k and combo c one vpshufb of the low and
-one of the high table bytes gives 32 (row, lane) sums, widened to i16 (lookup_words).
+a sub-block's four combos together, block_major), each as t & 31 and t >> 5 (|t| <= 508: -16..15);
+per 128-block of 16 rows the bit bytes transposed in registers (transposed), and per sub-block k
+and combo c one vpshufb of each table gives 32 (row, lane) parts (lookup_bytes).
 
-Per 128-block (four sub-blocks) and row: the four combos' i16 sums added (8 lanes of 4 codes,
-|dot| <= 8 * 508 < 2^15), the lane halves folded, so a <16 x i16> holds the 16 rows' dot_k;
+Per 128-block (four sub-blocks) and row: the four combos' parts added as bytes (low parts at
+most 4 * 31, high parts -64..60: no overflow), then one vpmaddubsw by (1, 32) makes the i16 lane
+sums, the lane halves folded, so a <16 x i16> holds the 16 rows' dot_k (|dot| <= 8 * 508 < 2^15);
 then I = sum_k dot_k * cmul_k in i32, cmul_k = am_k << (ae_k - aemin) (Cols.cmul; |I| < 2^31
 while the group's activation spread is at most portable_f64.I32_SPREAD), exactly the integer
 portable_f64.q1_0_blocks4 makes. Per group (two blocks; a last group of one) and row the f64
@@ -27,8 +28,9 @@ from llvmlite import ir
 
 from bankml.backends.llvm import portable_f64 as pf
 from bankml.backends.llvm.common import f16, f32, f64, i8, i16, i32, i64, intrinsic
-from bankml.backends.llvm.kernels_matmul_q1_lut import ROWS, block_major, build_tables, lookup_words, nibbles, \
-    scale_words, transposed
+from bankml.backends.llvm.kernels_matmul import maddubs
+from bankml.backends.llvm.kernels_matmul_q1_lut import ROWS, block_major, build_tables, \
+    lookup_bytes, nibbles, scale_words, transposed, unpack_idx
 from bankml.backends.llvm.kernels_portable_rows import BLOCK_BYTES, TERM_BITS, splat_v, vconst
 from bankml.quants import Q1_0
 
@@ -37,11 +39,15 @@ v16i16, v16i32 = ir.VectorType(i16, 16), ir.VectorType(i32, 16)
 v16f32, v16f64 = ir.VectorType(f32, 16), ir.VectorType(f64, 16)
 _ROWS_IN_ORDER = list(range(ROWS))
 _FOLD = [list(range(0, 8)) + list(range(16, 24)), list(range(8, 16)) + list(range(24, 32))]
+SPLIT = 5                       # table bytes t & 31 and t >> 5: four of each add up within an int8
+_WEIGHTS = ir.Constant(ir.VectorType(i8, 32), [1, 1 << SPLIT] * 16)          # vpmaddubsw: low + 32 * high
+_INTERLEAVE = [unpack_idx(32, hi) for hi in (False, True)]   # vpunpck{l,h}bw of low and high parts
 
 
 def tables(b, K: int, x, tbl) -> None:
-    """The lookup tables of the pq8 column x (K codes) into tbl (K/32 * 256 bytes)."""
-    build_tables(b, K, x, tbl, block_bytes=BLOCK_BYTES, codes_at=0, layout=block_major)
+    """The lookup tables of the pq8 column x (K codes) into tbl (K/32 * 256 bytes): each sum t
+    as t & 31 and t >> 5 (SPLIT)."""
+    build_tables(b, K, x, tbl, block_bytes=BLOCK_BYTES, codes_at=0, layout=block_major, split=SPLIT)
 
 
 def block_sums(b, K: int, wrows, ib, cols):
@@ -53,10 +59,12 @@ def block_sums(b, K: int, wrows, ib, cols):
         lo = hi = None
         for c in range(4):
             idx = nibbles(b, byte[4 * k + 2 * (c // 2)], c % 2 == 1)
-            w0, w1 = lookup_words(b, cols.lut, block_major(b, K, c, kb), idx)
-            lo, hi = (w0, w1) if lo is None else (b.add(lo, w0), b.add(hi, w1))
-        dots = b.add(b.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(i32, 16), _FOLD[0])),
-                     b.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(i32, 16), _FOLD[1])))
+            low, high = lookup_bytes(b, cols.lut, block_major(b, K, c, kb), idx)
+            lo, hi = (low, high) if lo is None else (b.add(lo, low), b.add(hi, high))
+        words = [maddubs(b, _WEIGHTS, b.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(i32, 32), m)))
+                 for m in _INTERLEAVE]
+        dots = b.add(b.shuffle_vector(words[0], words[1], ir.Constant(ir.VectorType(i32, 16), _FOLD[0])),
+                     b.shuffle_vector(words[0], words[1], ir.Constant(ir.VectorType(i32, 16), _FOLD[1])))
         cm = splat_v(b, b.load(b.gep(cols.cmul, [kb])), 16)
         term = b.mul(b.sext(dots, v16i32), cm)
         total = term if total is None else b.add(total, term)
