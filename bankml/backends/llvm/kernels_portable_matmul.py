@@ -65,8 +65,9 @@ v8i32, v8i64 = ir.VectorType(i32, 8), ir.VectorType(i64, 8)
 class Cols:
     """Per column of a tile, per sub-block s: am, ae, bad, sum of codes, sa (i32 scratch
     [C][npad]); per group g: aemin, aspread, gbad (i32 scratch [C][ngroups]); the codes in
-    Q2_0's permuted order ([C][K] bytes); lut: a Q1_0 decode column's lookup tables. Over the blocks of a group with am != 0, aemin is the
-    least ae, aspread the largest ae - aemin, sa = ae - aemin (0 where am = 0); gbad: any bad."""
+    Q2_0's permuted order ([C][K] bytes); lut: a Q1_0 decode column's lookup tables. Over the
+    blocks of a group with am != 0, aemin is the least ae, aspread the largest ae - aemin,
+    sa = ae - aemin (0 where am = 0); gbad: any bad."""
 
     def __init__(self, b, K: int, C: int, wtype: int, lut: bool = False):
         self.ng = -(-K // 256)
