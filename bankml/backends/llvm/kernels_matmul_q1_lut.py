@@ -28,6 +28,10 @@ and the float chain above runs lane by lane in it. At the end, hsum8 = ((v0+v4)+
 ((v1+v5)+(v3+v7)) is the vector sum of combos 0 and 2 (v0+v4 | v2+v6), combos 1 and 3, each
 folded low half + high half. Pass 2 also prefetches the next 16 rows: a decode streams its
 weights from DRAM.
+
+The portable profile's Q1_0 mat-vec (kernels_portable_q1_lut.py) shares the tables
+(build_tables, its own layout, activation blocks and split), the transpose (transposed), the
+lookups (lookup_bytes, nibbles) and scale_words.
 """
 from __future__ import annotations
 
@@ -55,7 +59,7 @@ def _mask(idx) -> ir.Constant:
 
 # ---- the 16 x 16 byte transpose, with its byte labels simulated alongside ------------------
 
-def _unpack_idx(n: int, hi: bool) -> list[int]:
+def unpack_idx(n: int, hi: bool) -> list[int]:
     """vpunpck{l,h}{bw,wd,dq} on a 256-bit vector of n elements: per 128-bit half, the low (or
     high) halves of x and y interleaved; indices into the concatenation x ++ y."""
     per, out = n // 2, []
@@ -84,7 +88,7 @@ def _transpose_plan():
     vecs = [np.concatenate([np.arange(16) + 16 * r, np.arange(16) + 16 * (r + 8)]) for r in range(8)]
     for width in (8, 16, 32):
         n = 256 // width
-        vecs = [_simulate(vecs[i], vecs[i + 1], width, _unpack_idx(n, hi)) for hi in (False, True)
+        vecs = [_simulate(vecs[i], vecs[i + 1], width, unpack_idx(n, hi)) for hi in (False, True)
                 for i in range(0, 8, 2)]
     out = []
     for v in vecs:
@@ -99,7 +103,7 @@ def _transpose_plan():
 _STAGES_BYTE = _transpose_plan()
 
 
-def _transposed(b, wrows, wb):
+def transposed(b, wrows, wb):
     """{j: vector} for j = 0, 2, ..., 14: bit byte j of rows 0..15 in the low half, byte j + 1
     in the high half (rows in order), from the 128-block at byte offset wb of each row."""
     v16 = ir.VectorType(i8, 16)
@@ -110,7 +114,7 @@ def _transposed(b, wrows, wb):
         vecs.append(b.shuffle_vector(lo, hi, _mask(range(32))))
     for width in (8, 16, 32):
         n = 256 // width
-        vecs = [_shuffle_bytes(b, vecs[i], vecs[i + 1], width, _unpack_idx(n, hi)) for hi in (False, True)
+        vecs = [_shuffle_bytes(b, vecs[i], vecs[i + 1], width, unpack_idx(n, hi)) for hi in (False, True)
                 for i in range(0, 8, 2)]
     v4i64 = ir.VectorType(i64, 4)
     out = {}
@@ -127,24 +131,40 @@ def _signs(i: int) -> list[int]:
     return [1 if (p >> i) & 1 else -1 for p in range(16)]
 
 
-def build_tables(b, K: int, x, tbl) -> None:
-    """tbl[c][kb][low/high][32]: for combo c = (qa, qb) and 32-block kb, byte p of the low half
-    is pattern p's sum over lane qa (elements 4qa..4qa+3, +a where bit i of p is set, -a where
-    clear), of the high half the same for lane qb; low and high (signed) bytes of the sum."""
+def combo_major(b, K: int, c: int, kb):
+    """Byte offset of the tables of combo c, 32-block kb (i64): [combo][K/32][low/high][32]
+    (pass 2 here runs combo by combo)."""
+    return b.add(i64(c * (K // 32) * 64), b.mul(kb, i64(64)))
+
+
+def block_major(b, K: int, c: int, kb):
+    """Byte offset of the tables of combo c, 32-block kb (i64): [K/32][combo][low/high][32]
+    (the portable mat-vec reads a sub-block's four combos together)."""
+    return b.add(b.mul(kb, i64(TABLE_BYTES)), i64(c * 64))
+
+
+def build_tables(b, K: int, x, tbl, block_bytes: int = 34, codes_at: int = 2, layout=combo_major,
+                 split: int = 8) -> None:
+    """tbl at layout(K, c, kb): for combo c = (qa, qb) and 32-block kb, byte p of the low half
+    is pattern p's sum t over lane qa (elements 4qa..4qa+3, +a where bit i of p is set, -a where
+    clear), of the high half the same for lane qb; as two tables: t's low `split` bits (t & 0xFF
+    for 8: the low byte) and t >> split (signed). The codes: 32 int8 at codes_at in each
+    activation block of block_bytes (q8_0: 34, 2; pq8: 36, 0)."""
     v32i16 = ir.VectorType(i16, 32)
     signs = [ir.Constant(v32i16, _signs(i) * 2) for i in range(4)]
-    eight = ir.Constant(v32i16, [8] * 32)
+    shift = ir.Constant(v32i16, [split] * 32)
+    low_bits = ir.Constant(v32i16, [(1 << split) - 1] * 32)
     with for_range(b, 0, K // 32, name="lut") as kb:
-        a = b.sext(b.load(at(b, x, b.add(b.mul(kb, i64(34)), i64(2)), v32i8), align=1), v32i16)
+        a = b.sext(b.load(at(b, x, b.add(b.mul(kb, i64(block_bytes)), i64(codes_at)), v32i8), align=1), v32i16)
         for c, (qa, qb) in enumerate(COMBOS):
             t = None
             for i in range(4):
                 ai = b.shuffle_vector(a, ir.Constant(v32i16, ir.Undefined), _mask([4 * qa + i] * 16 + [4 * qb + i] * 16))
                 term = b.mul(ai, signs[i])
                 t = term if t is None else b.add(t, term)
-            base = b.add(i64(c * (K // 32) * 64), b.mul(kb, i64(64)))
-            b.store(b.trunc(t, v32i8), at(b, tbl, base, v32i8), align=32)
-            b.store(b.trunc(b.ashr(t, eight), v32i8), at(b, tbl, b.add(base, i64(32)), v32i8), align=32)
+            base = layout(b, K, c, kb)
+            b.store(b.trunc(t if split == 8 else b.and_(t, low_bits), v32i8), at(b, tbl, base, v32i8), align=32)
+            b.store(b.trunc(b.ashr(t, shift), v32i8), at(b, tbl, b.add(base, i64(32)), v32i8), align=32)
 
 
 # ---- the tile ----------------------------------------------------------------------------
@@ -182,10 +202,21 @@ def _fold(b, v):
 
 
 def _transpose_block(b, wrows, ib, bits, wds) -> None:
-    """Pass 1, block ib: the 16 rows' f16 scales as f32 (in row-set order; loaded as integers
-    and packed in 4 i64, cheaper than 16 vpinsrw) and their bit bytes transposed, into scratch."""
+    """Pass 1, block ib: the 16 rows' f16 scales as f32 (in row-set order, scale_words) and
+    their bit bytes transposed, into scratch."""
     wb = b.mul(ib, i64(18))
-    order = [r for rs in _ROWSETS for r in rs]
+    words = scale_words(b, wrows, wb, [r for rs in _ROWSETS for r in rs])
+    scales = b.fpext(b.bitcast(words, ir.VectorType(f16, 16)), ir.VectorType(f32, 16))
+    b.store(scales, typed_gep(b, wds, b.mul(ib, i64(16)), ir.VectorType(f32, 16)), align=4)
+    byte = transposed(b, wrows, wb)
+    for u in range(2):
+        for k in range(4):
+            b.store(byte[4 * k + 2 * u], b.gep(bits, [b.add(b.mul(ib, i64(8)), i64(4 * u + k))]), align=32)
+
+
+def scale_words(b, wrows, wb, order):
+    """<16 x i16>: lane i the f16 bits of the scale of row order[i]'s 128-block at byte offset
+    wb (loaded as integers and packed in 4 i64, cheaper than 16 vpinsrw)."""
     v4i64 = ir.VectorType(i64, 4)
     packed = ir.Constant(v4i64, ir.Undefined)
     for q in range(4):
@@ -195,12 +226,7 @@ def _transpose_block(b, wrows, ib, bits, wds) -> None:
             h = b.shl(h, i64(16 * j)) if j else h
             word = h if word is None else b.or_(word, h)
         packed = b.insert_element(packed, word, i32(q))
-    scales = b.fpext(b.bitcast(packed, ir.VectorType(f16, 16)), ir.VectorType(f32, 16))
-    b.store(scales, typed_gep(b, wds, b.mul(ib, i64(16)), ir.VectorType(f32, 16)), align=4)
-    byte = _transposed(b, wrows, wb)
-    for u in range(2):
-        for k in range(4):
-            b.store(byte[4 * k + 2 * u], b.gep(bits, [b.add(b.mul(ib, i64(8)), i64(4 * u + k))]), align=32)
+    return b.bitcast(packed, v16i16)
 
 
 def _combo_step(b, K, wrows, d, tbl, bits, wds, c, ib, acc):
@@ -218,10 +244,7 @@ def _combo_step(b, K, wrows, d, tbl, bits, wds, c, ib, acc):
         kb = b.add(b.mul(ib, i64(4)), i64(k))
         ad = splat(b, b.load(b.gep(d, [kb])))
         v = b.load(b.gep(bits, [b.add(b.mul(ib, i64(8)), i64(4 * u + k))]), align=32)
-        if n:
-            v = b.bitcast(b.lshr(b.bitcast(v, v16i16), ir.Constant(v16i16, [4] * 16)), v32i8)
-        base = b.add(i64(c * (K // 32) * 64), b.mul(kb, i64(64)))
-        for s, si in enumerate(_sums(b, tbl, base, b.and_(v, _LO4))):
+        for s, si in enumerate(_sums(b, tbl, combo_major(b, K, c, kb), nibbles(b, v, n))):
             f = b.sitofp(si, v8f32)
             blk[s] = b.fmul(ad, f) if k == 0 else fma(b, ad, f, blk[s])
     out = []
@@ -233,12 +256,30 @@ def _combo_step(b, K, wrows, d, tbl, bits, wds, c, ib, acc):
 
 def _sums(b, tbl, base, idx):
     """The i32 sums of the 4 row sets, for nibbles idx (16 rows x lanes qa | qb) and the tables
-    at byte offset base: vpshufb of the low and of the high bytes, vpunpck{l,h}bw to i16, vpmaddwd
-    with (1, 0) and (0, 1) to i32."""
-    pshufb = intrinsic(b.module, "llvm.x86.avx2.pshuf.b", v32i8, [v32i8, v32i8])
+    at byte offset base: lookup_words, then vpmaddwd with (1, 0) and (0, 1) to i32."""
     madd = intrinsic(b.module, "llvm.x86.avx2.pmadd.wd", v8i32, [v16i16, v16i16])
+    return [b.call(madd, [w, k]) for w in lookup_words(b, tbl, base, idx) for k in (_EVEN, _ODD)]
+
+
+def lookup_words(b, tbl, base, idx):
+    """The i16 sums of 16 rows x lanes (qa | qb) for nibbles idx and the tables at byte offset
+    base: vpshufb of the low and of the high bytes, vpunpck{l,h}bw to i16. Two <16 x i16>: rows
+    0..7 lane qa | rows 0..7 lane qb, then rows 8..15 the same."""
+    low, high = lookup_bytes(b, tbl, base, idx)
+    return [b.bitcast(b.shuffle_vector(low, high, _mask(unpack_idx(32, hi))), v16i16) for hi in (False, True)]
+
+
+def lookup_bytes(b, tbl, base, idx):
+    """vpshufb of the low and of the high table bytes at byte offset base for nibbles idx: two
+    <32 x i8> of 16 rows x lanes (qa | qb)."""
+    pshufb = intrinsic(b.module, "llvm.x86.avx2.pshuf.b", v32i8, [v32i8, v32i8])
     tl = b.load(at(b, tbl, base, v32i8), align=32)
     th = b.load(at(b, tbl, b.add(base, i64(32)), v32i8), align=32)
-    low, high = b.call(pshufb, [tl, idx]), b.call(pshufb, [th, idx])
-    words = [b.bitcast(b.shuffle_vector(low, high, _mask(_unpack_idx(32, hi))), v16i16) for hi in (False, True)]
-    return [b.call(madd, [w, k]) for w in words for k in (_EVEN, _ODD)]
+    return b.call(pshufb, [tl, idx]), b.call(pshufb, [th, idx])
+
+
+def nibbles(b, v, high: bool):
+    """The low (or high) nibbles of the bytes of v: table indices."""
+    if high:
+        v = b.bitcast(b.lshr(b.bitcast(v, v16i16), ir.Constant(v16i16, [4] * 16)), v32i8)
+    return b.and_(v, _LO4)

@@ -22,6 +22,10 @@ profile's f32 add (a NaN made the one NaN once, at the end). Any exact sum gives
   exponent, in i32 (q1_0_blocks4); a last group of one or two sub-blocks packs the four rows'
   sub-blocks into one vector (tail4). Q1_0 and Q2_0 sub-block dots are i16 pair sums added by
   vphaddw (lane_sums16).
+- the decode (one column known at compile time), Q1_0: sixteen weight rows at a time (rows16),
+  the sub-block dots by table lookups over the column's codes (kernels_portable_q1_lut.py;
+  tables built once per call in Cols.prep), the same i32 block sums and f64 group sums, row by
+  row proved exact or sent the exact way; a thread's last rows (fewer than 16) as above.
 - F16: per sub-block the products weight * code exact in f32, summed exactly in f64 (the dot
   of weights * 2^24 as an i64), the terms by portable_exact.round_terms.
 Q2_0 codes are unpacked in a permuted order (byte 8p+i is element 4i+p) and the activation
@@ -38,7 +42,7 @@ from llvmlite import ir
 
 from bankml.backends.llvm.common import f32, f64, for_range, i8, i16, i32, i64, size, smin, typed, thread_range
 from bankml.backends.llvm.kernels_matmul import CHUNK_BYTES, at, scratch, v32i8
-from bankml.backends.llvm import portable_f64 as pf
+from bankml.backends.llvm import kernels_portable_q1_lut as q1lut, portable_f64 as pf
 from bankml.backends.llvm.kernels_portable_rows import BLOCK_BYTES, QNAN, TERM_BITS, _PERM, any_lane, f16_dots, \
     f16_parts, group_bytes, int8_lanes, lane_sums, pq8_bytes, reduce, splat_v, start, sub_layout, v32i32, vconst
 from bankml.backends.llvm.portable_exact import room, round_shifted, round_terms
@@ -60,11 +64,12 @@ v8i32, v8i64 = ir.VectorType(i32, 8), ir.VectorType(i64, 8)
 
 class Cols:
     """Per column of a tile, per sub-block s: am, ae, bad, sum of codes, sa (i32 scratch
-    [C][npad]); per group g: aemin, aspread, gbad (i32 scratch [C][ngroups]); and the codes in
-    Q2_0's permuted order ([C][K] bytes). Over the blocks of a group with am != 0, aemin is the
-    least ae, aspread the largest ae - aemin, sa = ae - aemin (0 where am = 0); gbad: any bad."""
+    [C][npad]); per group g: aemin, aspread, gbad (i32 scratch [C][ngroups]); the codes in
+    Q2_0's permuted order ([C][K] bytes); lut: a Q1_0 decode column's lookup tables. Over the
+    blocks of a group with am != 0, aemin is the least ae, aspread the largest ae - aemin,
+    sa = ae - aemin (0 where am = 0); gbad: any bad."""
 
-    def __init__(self, b, K: int, C: int, wtype: int):
+    def __init__(self, b, K: int, C: int, wtype: int, lut: bool = False):
         self.ng = -(-K // 256)
         self.npad = self.ng * 8
         n = C * self.npad
@@ -76,6 +81,7 @@ class Cols:
         self.caf = scratch(b, f64, n, "act.sumf64") if wtype == Q4_1 else None   # csum * am * 2^ae
         self.cmul = scratch(b, i32, n, "act.mul") if wtype == Q1_0 else None      # am << (ae - aemin)
         self.perm = scratch(b, i8, C * K, "act.perm") if wtype == Q2_0 else None
+        self.lut = scratch(b, i8, K // 32 * q1lut.TABLE_BYTES_PER_32, "act.lut") if lut else None  # one Q1_0 column
         self.K = K
         self.x = []
 
@@ -122,6 +128,8 @@ class Cols:
                 if self.caf is not None:
                     caf = b.fmul(b.sitofp(self.vec(b, self.csum, c, s0), pf.v8f64), af)
                     b.store(caf, self.vec(b, self.caf, c, s0, pf.v8f64, load=False), align=8)
+        if self.lut is not None:
+            q1lut.tables(b, K, xrows[0], self.lut)
         return self
 
     def per_group(self, b, arr, c: int, gi):
@@ -276,7 +284,8 @@ def define_mul_mat(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     M = size(b, dims, n.shape[:-1])
     lo, hi = thread_range(b, N, ith, nth)
     C = max(1, min(TILE, M_hi))
-    tiles = [Cols(b, K, C, wtype)] + ([Cols(b, K, 1, wtype)] if C > 1 else [])
+    lut = wtype == Q1_0 and M_hi == 1 and K % 128 == 0          # the decode: 16 rows by table lookups
+    tiles = [Cols(b, K, C, wtype, lut)] + ([Cols(b, K, 1, wtype)] if C > 1 else [])
 
     def row(cols: Cols, m0, r):
         """Weight row r against the tile's columns: groups added in order per column."""
@@ -322,7 +331,39 @@ def define_mul_mat(m: ir.Module, g: Graph, n: Node) -> ir.Function:
             add_group(i64(nfull), tail)
         b.store(canon_nan(b, b.load(acc)), typed(b, b.gep(yp, [b.add(b.mul(m0, i64(N)), r)]), pf.v4f32), align=4)
 
+    def rows16(cols: Cols, m0, r):
+        """Weight rows r..r+15 against one column: groups by q1lut.group16, else the exact path."""
+        wrows = [b.gep(wp, [b.mul(b.add(r, i64(k)), i64(wrb))]) for k in range(q1lut.ROWS)]
+        with b.goto_entry_block():
+            acc = b.alloca(q1lut.v16f32, name="acc16")
+            exact = b.alloca(ir.ArrayType(f32, q1lut.ROWS), name="exact16")
+        b.store(vconst(q1lut.v16f32, -0.0), acc)
+
+        def add_group(gi, nblk):
+            r16, ok = q1lut.group16(b, K, wrows, gi, nblk, cols)
+            fast = q1lut.all_lanes(b, ok)
+            with b.if_then(b.not_(fast), likely=False):
+                b.store(r16, typed(b, exact, q1lut.v16f32), align=4)
+                with for_range(b, 0, q1lut.ROWS, name="exact16") as k:
+                    with b.if_then(b.not_(b.extract_element(ok, b.trunc(k, i32)))):
+                        wk = b.gep(wp, [b.mul(b.add(r, k), i64(wrb))])
+                        b.store(group(b, wtype, wk, gi, 4 * nblk, cols)[0], b.gep(exact, [i64(0), k]))
+            v = b.select(fast, r16, b.load(typed(b, exact, q1lut.v16f32), align=4))
+            b.store(add_f32(b, b.load(acc), v), acc)
+
+        with for_range(b, 0, nfull, name="grp16") as gi:
+            add_group(gi, 2)
+        if tail:
+            add_group(i64(nfull), tail // 4)
+        b.store(canon_nan(b, b.load(acc)), typed(b, b.gep(yp, [b.add(b.mul(m0, i64(N)), r)]), q1lut.v16f32),
+                align=4)
+
     def rows(cols: Cols, m0, rlo, rhi):
+        if cols.lut is not None:                             # one Q1_0 column: 16 rows at a time
+            n16 = b.add(rlo, b.mul(b.sdiv(b.sub(rhi, rlo), i64(q1lut.ROWS)), i64(q1lut.ROWS)))
+            with for_range(b, rlo, n16, step=q1lut.ROWS, name="row16") as r:
+                rows16(cols, m0, r)
+            rlo = n16
         if len(cols.x) == 1 and wtype != F16:                # one column: four rows at a time
             n4 = b.add(rlo, b.mul(b.sdiv(b.sub(rhi, rlo), i64(4)), i64(4)))
             with for_range(b, rlo, n4, step=4, name="row4") as r:

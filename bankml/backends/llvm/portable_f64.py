@@ -1,5 +1,6 @@
 """The portable mul_mat's group sum in f64, four weight rows at once (the fast path of
-kernels_portable_matmul; the exact i64 / i512 path stays the definition's other way).
+kernels_portable_matmul; the exact i64 / i512 path stays the definition's other way). The Q1_0
+decode's sixteen-row lookup tiles (kernels_portable_q1_lut.py) make the same argument row by row.
 
 A group's terms dot_j * ws_j * am_j * 2^(wx_j + ae_j) are each exact in f64: the weight scale
 (an f16 value) times the activation scale (m * 2^e, 4 bits) has at most 15 significant bits,
@@ -45,7 +46,8 @@ def _reduce(b, kind: str, v):
     return b.call(intrinsic(b.module, f"llvm.vector.reduce.{kind}.v{v.type.count}i{e.width}", e, [v.type]), [v])
 
 
-def _minmax(b, kind: str, x, y):
+def minmax(b, kind: str, x, y):
+    """llvm.{kind} (umin, umax, smin, smax) of two integer vectors."""
     return b.call(intrinsic(b.module, f"llvm.{kind}.v{x.type.count}i{x.type.element.width}", x.type,
                             [x.type, x.type]), [x, y])
 
@@ -78,12 +80,12 @@ def exponent_range(b, words: list, both: bool):
     of the field << 10; largest = 31 << 10 where a scale is inf or NaN."""
     if both:
         es = [b.bitcast(b.and_(w, vconst(v8i32, 0x7C007C00)), v16i16) for w in words]
-        es = [_minmax(b, "umax", e, vconst(v16i16, 0x0400)) for e in es]
+        es = [minmax(b, "umax", e, vconst(v16i16, 0x0400)) for e in es]
     else:
-        es = [_minmax(b, "umax", b.and_(w, vconst(v8i16, 0x7C00)), vconst(v8i16, 0x0400)) for w in words]
+        es = [minmax(b, "umax", b.and_(w, vconst(v8i16, 0x7C00)), vconst(v8i16, 0x0400)) for w in words]
     lo, hi = es[0], es[0]
     for e in es[1:]:
-        lo, hi = _minmax(b, "umin", lo, e), _minmax(b, "umax", hi, e)
+        lo, hi = minmax(b, "umin", lo, e), minmax(b, "umax", hi, e)
     return b.zext(_reduce(b, "umin", lo), i32), b.zext(_reduce(b, "umax", hi), i32)
 
 
