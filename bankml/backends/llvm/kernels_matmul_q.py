@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from bankml.backends.llvm.common import f32, for_range, i1, i8, i32, i64, intrinsic
+from bankml.backends.llvm.common import f16, f32, for_range, i1, i8, i32, i64, intrinsic
 from bankml.backends.llvm.kernels_matmul import TILERS, Tiler, at, block_loop, fma, hsum8, load_h, maddubs, psign, \
     scratch, splat, sums_us8, v16i8, v16i16, v32i8, zero8
 from bankml.backends.llvm.kernels_matmul_q1_lut import ROWS as LUT_ROWS, TABLE_BYTES, build_tables, lut_tile
@@ -156,7 +156,8 @@ def _products(b, K, wrows, cols, wbb: int):
     with for_range(b, 0, K // 32, name="dw") as kb:
         ad = b.load(typed_gep(b, cols.d, b.mul(kb, i64(C)), vc), align=4)
         for r, w in enumerate(wrows):
-            dw = b.fmul(splat(b, load_h(b, w, b.mul(kb, i64(wbb))), C), ad)
+            wd = b.load(at(b, w, b.mul(kb, i64(wbb)), f16), align=1)
+            dw = b.fmul(b.fpext(splat(b, wd, C), vc), ad)        # vpbroadcastw, vcvtph2ps: the splat of f32(wd)
             b.store(dw, typed_gep(b, dwp, b.add(b.mul(kb, i64(R * C)), i64(r * C)), vc), align=4)
     return lambda kb, r, c: splat(b, b.load(b.gep(dwp, [b.add(b.mul(kb, i64(R * C)), i64(r * C + c))])))
 
