@@ -208,8 +208,9 @@ def dot_q0(wbb: int, values):
                 wq = values(b, w, wb)
                 wabs = psign(b, wq, wq)
                 for c in range(C):
+                    dw = dw_of(ib, r, c)
                     s = b.sitofp(sums_us8(b, wabs, psign(b, aq[c], wq)), ir.VectorType(f32, 8))
-                    out.append(fma(b, dw_of(ib, r, c), s, accs[r * C + c]))
+                    out.append(fma(b, dw, s, accs[r * C + c]))
             return out
 
         return _finish(b, R, C, block_loop(b, K // 32, [zero8()] * (R * C), step))
