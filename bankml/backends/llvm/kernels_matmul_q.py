@@ -13,9 +13,11 @@ Float steps per (row, column) pair, exactly as backends/reference/matmul.py:
   permuted order (one variable shift), the activation is permuted to match once per column
   tile, is = sum(q*a) - sum(a) reduces eight pairs at once (vphaddw tree), and the scalar
   float steps of the eight pairs run side by side in the lanes of one vector.
-Per column tile, prep converts the activation's f16 scales to f32 scratch [block][column]; per
-tile of several columns, Q8_0 and Q4_1 make their products r(wd*ad) into scratch first
-(_products). Q1_0 against several columns (and a thread's last rows) expands its bits as ggml's
+Per column tile, prep converts the activation's f16 scales to f32 scratch [block][column]. The
+Q8_0 chain (dot_q0: Q8_0, Q4_0, Q5_0) and the Q4_1 chain (dot_q1: Q4_1, Q5_1): where rows run in
+chunks, the chunk's weight scales are converted to f32 once (_chunk_wd); a tile of several
+columns makes its products r(wd*ad) into scratch first (_products), and the eight hsum8 of a
+1 x 8 tile run as vector adds (hsum8_x8). Q1_0 against several columns (and a thread's last rows) expands its bits as ggml's
 AVX2 vec_dot does (q1_0_neg_signs, q1_0_sums); against one column (decode), 16 rows at a time
 take their integer sums from per-token lookup tables (kernels_matmul_q1_lut.py).
 """
@@ -104,8 +106,8 @@ def _prep(bb: int):
 
 
 def _chunk_wd(wbb: int):
-    """Tiler.chunk of Q8_0 / Q4_1: the f32 scales of the chunk's weight blocks (wbb bytes, f16
-    scale first), converted once for all its column tiles. Rows are contiguous whole blocks, so
+    """Tiler.chunk of the dot_q0 / dot_q1 tiles: the f32 scales of the chunk's weight blocks (wbb
+    bytes, f16 scale first), converted once for all its column tiles. Rows are contiguous whole blocks, so
     block j of the chunk is at w0 + j * wbb."""
     def chunk(b, K, w0, n, n_max, scr):
         wd = scratch(b, f32, n_max * (K // 32), "chunk.wd")
