@@ -153,11 +153,14 @@ class Tiler:
     alloc(b, K, C) -> scratch: entry-block stack arrays for one column tile (or None).
     prep(b, K, xrows, scratch) -> cols: per column tile state (xrows: C activation row pointers).
     tile(b, K, wrows, cols) -> [[value] * C] * R: the finished f32 outputs of the tile.
+    chunk(b, K, w0, n, n_max, scratch): optional, per chunk of n (<= n_max) weight rows from w0
+    (i8*), before its column tiles; only where the rows run in chunks (several column tiles).
     """
     shape: Callable[[int], tuple[int, int]]
     alloc: Callable
     prep: Callable
     tile: Callable
+    chunk: Callable | None = None
 
 
 TILERS: dict[tuple[int, object], Tiler] = {}       # (ggml weight type, FloatOrder) -> Tiler
@@ -242,7 +245,9 @@ def define_mul_mat(m: ir.Module, g: Graph, n: Node) -> ir.Function:
         R = max(r for r, _, _, _ in col_tiles)          # powers of two: chunks cut no row group
         chunk = max(R, CHUNK_BYTES // wrb // R * R)
         with for_range(b, lo, hi, step=chunk, name="chunk") as r0:
-            r1 = b.add(r0, i64(chunk))
-            columns(r0, smin(b, r1, hi))
+            r1 = smin(b, b.add(r0, i64(chunk)), hi)
+            if tiler.chunk:
+                tiler.chunk(b, K, b.gep(wp, [b.mul(r0, i64(wrb))]), b.sub(r1, r0), chunk, scr)
+            columns(r0, r1)
     b.ret_void()
     return fn

@@ -13,9 +13,11 @@ Float steps per (row, column) pair, exactly as backends/reference/matmul.py:
   permuted order (one variable shift), the activation is permuted to match once per column
   tile, is = sum(q*a) - sum(a) reduces eight pairs at once (vphaddw tree), and the scalar
   float steps of the eight pairs run side by side in the lanes of one vector.
-Per column tile, prep converts the activation's f16 scales to f32 scratch [block][column]; per
-tile of several columns, Q8_0 and Q4_1 make their products r(wd*ad) into scratch first
-(_products). Q1_0 against several columns (and a thread's last rows) expands its bits as ggml's
+Per column tile, prep converts the activation's f16 scales to f32 scratch [block][column]. The
+Q8_0 chain (dot_q0: Q8_0, Q4_0, Q5_0) and the Q4_1 chain (dot_q1: Q4_1, Q5_1): where rows run in
+chunks, the chunk's weight scales are converted to f32 once (_chunk_wd); a tile of several
+columns makes its products r(wd*ad) into scratch first (_products), and the eight hsum8 of a
+1 x 8 tile run as vector adds (hsum8_x8). Q1_0 against several columns (and a thread's last rows) expands its bits as ggml's
 AVX2 vec_dot does (q1_0_neg_signs, q1_0_sums); against one column (decode), 16 rows at a time
 take their integer sums from per-token lookup tables (kernels_matmul_q1_lut.py).
 """
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from bankml.backends.llvm.common import f32, for_range, i1, i8, i32, i64, intrinsic
+from bankml.backends.llvm.common import f16, f32, for_range, i1, i8, i32, i64, intrinsic
 from bankml.backends.llvm.kernels_matmul import TILERS, Tiler, at, block_loop, fma, hsum8, load_h, maddubs, psign, \
     scratch, splat, sums_us8, v16i8, v16i16, v32i8, zero8
 from bankml.backends.llvm.kernels_matmul_q1_lut import ROWS as LUT_ROWS, TABLE_BYTES, build_tables, lut_tile
@@ -44,6 +46,7 @@ class Cols:
     asum: object = None  # i32* [K/32][C]: sum of the block's 32 quants (Q2_0)
     aq: object = None    # i8* [K/32][C][32]: the quants, permuted as Q2_0 codes unpack (Q2_0)
     lut: object = None   # i8* [K/32][TABLE_BYTES]: the one column's lookup tables (Q1_0, C = 1)
+    wd: tuple = None     # (w0, f32* [rows][K/32]): f32(wd) of the chunk's rows from w0 (_chunk_wd)
 
 
 def _shape(M: int) -> tuple[int, int]:
@@ -82,7 +85,7 @@ def _prep(bb: int):
     """Fill the scratch of a column tile from activation blocks of bb bytes (34: q8_0, 36: q8_1)."""
     def prep(b, K, xrows, scr):
         C = len(xrows)
-        cols = Cols(xrows, scr["d"], scr["s"], scr["asum"], scr["aq"], scr["lut"] if C == 1 else None)
+        cols = Cols(xrows, scr["d"], scr["s"], scr["asum"], scr["aq"], scr["lut"] if C == 1 else None, scr.get("wd"))
         with for_range(b, 0, K // 32, name="prep") as kb:
             for c, x in enumerate(xrows):
                 xo = b.mul(kb, i64(bb))
@@ -102,14 +105,56 @@ def _prep(bb: int):
     return prep
 
 
+def _chunk_wd(wbb: int):
+    """Tiler.chunk of the dot_q0 / dot_q1 tiles: the f32 scales of the chunk's weight blocks (wbb
+    bytes, f16 scale first), converted once for all its column tiles. Rows are contiguous whole blocks, so
+    block j of the chunk is at w0 + j * wbb."""
+    def chunk(b, K, w0, n, n_max, scr):
+        wd = scratch(b, f32, n_max * (K // 32), "chunk.wd")
+        with for_range(b, 0, b.mul(n, i64(K // 32)), name="wd") as j:
+            b.store(load_h(b, w0, b.mul(j, i64(wbb))), b.gep(wd, [j]))
+        scr["wd"] = (w0, wd)
+    return chunk
+
+
 def _col_d(b, cols, kb, c):
     """splat(f32(a.d)) of column c's 32-block kb."""
     C = len(cols.x)
     return splat(b, b.load(b.gep(cols.d, [b.add(b.mul(kb, i64(C)), i64(c))])))
 
 
+def _shuffle(b, x, y, idx):
+    return b.shuffle_vector(x, y, ir.Constant(ir.VectorType(i32, len(idx)), idx))
+
+
+def hsum8_x8(b, v):
+    """hsum8 of eight 8-lane vectors at once: lane c of the result is hsum8(v[c]), with the same
+    f32 adds, ((x0+x4)+(x2+x6)) + ((x1+x5)+(x3+x7)), run as 7 vector adds (and 14 shuffles) in
+    place of 56 scalar ones."""
+    half = [b.fadd(_shuffle(b, v[c], v[c + 4], [0, 1, 2, 3, 8, 9, 10, 11]),
+                   _shuffle(b, v[c], v[c + 4], [4, 5, 6, 7, 12, 13, 14, 15])) for c in range(4)]
+    # half[c]: (x0+x4, x1+x5, x2+x6, x3+x7) of v[c] in lanes 0-3, of v[c+4] in lanes 4-7
+    pair = [b.fadd(_shuffle(b, half[c], half[c + 1], [0, 1, 8, 9, 4, 5, 12, 13]),
+                   _shuffle(b, half[c], half[c + 1], [2, 3, 10, 11, 6, 7, 14, 15])) for c in (0, 2)]
+    # pair[k]: (x0+x4)+(x2+x6), (x1+x5)+(x3+x7) of v[2k], then of v[2k+1] (lanes 0-3; v[2k+4], v[2k+5]: 4-7)
+    return b.fadd(_shuffle(b, pair[0], pair[1], [0, 2, 8, 10, 4, 6, 12, 14]),
+                  _shuffle(b, pair[0], pair[1], [1, 3, 9, 11, 5, 7, 13, 15]))
+
+
+def hsums(b, accs):
+    """[hsum8(a) for a in accs], eight at a time as vectors (hsum8_x8) where there are eight."""
+    if len(accs) % 8:
+        return [hsum8(b, a) for a in accs]
+    out = []
+    for k in range(0, len(accs), 8):
+        v = hsum8_x8(b, accs[k:k + 8])
+        out += [b.extract_element(v, i32(c)) for c in range(8)]
+    return out
+
+
 def _finish(b, R, C, accs):
-    return [[hsum8(b, accs[r * C + c]) for c in range(C)] for r in range(R)]
+    h = hsums(b, accs)
+    return [h[r * C:(r + 1) * C] for r in range(R)]
 
 
 def _products(b, K, wrows, cols, wbb: int):
@@ -123,64 +168,91 @@ def _products(b, K, wrows, cols, wbb: int):
                                        splat(b, b.load(b.gep(cols.d, [kb]))))
     vc = ir.VectorType(f32, C)
     dwp = scratch(b, f32, K // 32 * R * C, "tile.dw")
+    if cols.wd is not None:         # the f32 scales from _chunk_wd: row r's blocks from first[r]
+        w0, wd32 = cols.wd
+        first = [b.udiv(b.sub(b.ptrtoint(w, i64), b.ptrtoint(w0, i64)), i64(wbb)) for w in wrows]
     with for_range(b, 0, K // 32, name="dw") as kb:
         ad = b.load(typed_gep(b, cols.d, b.mul(kb, i64(C)), vc), align=4)
         for r, w in enumerate(wrows):
-            dw = b.fmul(splat(b, load_h(b, w, b.mul(kb, i64(wbb))), C), ad)
+            if cols.wd is not None:
+                wd = splat(b, b.load(b.gep(wd32, [b.add(first[r], kb)])), C)
+            else:                   # vpbroadcastw, vcvtph2ps: the splat of f32(wd)
+                wd = b.fpext(splat(b, b.load(at(b, w, b.mul(kb, i64(wbb)), f16), align=1), C), vc)
+            dw = b.fmul(wd, ad)
             b.store(dw, typed_gep(b, dwp, b.add(b.mul(kb, i64(R * C)), i64(r * C)), vc), align=4)
     return lambda kb, r, c: splat(b, b.load(b.gep(dwp, [b.add(b.mul(kb, i64(R * C)), i64(r * C + c))])))
 
 
-def _q8_0(b, K, wrows, cols):
-    """acc = fma(r(wd * ad), s, acc) with the products from _products (the same f32 products as
-    ggml's scalar wd * ad)."""
-    R, C, nb = len(wrows), len(cols.x), K // 32
-    dw_of = _products(b, K, wrows, cols, 34)
-
-    def step(ib, accs):
-        wb = b.mul(ib, i64(34))
-        aq = [b.load(at(b, x, b.add(wb, i64(2)), v32i8), align=1) for x in cols.x]
-        out = []
-        for r, w in enumerate(wrows):
-            wq = b.load(at(b, w, b.add(wb, i64(2)), v32i8), align=1)
-            wabs = psign(b, wq, wq)
-            for c in range(C):
-                dw = dw_of(ib, r, c)
-                s = b.sitofp(sums_us8(b, wabs, psign(b, aq[c], wq)), ir.VectorType(f32, 8))
-                out.append(fma(b, dw, s, accs[r * C + c]))
-        return out
-
-    return _finish(b, R, C, block_loop(b, nb, [zero8()] * (R * C), step))
+def nibbles(b, w, off):
+    """The 32 nibbles (0..15) of qs at w + off, in element order: low nibbles, then high ones."""
+    qs = b.load(at(b, w, off, v16i8), align=1)
+    lo = b.and_(qs, ir.Constant(v16i8, [15] * 16))
+    hi = b.lshr(qs, ir.Constant(v16i8, [4] * 16))
+    return b.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(i32, 32), list(range(32))))
 
 
-def _q4_1(b, K, wrows, cols):
-    R, C = len(wrows), len(cols.x)
-    lo4, sh4 = ir.Constant(v16i8, [15] * 16), ir.Constant(v16i8, [4] * 16)
-    cat = ir.Constant(ir.VectorType(i32, 32), list(range(32)))
-    vc = ir.VectorType(f32, C)
+def dot_q0(wbb: int, values):
+    """Tile of the Q8_0 chain (tinyBLAS_Q0_AVX) over signed weight values: per 32-block
+    acc = fma(r(wd * ad), float(s), acc), then hsum8(acc); s holds the lane sums of values x q8
+    (mul_sum_i8_pairs: vpsignb, then vpmaddubsw and vpmaddwd). Weight blocks of wbb bytes, their
+    f16 scale first; values(b, w, wb) -> <32 x i8> of the block at w + wb. The products
+    r(wd * ad) come from _products (the same f32 products as ggml's scalar wd * ad). Q8_0, and
+    Q4_0 / Q5_0 (kernels_matmul_legacy.py)."""
+    def tile(b, K, wrows, cols):
+        R, C = len(wrows), len(cols.x)
+        dw_of = _products(b, K, wrows, cols, wbb)
 
-    dw_of = _products(b, K, wrows, cols, 20)
+        def step(ib, accs):
+            wb, xb = b.mul(ib, i64(wbb)), b.mul(ib, i64(34))
+            aq = [b.load(at(b, x, b.add(xb, i64(2)), v32i8), align=1) for x in cols.x]
+            out = []
+            for r, w in enumerate(wrows):
+                wq = values(b, w, wb)
+                wabs = psign(b, wq, wq)
+                for c in range(C):
+                    dw = dw_of(ib, r, c)
+                    s = b.sitofp(sums_us8(b, wabs, psign(b, aq[c], wq)), ir.VectorType(f32, 8))
+                    out.append(fma(b, dw, s, accs[r * C + c]))
+            return out
 
-    def step(ib, st):
-        accs, summs = st[:R * C], st[R * C:]
-        wb, xb = b.mul(ib, i64(20)), b.mul(ib, i64(36))
-        as_ = b.load(typed_gep(b, cols.s, b.mul(ib, i64(C)), vc), align=4)
-        aq = [b.load(at(b, x, b.add(xb, i64(4)), v32i8), align=1) for x in cols.x]
-        na, ns = [], []
-        for r, w in enumerate(wrows):
-            wm = load_h(b, w, b.add(wb, i64(2)))
-            qs = b.load(at(b, w, b.add(wb, i64(4)), v16i8), align=1)
-            wq = b.shuffle_vector(b.and_(qs, lo4), b.lshr(qs, sh4), cat)
-            for c in range(C):
-                s = b.sitofp(sums_us8(b, wq, aq[c]), ir.VectorType(f32, 8))
-                na.append(fma(b, dw_of(ib, r, c), s, accs[r * C + c]))
-            ns.append(fma(b, splat(b, wm, C), as_, summs[r]))
-        return na + ns
+        return _finish(b, R, C, block_loop(b, K // 32, [zero8()] * (R * C), step))
+    return tile
 
-    st = block_loop(b, K // 32, [zero8()] * (R * C) + [ir.Constant(vc, [0.0] * C)] * R, step)
-    accs, summs = st[:R * C], st[R * C:]
-    return [[b.fadd(hsum8(b, accs[r * C + c]), b.extract_element(summs[r], i32(c))) for c in range(C)]
-            for r in range(R)]
+
+def dot_q1(wbb: int, codes):
+    """Tile of the Q4_1 chain (ggml_vec_dot_q4_1_q8_1) over unsigned weight codes against q8_1:
+    per 32-block acc = fma(r(wd * ad), float(s), acc) and summs = fma(wm, as, summs), then
+    r(hsum8(acc) + summs); s holds the lane sums of codes x q8 (vpmaddubsw, vpmaddwd). Weight
+    blocks of wbb bytes, f16 d then f16 m first; codes(b, w, wb) -> <32 x i8> (0..31) of the
+    block at w + wb. Q4_1, and Q5_1 (kernels_matmul_legacy.py)."""
+    def tile(b, K, wrows, cols):
+        R, C = len(wrows), len(cols.x)
+        vc = ir.VectorType(f32, C)
+        dw_of = _products(b, K, wrows, cols, wbb)
+
+        def step(ib, st):
+            accs, summs = st[:R * C], st[R * C:]
+            wb, xb = b.mul(ib, i64(wbb)), b.mul(ib, i64(36))
+            as_ = b.load(typed_gep(b, cols.s, b.mul(ib, i64(C)), vc), align=4)
+            aq = [b.load(at(b, x, b.add(xb, i64(4)), v32i8), align=1) for x in cols.x]
+            na, ns = [], []
+            for r, w in enumerate(wrows):
+                wm = load_h(b, w, b.add(wb, i64(2)))
+                wq = codes(b, w, wb)
+                for c in range(C):
+                    s = b.sitofp(sums_us8(b, wq, aq[c]), ir.VectorType(f32, 8))
+                    na.append(fma(b, dw_of(ib, r, c), s, accs[r * C + c]))
+                ns.append(fma(b, splat(b, wm, C), as_, summs[r]))
+            return na + ns
+
+        st = block_loop(b, K // 32, [zero8()] * (R * C) + [ir.Constant(vc, [0.0] * C)] * R, step)
+        h, summs = hsums(b, st[:R * C]), st[R * C:]
+        return [[b.fadd(h[r * C + c], b.extract_element(summs[r], i32(c))) for c in range(C)] for r in range(R)]
+    return tile
+
+
+_q8_0 = dot_q0(34, lambda b, w, wb: b.load(at(b, w, b.add(wb, i64(2)), v32i8), align=1))
+_q4_1 = dot_q1(20, lambda b, w, wb: nibbles(b, w, b.add(wb, i64(4))))
 
 
 _BYTE_SHUF = ir.Constant(v32i8, [j // 8 for j in range(32)])          # byte j of the expansion: bits byte j/8
@@ -299,8 +371,8 @@ def _q2_0(b, K, wrows, cols):
     return [[b.extract_element(sumf, i32(r * C + c)) for c in range(C)] for r in range(R)]
 
 
-TILERS[(Q8_0, fo.Q8_0_DOT)] = Tiler(_shape, _alloc(), _prep(34), _q8_0)
-TILERS[(Q4_1, fo.Q4_1_DOT)] = Tiler(_shape, _alloc(with_s=True), _prep(36), _q4_1)
+TILERS[(Q8_0, fo.Q8_0_DOT)] = Tiler(_shape, _alloc(), _prep(34), _q8_0, _chunk_wd(34))
+TILERS[(Q4_1, fo.Q4_1_DOT)] = Tiler(_shape, _alloc(with_s=True), _prep(36), _q4_1, _chunk_wd(20))
 def _q1_0_tile(b, K, wrows, cols):
     """16 rows against one column by table lookups; other tiles (several columns, a thread's
     last rows) as _q1_0."""
