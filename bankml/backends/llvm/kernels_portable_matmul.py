@@ -79,6 +79,8 @@ class Cols:
         self.csum = scratch(b, i32, n, "act.sum") if wtype in (Q4_1, Q2_0, Q1_0) else None
         self.af = scratch(b, f64, n, "act.f64")                      # am * 2^ae (portable_f64)
         self.caf = scratch(b, f64, n, "act.sumf64") if wtype == Q4_1 else None   # csum * am * 2^ae
+        self.arel = scratch(b, f32, n, "act.rel")                   # am * 2^(ae - aemin) (portable_f64)
+        self.csf = scratch(b, f64, n, "act.csumf64") if wtype == Q4_1 else None  # csum
         self.cmul = scratch(b, i32, n, "act.mul") if wtype == Q1_0 else None      # am << (ae - aemin)
         self.perm = scratch(b, i8, C * K, "act.perm") if wtype == Q2_0 else None
         self.lut = scratch(b, i8, K // 32 * q1lut.TABLE_BYTES_PER_32, "act.lut") if lut else None  # one Q1_0 column
@@ -123,6 +125,10 @@ class Cols:
                     fits = b.icmp_unsigned("<=", sa, vconst(v8i32, pf.I32_SPREAD))
                     cm = b.select(fits, b.shl(am, b.select(fits, sa, vconst(v8i32, 0))), vconst(v8i32, 0))
                     b.store(cm, typed(b, b.gep(self.cmul, [b.add(s0, i64(c * npad))]), v8i32), align=4)
+                b.store(pf.rel_scales(b, am, sa), self.vec(b, self.arel, c, s0, pf.v8f32, load=False), align=4)
+                if self.csf is not None:
+                    b.store(b.sitofp(self.vec(b, self.csum, c, s0), pf.v8f64),
+                            self.vec(b, self.csf, c, s0, pf.v8f64, load=False), align=8)
                 af = pf.act_scales(b, am, ae)
                 b.store(af, self.vec(b, self.af, c, s0, pf.v8f64, load=False), align=8)
                 if self.caf is not None:

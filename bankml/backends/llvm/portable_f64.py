@@ -21,12 +21,13 @@ from __future__ import annotations
 from llvmlite import ir
 
 from bankml.backends.llvm.common import f32, f64, i8, i16, i32, i64, intrinsic
-from bankml.backends.llvm.kernels_matmul import at
+from bankml.backends.llvm.kernels_matmul import at, maddubs
 from bankml.backends.llvm.kernels_portable_rows import TERM_BITS, group_bytes, int8_lanes, lane_sums, lane_sums16, \
-    pair_sums16, splat_v, sub_layout
+    pair_sums16, q4_1_nibbles, splat_v, sub_layout
 from bankml.quants import Q1_0, Q2_0, Q4_1, WEIGHT_TYPES
 
 v4f64, v8f64, v4f32, v4i32 = ir.VectorType(f64, 4), ir.VectorType(f64, 8), ir.VectorType(f32, 4), ir.VectorType(i32, 4)
+v8f32 = ir.VectorType(f32, 8)
 v8i32, v8i16, v16i16 = ir.VectorType(i32, 8), ir.VectorType(i16, 8), ir.VectorType(i16, 16)
 TINY = 2.0 ** -126
 I32_SPREAD = 13    # Q1_0: four dots (< 2^12) * am (< 2^4) << spread sum below 2^31
@@ -72,6 +73,27 @@ def f16_values(b, words, shift: int = 0):
     h = words if words.type == v8i16 else \
         b.trunc(b.lshr(words, vconst(v8i32, shift)) if shift else words, v8i16)
     return b.fpext(b.bitcast(h, ir.VectorType(ir.HalfType(), 8)), v8f64)
+
+
+def f16_floats(b, words, shift: int = 0):
+    """<8 x f32> of the f16 bits in <8 x i16> words, or at bit `shift` of <8 x i32> words (exact)."""
+    h = words if words.type == v8i16 else \
+        b.trunc(b.lshr(words, vconst(v8i32, shift)) if shift else words, v8i16)
+    return b.fpext(b.bitcast(h, ir.VectorType(ir.HalfType(), 8)), v8f32)
+
+
+def rel_scales(b, am, sa):
+    """<8 x f32> am * 2^sa (am, sa <8 x i32>; sa = ae - aemin, clamped at 64): the activation
+    scales relative to the group's least, exact; times an f16 weight scale still exact
+    (15 bits, at least 2^-21 where nonzero, and below 2^40 while sa is within `limit`)."""
+    e = minmax(b, "umin", sa, vconst(v8i32, 64))
+    p = b.bitcast(b.shl(b.add(e, vconst(v8i32, 127)), vconst(v8i32, 23)), v8f32)
+    return b.fmul(b.uitofp(am, v8f32), p)
+
+
+def fma(b, x, y, z):
+    """x * y + z rounded once (<8 x f64>; here every value exact, so the same as mul then add)."""
+    return b.call(intrinsic(b.module, "llvm.fma.v8f64", v8f64, [v8f64] * 3), [x, y, z])
 
 
 def exponent_range(b, words: list, both: bool):
@@ -135,6 +157,25 @@ def scale_words(b, wtype: int, w, goff, nsub: int):
     return b.shuffle_vector(v, v, ir.Constant(v8i32, [j // per if j < nsub else 0 for j in range(8)]))
 
 
+def half_sums16(b, vs: list):
+    """<8 x i32> whose lane j is the sum of the 16 lanes of vs[j] (8 <16 x i16>) where each
+    128-bit half's sum is within i16 but the whole maybe not (Q4_1: 16 products of codes 0..15
+    and activations within +-127, |.| <= 30480): three levels of vphaddw, the halves widened
+    to i32 and added."""
+    phadd = intrinsic(b.module, "llvm.x86.avx2.phadd.w", v16i16, [v16i16, v16i16])
+    h = [b.call(phadd, [vs[i], vs[i + 1]]) for i in range(0, 8, 2)]
+    r = b.call(phadd, [b.call(phadd, [h[0], h[1]]), b.call(phadd, [h[2], h[3]])])
+    lo = b.shuffle_vector(r, r, ir.Constant(v8i32, list(range(8))))
+    hi = b.shuffle_vector(r, r, ir.Constant(v8i32, list(range(8, 16))))
+    return b.add(b.sext(lo, v8i32), b.sext(hi, v8i32))
+
+
+def q4_1_pairs(b, w, qoff, s, cols):
+    """Q4_1 against one column: <16 x i16>, lane l the sum over elements 2l, 2l+1 (low nibbles
+    then high) of code * activation (one vpmaddubsw, |.| <= 2 * 15 * 127)."""
+    return maddubs(b, q4_1_nibbles(b, w, qoff), cols.codes(b, 0, s))
+
+
 def group4(b, wtype: int, wrows: list, gi, nsub: int, cols):
     """The group gi of four weight rows against one column, summed in f64 (portable_f64):
     (<4 x f32> the rounded results, i1 whether they are the spec's; else the exact path's)."""
@@ -143,17 +184,19 @@ def group4(b, wtype: int, wrows: list, gi, nsub: int, cols):
     goff = b.mul(gi, i64(group_bytes(wtype)))
     s0 = b.mul(gi, i64(8))
     zero = ir.Constant(v8i32, [0] * 8)
-    af = cols.vec(b, cols.af, 0, s0, v8f64)
-    caf = cols.vec(b, cols.caf, 0, s0, v8f64) if wtype == Q4_1 else None
+    rel = cols.vec(b, cols.arel, 0, s0, v8f32)
+    csf = cols.vec(b, cols.csf, 0, s0, v8f64) if wtype == Q4_1 else None
     terms, words = [], []
     small = wtype in (Q1_0, Q2_0)                    # sub-block dots within i16: pair sums summed as i16
+    pairs16 = small or wtype == Q4_1                 # Q4_1: each 128-bit half's sum within i16
     for w in wrows:
-        lanes = [ir.Constant(ir.VectorType(i16, 16), [0] * 16) if small else zero] * 8
+        lanes = [ir.Constant(v16i16, [0] * 16) if pairs16 else zero] * 8
         for j in range(nsub):
             qoff = b.add(goff, i64(sub_layout(wtype, j)[2]))
             s = b.add(s0, i64(j))
-            lanes[j] = pair_sums16(b, wtype, w, qoff, s, cols) if small else int8_lanes(b, wtype, w, qoff, s, cols)[0]
-        dots = lane_sums16(b, lanes) if small else lane_sums(b, lanes)
+            lanes[j] = pair_sums16(b, wtype, w, qoff, s, cols) if small else \
+                q4_1_pairs(b, w, qoff, s, cols) if wtype == Q4_1 else int8_lanes(b, wtype, w, qoff, s, cols)[0]
+        dots = lane_sums16(b, lanes) if small else half_sums16(b, lanes) if wtype == Q4_1 else lane_sums(b, lanes)
         if wtype == Q1_0:                                                     # set - clear = 2 set - all
             dots = b.sub(b.shl(dots, vconst(v8i32, 1)), cols.vec(b, cols.csum, 0, s0))
         if wtype == Q2_0:
@@ -162,14 +205,18 @@ def group4(b, wtype: int, wrows: list, gi, nsub: int, cols):
             terms.append(b.mul(dots, cols.vec(b, cols.cmul, 0, s0)))
             continue
         wd = scale_words(b, wtype, w, goff, nsub)
-        t = b.fmul(b.sitofp(dots, v8f64), b.fmul(f16_values(b, wd), af))
+        ws = b.fpext(b.fmul(f16_floats(b, wd), rel), v8f64)                 # d * am * 2^(ae - aemin), exact
         if wtype == Q4_1:
-            t = b.fadd(t, b.fmul(f16_values(b, wd, 16), caf))
+            ms = b.fpext(b.fmul(f16_floats(b, wd, 16), rel), v8f64)
+            t = fma(b, b.sitofp(dots, v8f64), ws, b.fmul(ms, csf))
+        else:
+            t = b.fmul(b.sitofp(dots, v8f64), ws)
         terms.append(t)
         words.append(wd)
     if wtype == Q1_0:
         return q1_0_blocks4(b, wrows, goff, nsub, terms, cols, gi)
-    r, untiny = round4(b, sum4(b, terms))
+    aemin = cols.per_group(b, cols.aemin, 0, gi)
+    r, untiny = round4(b, b.fmul(sum4(b, terms), splat_v(b, pow2(b, aemin), 4)))
     n = 16 if wtype == Q4_1 else 8
     ok = spread_ok(b, words, wtype == Q4_1, cols.per_group(b, cols.aspread, 0, gi),
                       cols.per_group(b, cols.gbad, 0, gi), limit(TERM_BITS[wtype], n))
