@@ -191,26 +191,32 @@ def q4_1_dots(b, w, goff, s0, nsub: int, cols):
     lane order PAIR_ORDER (0 past nsub). Per pair, two vpmaddubsw added as i16 (4 products of
     codes 0..15 and activations within +-127: |.| <= 7620), then vphaddw (8 products, 15240),
     vpmaddwd by ones to i32, vphaddd: low half sub-blocks 0, 2, 4, 6, high half 1, 3, 5, 7."""
+    return sums_of_pairs(b, [pair_sums(b, w, goff, s0, p, nsub, cols) for p in range(4)])
+
+
+def pair_sums(b, w, goff, s0, p: int, nsub: int, cols):
+    """<16 x i16>: Q4_1 row w's sub-blocks 2p (low half) and 2p + 1 (high half) of the group at
+    goff against the column, each lane a sum of 4 products (0 for a sub-block past nsub)."""
     v16i8, v32i8 = ir.VectorType(i8, 16), ir.VectorType(i8, 32)
-    both = ir.Constant(ir.VectorType(i32, 32), list(range(32)))
-    us = []
-    for p in range(4):
-        if 2 * p >= nsub:
-            us.append(ir.Constant(v16i16, [0] * 16))
-            continue
-        q = [b.load(at(b, w, b.add(goff, i64(sub_layout(Q4_1, j)[2])), v16i8), align=1) if j < nsub
-             else ir.Constant(v16i8, [0] * 16) for j in (2 * p, 2 * p + 1)]
-        v = b.shuffle_vector(q[0], q[1], both)
-        acts = b.mul(b.add(s0, i64(2 * p)), i64(32))                      # pair p's 64 bytes
-        a_lo = b.load(b.bitcast(b.gep(cols.pairs, [acts]), v32i8.as_pointer()), align=32)
-        a_hi = b.load(b.bitcast(b.gep(cols.pairs, [b.add(acts, i64(32))]), v32i8.as_pointer()), align=32)
-        lo, hi = b.and_(v, vconst(v32i8, 15)), b.lshr(v, vconst(v32i8, 4))
-        us.append(b.add(maddubs(b, lo, a_lo), maddubs(b, hi, a_hi)))
+    if 2 * p >= nsub:
+        return ir.Constant(v16i16, [0] * 16)
+    q = [b.load(at(b, w, b.add(goff, i64(sub_layout(Q4_1, j)[2])), v16i8), align=1) if j < nsub
+         else ir.Constant(v16i8, [0] * 16) for j in (2 * p, 2 * p + 1)]
+    v = b.shuffle_vector(q[0], q[1], ir.Constant(ir.VectorType(i32, 32), list(range(32))))
+    acts = b.mul(b.add(s0, i64(2 * p)), i64(32))                          # pair p's 64 bytes
+    a_lo = b.load(b.bitcast(b.gep(cols.pairs, [acts]), v32i8.as_pointer()), align=32)
+    a_hi = b.load(b.bitcast(b.gep(cols.pairs, [b.add(acts, i64(32))]), v32i8.as_pointer()), align=32)
+    lo, hi = b.and_(v, vconst(v32i8, 15)), b.lshr(v, vconst(v32i8, 4))
+    return b.add(maddubs(b, lo, a_lo), maddubs(b, hi, a_hi))
+
+
+def sums_of_pairs(b, us: list):
+    """<8 x i32> of four pair_sums u0..u3: low half the low halves' sums (u0..u3 in order),
+    high half the high halves' (vphaddw, vpmaddwd by ones, vphaddd)."""
     phaddw = intrinsic(b.module, "llvm.x86.avx2.phadd.w", v16i16, [v16i16, v16i16])
     phaddd = intrinsic(b.module, "llvm.x86.avx2.phadd.d", v8i32, [v8i32, v8i32])
     pmaddwd = intrinsic(b.module, "llvm.x86.avx2.pmadd.wd", v8i32, [v16i16, v16i16])
-    ones = vconst(v16i16, 1)
-    y = [b.call(pmaddwd, [b.call(phaddw, [us[i], us[i + 1]]), ones]) for i in (0, 2)]
+    y = [b.call(pmaddwd, [b.call(phaddw, [us[i], us[i + 1]]), vconst(v16i16, 1)]) for i in (0, 2)]
     return b.call(phaddd, y)
 
 
@@ -271,25 +277,31 @@ def group4(b, wtype: int, wrows: list, gi, nsub: int, cols):
 
 def tail4(b, wtype: int, wrows: list, gi, nsub: int, cols):
     """group4 for a last group of one or two sub-blocks (K = 576: 2): the eight lanes are
-    (row r, sub-block j) at 2r + j, so the four rows share one f64 pass."""
+    (row r, sub-block j) at 2r + j (Q4_1: 4j + r, one pair_sums per row), so the four rows
+    share one f64 pass."""
     goff = b.mul(gi, i64(group_bytes(wtype)))
     s0 = b.mul(gi, i64(8))
     zero = ir.Constant(v8i32, [0] * 8)
     t = i32 if wtype == Q4_1 else i16                                        # scale_words' lanes
+    lane = (lambda r, j: 4 * j + r) if wtype == Q4_1 else (lambda r, j: 2 * r + j)
     lanes, words = [], ir.Constant(ir.VectorType(t, 8), [0] * 8)
     for r, w in enumerate(wrows):
         for j in range(2):
-            qoff = b.add(goff, i64(sub_layout(wtype, j)[2]))
-            lanes.append(int8_lanes(b, wtype, w, qoff, b.add(s0, i64(j)), cols)[0] if j < nsub else zero)
+            if wtype != Q4_1:
+                qoff = b.add(goff, i64(sub_layout(wtype, j)[2]))
+                lanes.append(int8_lanes(b, wtype, w, qoff, b.add(s0, i64(j)), cols)[0] if j < nsub else zero)
             do = sub_layout(wtype, j if j < nsub else 0)[0]        # past nsub: sub-block 0's scale (a 0 term)
-            words = b.insert_element(words, b.load(at(b, w, b.add(goff, i64(do)), t), align=1), i32(2 * r + j))
-    pairs = ir.Constant(v8i32, [0, 1] * 4)
+            words = b.insert_element(words, b.load(at(b, w, b.add(goff, i64(do)), t), align=1), i32(lane(r, j)))
+    which = ir.Constant(v8i32, [k // 4 if wtype == Q4_1 else k % 2 for k in range(8)])  # lane -> sub-block
 
     def per_lane(arr, t):
         v = cols.vec(b, arr, 0, s0, t)
-        return b.shuffle_vector(v, v, pairs)
+        return b.shuffle_vector(v, v, which)
 
-    dots = lane_sums(b, lanes)
+    if wtype == Q4_1:
+        dots = sums_of_pairs(b, [pair_sums(b, w, goff, s0, 0, nsub, cols) for w in wrows])
+    else:
+        dots = lane_sums(b, lanes)
     if wtype == Q2_0:
         dots = b.sub(dots, per_lane(cols.csum, v8i32))                      # codes - 1
     rel = per_lane(cols.arel, v8f32)
@@ -300,7 +312,8 @@ def tail4(b, wtype: int, wrows: list, gi, nsub: int, cols):
     else:
         t = b.fmul(b.sitofp(dots, v8f64), ws)
     v4 = ir.VectorType(i32, 4)
-    s = b.fadd(b.shuffle_vector(t, t, ir.Constant(v4, [0, 2, 4, 6])), b.shuffle_vector(t, t, ir.Constant(v4, [1, 3, 5, 7])))
+    rows = [[lane(r, j) for r in range(4)] for j in range(2)]              # per j, the four rows' lanes
+    s = b.fadd(b.shuffle_vector(t, t, ir.Constant(v4, rows[0])), b.shuffle_vector(t, t, ir.Constant(v4, rows[1])))
     r, untiny = round4(b, b.fmul(s, splat_v(b, pow2(b, cols.per_group(b, cols.aemin, 0, gi)), 4)))
     ok = spread_ok(b, [words], wtype == Q4_1, cols.per_group(b, cols.aspread, 0, gi),
                       cols.per_group(b, cols.gbad, 0, gi), limit(TERM_BITS[wtype], 16 if wtype == Q4_1 else 8))
