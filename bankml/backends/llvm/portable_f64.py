@@ -247,7 +247,8 @@ def group4(b, wtype: int, wrows: list, gi, nsub: int, cols):
             for j in range(nsub):
                 qoff = b.add(goff, i64(sub_layout(wtype, j)[2]))
                 s = b.add(s0, i64(j))
-                lanes[j] = pair_sums16(b, wtype, w, qoff, s, cols) if small else int8_lanes(b, wtype, w, qoff, s, cols)[0]
+                lanes[j] = pair_sums16(b, wtype, w, qoff, s, cols) if small else \
+                    int8_lanes(b, wtype, w, qoff, s, cols)[0]
             dots = lane_sums16(b, lanes) if small else lane_sums(b, lanes)
         if wtype == Q1_0:                                                     # set - clear = 2 set - all
             dots = b.sub(b.shl(dots, vconst(v8i32, 1)), cols.vec(b, cols.csum, 0, s0))
