@@ -1,11 +1,13 @@
 """The portable profile's decode kernels timed on their own, one thread: for A/B of kernel changes.
 
-    python bench/portable_kernels.py [attn] [swiglu] [small]      (default: all three)
+    python bench/portable_kernels.py [attn] [swiglu] [small] [mul_mat]      (default: all four)
 
 attn: FLASH_ATTN of SmolLM2's shape (9/3 heads, D 64, one query row) with 65 of 128 or 256
 cells used and 128 of 128; swiglu: 8 and 1536 values; small: ADD, MUL (a broadcast weight),
 RMS_NORM of 576, ROPE (mode norm, 9 and 3 heads of 64), SET_ROWS (3 heads of 64), QUANTIZE of
-576 and 1536. Each kernel is called through a ctypes pointer made once; prints the 10th
+576 and 1536; mul_mat: the decode MUL_MAT (one column) of SmolLM2's Q4_1 shapes (K x N: 576 x
+1536 ffn_up, 1536 x 576 ffn_down, 576 x 576 attn_q) and Q8_0 576 x 4096 (a slice of the tied
+output matrix), random weights, the f64 fast path. Each kernel is called through a ctypes pointer made once; prints the 10th
 percentile and the median of one call in us (a call costs about 0.5 us by itself: SWIGLU of 8
 values shows it). Not a test: a measuring tool for docs/PERFORMANCE.md.
 """
@@ -27,7 +29,8 @@ from bankml.ir.dims import DIM_SLOTS  # noqa: E402
 from bankml.ir.node import Node  # noqa: E402
 from bankml.ir.ops import Op  # noqa: E402
 from bankml.profiles.portable import attention, orders as po  # noqa: E402
-from bankml.quants import Q4_1  # noqa: E402
+from bankml.profiles.portable import quant  # noqa: E402
+from bankml.quants import Q4_1, Q8_0, WEIGHT_TYPES  # noqa: E402
 
 
 def timed(label: str, g, n, out, ins, reps: int = 2000) -> None:
@@ -94,8 +97,16 @@ def small(rng) -> None:
         timed(f"quantize {k}", g, q, np.zeros(k // 32 * 36, np.uint8), [xq])
 
 
+def mul_mat(rng) -> None:
+    for t, k, n in [(Q4_1, 576, 1536), (Q4_1, 1536, 576), (Q4_1, 576, 576), (Q8_0, 576, 4096)]:
+        g, _, mm, _ = tpm._graph(t, k, 1, n)
+        raw = tpm.weights(t, n, k, rng)
+        act = tpm.pq8(quant.quantize_act((rng.standard_normal((1, k)) * 3).astype(np.float32)))
+        timed(f"mul_mat {WEIGHT_TYPES[t].name} {k}x{n}", g, mm, np.zeros((1, n), np.float32), [raw, act])
+
+
 def main() -> None:
-    which = sys.argv[1:] or ["attn", "swiglu", "small"]
+    which = sys.argv[1:] or ["attn", "swiglu", "small", "mul_mat"]
     rng = np.random.default_rng(0)
     if "attn" in which:
         attn()
@@ -103,6 +114,8 @@ def main() -> None:
         swiglu(rng)
     if "small" in which:
         small(rng)
+    if "mul_mat" in which:
+        mul_mat(rng)
 
 
 if __name__ == "__main__":

@@ -14,10 +14,13 @@ profile's f32 add (a NaN made the one NaN once, at the end). Any exact sum gives
   at aemin + wref sum in i64 lanes when the two spreads add up to at most
   portable_exact.room (|term| < 2^TERM_BITS), else through the i512 (round_shifted).
 - one column (decode), int8 weights: four weight rows at a time (group4), each group's terms
-  as f64 products (weight scale * activation scale * dot, exact) summed in f64 and rounded by
-  one f64 -> f32 conversion (portable_f64.group4), when portable_f64's conditions prove that
-  exact and equal to the spec's rounding (exponent spreads within portable_f64.limit, no bad scale or block, no
+  as f64 products (weight scale * activation scale relative to the group's least, in f32,
+  times the dot; exact) summed in f64, scaled by 2^aemin and rounded by one f64 -> f32
+  conversion (portable_f64.group4), when portable_f64's conditions prove that exact and equal
+  to the spec's rounding (exponent spreads within portable_f64.limit, no bad scale or block, no
   nonzero result below 2^-126); otherwise those four rows' group goes the exact way above.
+  Q4_1 reads two sub-blocks' nibbles per 256-bit vector against the column's codes arranged
+  by pairs once per call (portable_f64.q4_1_dots).
   Q1_0 first sums each weight block's four dots, shifted to the group's least activation
   exponent, in i32 (q1_0_blocks4); a last group of one or two sub-blocks packs the four rows'
   sub-blocks into one vector (tail4). Q1_0 and Q2_0 sub-block dots are i16 pair sums added by
@@ -64,8 +67,10 @@ v8i32, v8i64 = ir.VectorType(i32, 8), ir.VectorType(i64, 8)
 
 class Cols:
     """Per column of a tile, per sub-block s: am, ae, bad, sum of codes, sa (i32 scratch
-    [C][npad]); per group g: aemin, aspread, gbad (i32 scratch [C][ngroups]); the codes in
-    Q2_0's permuted order ([C][K] bytes); lut: a Q1_0 decode column's lookup tables. Over the
+    [C][npad]), arel = am * 2^sa (f32) and csf = the sum of codes (f64, Q4_1) for
+    portable_f64; per group g: aemin, aspread, gbad (i32 scratch [C][ngroups]); the codes in
+    Q2_0's permuted order ([C][K] bytes); lut: a Q1_0 decode column's lookup tables; pairs: a
+    Q4_1 one-column tile's codes by pairs of sub-blocks (portable_f64.pair_codes). Over the
     blocks of a group with am != 0, aemin is the least ae, aspread the largest ae - aemin,
     sa = ae - aemin (0 where am = 0); gbad: any bad."""
 
@@ -77,10 +82,11 @@ class Cols:
         self.aemin, self.aspread, self.gbad = (scratch(b, i32, C * self.ng, name)
                                                for name in ("act.emin", "act.spread", "act.gbad"))
         self.csum = scratch(b, i32, n, "act.sum") if wtype in (Q4_1, Q2_0, Q1_0) else None
-        self.af = scratch(b, f64, n, "act.f64")                      # am * 2^ae (portable_f64)
-        self.caf = scratch(b, f64, n, "act.sumf64") if wtype == Q4_1 else None   # csum * am * 2^ae
+        self.arel = scratch(b, f32, n, "act.rel") if wtype in (Q8_0, Q4_1, Q2_0) else None  # pf.rel_scales
+        self.csf = scratch(b, f64, n, "act.csumf64") if wtype == Q4_1 else None  # csum
         self.cmul = scratch(b, i32, n, "act.mul") if wtype == Q1_0 else None      # am << (ae - aemin)
         self.perm = scratch(b, i8, C * K, "act.perm") if wtype == Q2_0 else None
+        self.pairs = scratch(b, i8, self.npad * 32, "act.pairs") if wtype == Q4_1 and C == 1 else None  # pf.pair_codes
         self.lut = scratch(b, i8, K // 32 * q1lut.TABLE_BYTES_PER_32, "act.lut") if lut else None  # one Q1_0 column
         self.K = K
         self.x = []
@@ -123,13 +129,15 @@ class Cols:
                     fits = b.icmp_unsigned("<=", sa, vconst(v8i32, pf.I32_SPREAD))
                     cm = b.select(fits, b.shl(am, b.select(fits, sa, vconst(v8i32, 0))), vconst(v8i32, 0))
                     b.store(cm, typed(b, b.gep(self.cmul, [b.add(s0, i64(c * npad))]), v8i32), align=4)
-                af = pf.act_scales(b, am, ae)
-                b.store(af, self.vec(b, self.af, c, s0, pf.v8f64, load=False), align=8)
-                if self.caf is not None:
-                    caf = b.fmul(b.sitofp(self.vec(b, self.csum, c, s0), pf.v8f64), af)
-                    b.store(caf, self.vec(b, self.caf, c, s0, pf.v8f64, load=False), align=8)
+                if self.arel is not None:
+                    b.store(pf.rel_scales(b, am, sa), self.vec(b, self.arel, c, s0, pf.v8f32, load=False), align=4)
+                if self.csf is not None:
+                    b.store(b.sitofp(self.vec(b, self.csum, c, s0), pf.v8f64),
+                            self.vec(b, self.csf, c, s0, pf.v8f64, load=False), align=8)
         if self.lut is not None:
             q1lut.tables(b, K, xrows[0], self.lut)
+        if self.pairs is not None:
+            pf.pair_codes(b, K, xrows[0], self.pairs)
         return self
 
     def per_group(self, b, arr, c: int, gi):

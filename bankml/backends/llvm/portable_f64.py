@@ -10,6 +10,12 @@ so n terms aligned sum below 2^(pbits + S + bitlen(n - 1)); at most 2^53 (`limit
 in any order, is exact. S is bounded by the activation scales' exponent spread in the group
 (once per column, Cols.aspread) plus the weight scales' spread over the group's scales of all
 four rows (here, from the f16 exponent fields; a denormal's lsb exponent is the least normal's).
+The kernel computes each term at 2^-aemin (aemin: the group's least activation exponent) and
+scales the sum by 2^aemin, the same exact value: the weight scale times the relative activation
+scale am * 2^(ae - aemin) is exact in f32 (15 significant bits, at least 2^-21 where nonzero,
+below 2^40 within the limit; rel_scales), widened to f64 and multiplied by the dot (Q4_1: plus,
+by one fma, min scale * relative scale * sum of codes, 28 bits). Q4_1's dots take two
+sub-blocks per vector (q4_1_dots) and come out in lane order PAIR_ORDER, the scales with them.
 Then one f64 -> f32 conversion rounds the exact value once, to nearest even, +-inf past the
 range: the spec's round_exact, except below 2^-126, where the spec rounds at an unbounded
 exponent and flushes but the conversion rounds gradually: a nonzero sum there, a weight scale
@@ -20,13 +26,14 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from bankml.backends.llvm.common import f32, f64, i8, i16, i32, i64, intrinsic
-from bankml.backends.llvm.kernels_matmul import at
+from bankml.backends.llvm.common import f32, f64, for_range, i8, i16, i32, i64, intrinsic
+from bankml.backends.llvm.kernels_matmul import at, maddubs
 from bankml.backends.llvm.kernels_portable_rows import TERM_BITS, group_bytes, int8_lanes, lane_sums, lane_sums16, \
-    pair_sums16, splat_v, sub_layout
+    BLOCK_BYTES, pair_sums16, splat_v, sub_layout
 from bankml.quants import Q1_0, Q2_0, Q4_1, WEIGHT_TYPES
 
 v4f64, v8f64, v4f32, v4i32 = ir.VectorType(f64, 4), ir.VectorType(f64, 8), ir.VectorType(f32, 4), ir.VectorType(i32, 4)
+v8f32 = ir.VectorType(f32, 8)
 v8i32, v8i16, v16i16 = ir.VectorType(i32, 8), ir.VectorType(i16, 8), ir.VectorType(i16, 16)
 TINY = 2.0 ** -126
 I32_SPREAD = 13    # Q1_0: four dots (< 2^12) * am (< 2^4) << spread sum below 2^31
@@ -62,16 +69,32 @@ def pow2(b, e):
     return b.bitcast(b.shl(b.add(b.sext(e, i64), i64(1023)), i64(52)), f64)
 
 
-def act_scales(b, am, ae):
-    """<8 x f64> am * 2^ae (am, ae <8 x i32>): the activation blocks' scales, 0 where am = 0."""
-    return b.fmul(b.uitofp(am, v8f64), pow2(b, ae))
-
-
 def f16_values(b, words, shift: int = 0):
     """<8 x f64> of the f16 bits in <8 x i16> words, or at bit `shift` of <8 x i32> words (exact)."""
     h = words if words.type == v8i16 else \
         b.trunc(b.lshr(words, vconst(v8i32, shift)) if shift else words, v8i16)
     return b.fpext(b.bitcast(h, ir.VectorType(ir.HalfType(), 8)), v8f64)
+
+
+def f16_floats(b, words, shift: int = 0):
+    """<8 x f32> of the f16 bits in <8 x i16> words, or at bit `shift` of <8 x i32> words (exact)."""
+    h = words if words.type == v8i16 else \
+        b.trunc(b.lshr(words, vconst(v8i32, shift)) if shift else words, v8i16)
+    return b.fpext(b.bitcast(h, ir.VectorType(ir.HalfType(), 8)), v8f32)
+
+
+def rel_scales(b, am, sa):
+    """<8 x f32> am * 2^sa (am, sa <8 x i32>; sa = ae - aemin, clamped at 64): the activation
+    scales relative to the group's least, exact; times an f16 weight scale still exact
+    (15 bits, at least 2^-21 where nonzero, and below 2^40 while sa is within `limit`)."""
+    e = minmax(b, "umin", sa, vconst(v8i32, 64))
+    p = b.bitcast(b.shl(b.add(e, vconst(v8i32, 127)), vconst(v8i32, 23)), v8f32)
+    return b.fmul(b.uitofp(am, v8f32), p)
+
+
+def fma(b, x, y, z):
+    """x * y + z rounded once (<8 x f64>; here every value exact, so the same as mul then add)."""
+    return b.call(intrinsic(b.module, "llvm.fma.v8f64", v8f64, [v8f64] * 3), [x, y, z])
 
 
 def exponent_range(b, words: list, both: bool):
@@ -123,16 +146,82 @@ def round4(b, s):
 
 # ---- four weight rows against one column (kernels_portable_matmul's rows4) ----------------------
 
-def scale_words(b, wtype: int, w, goff, nsub: int):
-    """<8 x i16>: lane j the f16 bits of sub-block j's scale (Q4_1: <8 x i32>, d | min << 16),
-    each distinct block's loaded once; lanes past nsub repeat lane 0."""
+def scale_words(b, wtype: int, w, goff, nsub: int, order=tuple(range(8))):
+    """<8 x i16>: lane l the f16 bits of sub-block order[l]'s scale (Q4_1: <8 x i32>, d | min
+    << 16), each distinct block's loaded once; lanes of sub-blocks past nsub repeat block 0's."""
     per = WEIGHT_TYPES[wtype].block // 32
     nd = -(-nsub // per)
     t = i32 if wtype == Q4_1 else i16
     v = ir.Constant(ir.VectorType(t, nd), [0] * nd)
     for k in range(nd):
         v = b.insert_element(v, b.load(at(b, w, b.add(goff, i64(sub_layout(wtype, k * per)[0])), t), align=1), i32(k))
-    return b.shuffle_vector(v, v, ir.Constant(v8i32, [j // per if j < nsub else 0 for j in range(8)]))
+    return b.shuffle_vector(v, v, ir.Constant(v8i32, [j // per if j < nsub else 0 for j in order]))
+
+
+# Q4_1, one column: sub-blocks 2p, 2p+1 side by side in one 256-bit vector (one unaligned load,
+# one insert), their low nibbles in one vpand, their high in a vpsrlw and a vpand; the activation
+# codes arranged to match once per column (pair_codes). A row's 8 dots come out in lane order
+# PAIR_ORDER (q4_1_dots); the scales are read in that order too.
+PAIR_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
+
+
+def pair_codes(b, K: int, x, out):
+    """out (i8, 64 bytes per pair p of sub-blocks): the codes of elements 0..15 of sub-block 2p,
+    then 0..15 of 2p + 1, then 16..31 of each; zero codes for a missing sub-block 2p + 1."""
+    v32i8 = ir.VectorType(i8, 32)
+    take_lo = ir.Constant(ir.VectorType(i32, 32), list(range(16)) + list(range(32, 48)))
+    take_hi = ir.Constant(ir.VectorType(i32, 32), list(range(16, 32)) + list(range(48, 64)))
+
+    def store(p, a, a2):
+        for half, idx in enumerate((take_lo, take_hi)):
+            dst = b.gep(out, [b.add(b.mul(p, i64(64)), i64(32 * half))])
+            b.store(b.shuffle_vector(a, a2, idx), b.bitcast(dst, v32i8.as_pointer()), align=1)
+
+    with for_range(b, 0, K // 64, name="pairs") as p:
+        a = b.load(at(b, x, b.mul(p, i64(2 * BLOCK_BYTES)), v32i8), align=1)
+        a2 = b.load(at(b, x, b.add(b.mul(p, i64(2 * BLOCK_BYTES)), i64(BLOCK_BYTES)), v32i8), align=1)
+        store(p, a, a2)
+    if K // 32 % 2:
+        a = b.load(at(b, x, i64((K // 32 - 1) * BLOCK_BYTES), v32i8), align=1)
+        store(i64(K // 64), a, ir.Constant(v32i8, [0] * 32))
+
+
+def q4_1_dots(b, w, goff, s0, nsub: int, cols):
+    """<8 x i32>: Q4_1 row w's sub-block dots of the group at goff against the one column, in
+    lane order PAIR_ORDER (0 past nsub). Per pair, two vpmaddubsw added as i16 (4 products of
+    codes 0..15 and activations within +-127: |.| <= 7620), then vphaddw (8 products, 15240),
+    vpmaddwd by ones to i32, vphaddd: low half sub-blocks 0, 2, 4, 6, high half 1, 3, 5, 7."""
+    return sums_of_pairs(b, [pair_sums(b, w, goff, s0, p, nsub, cols) for p in range(4)])
+
+
+def pair_sums(b, w, goff, s0, p: int, nsub: int, cols):
+    """<16 x i16>: Q4_1 row w's sub-blocks 2p (low half) and 2p + 1 (high half) of the group at
+    goff against the column, each lane a sum of 4 products (0 for a sub-block past nsub)."""
+    v16i8, v32i8 = ir.VectorType(i8, 16), ir.VectorType(i8, 32)
+    if 2 * p >= nsub:
+        return ir.Constant(v16i16, [0] * 16)
+    q = [b.load(at(b, w, b.add(goff, i64(sub_layout(Q4_1, j)[2])), v16i8), align=1) if j < nsub
+         else ir.Constant(v16i8, [0] * 16) for j in (2 * p, 2 * p + 1)]
+    v = b.shuffle_vector(q[0], q[1], ir.Constant(ir.VectorType(i32, 32), list(range(32))))
+    acts = b.mul(b.add(s0, i64(2 * p)), i64(32))                          # pair p's 64 bytes
+    a_lo = b.load(b.bitcast(b.gep(cols.pairs, [acts]), v32i8.as_pointer()), align=32)
+    a_hi = b.load(b.bitcast(b.gep(cols.pairs, [b.add(acts, i64(32))]), v32i8.as_pointer()), align=32)
+    lo, hi = b.and_(v, vconst(v32i8, 15)), b.lshr(v, vconst(v32i8, 4))
+    return b.add(maddubs(b, lo, a_lo), maddubs(b, hi, a_hi))
+
+
+def sums_of_pairs(b, us: list):
+    """<8 x i32> of four pair_sums u0..u3: low half the low halves' sums (u0..u3 in order),
+    high half the high halves' (vphaddw, vpmaddwd by ones, vphaddd)."""
+    phaddw = intrinsic(b.module, "llvm.x86.avx2.phadd.w", v16i16, [v16i16, v16i16])
+    phaddd = intrinsic(b.module, "llvm.x86.avx2.phadd.d", v8i32, [v8i32, v8i32])
+    pmaddwd = intrinsic(b.module, "llvm.x86.avx2.pmadd.wd", v8i32, [v16i16, v16i16])
+    y = [b.call(pmaddwd, [b.call(phaddw, [us[i], us[i + 1]]), vconst(v16i16, 1)]) for i in (0, 2)]
+    return b.call(phaddd, y)
+
+
+def in_pair_order(b, v):
+    return b.shuffle_vector(v, v, ir.Constant(v8i32, PAIR_ORDER))
 
 
 def group4(b, wtype: int, wrows: list, gi, nsub: int, cols):
@@ -143,17 +232,24 @@ def group4(b, wtype: int, wrows: list, gi, nsub: int, cols):
     goff = b.mul(gi, i64(group_bytes(wtype)))
     s0 = b.mul(gi, i64(8))
     zero = ir.Constant(v8i32, [0] * 8)
-    af = cols.vec(b, cols.af, 0, s0, v8f64)
-    caf = cols.vec(b, cols.caf, 0, s0, v8f64) if wtype == Q4_1 else None
+    rel = cols.vec(b, cols.arel, 0, s0, v8f32) if wtype != Q1_0 else None
+    csf = cols.vec(b, cols.csf, 0, s0, v8f64) if wtype == Q4_1 else None
+    order = PAIR_ORDER if wtype == Q4_1 else list(range(8))                 # the dots' lane order
+    if wtype == Q4_1:
+        rel, csf = in_pair_order(b, rel), in_pair_order(b, csf)
     terms, words = [], []
     small = wtype in (Q1_0, Q2_0)                    # sub-block dots within i16: pair sums summed as i16
     for w in wrows:
-        lanes = [ir.Constant(ir.VectorType(i16, 16), [0] * 16) if small else zero] * 8
-        for j in range(nsub):
-            qoff = b.add(goff, i64(sub_layout(wtype, j)[2]))
-            s = b.add(s0, i64(j))
-            lanes[j] = pair_sums16(b, wtype, w, qoff, s, cols) if small else int8_lanes(b, wtype, w, qoff, s, cols)[0]
-        dots = lane_sums16(b, lanes) if small else lane_sums(b, lanes)
+        if wtype == Q4_1:
+            dots = q4_1_dots(b, w, goff, s0, nsub, cols)
+        else:
+            lanes = [ir.Constant(v16i16, [0] * 16) if small else zero] * 8
+            for j in range(nsub):
+                qoff = b.add(goff, i64(sub_layout(wtype, j)[2]))
+                s = b.add(s0, i64(j))
+                lanes[j] = pair_sums16(b, wtype, w, qoff, s, cols) if small else \
+                    int8_lanes(b, wtype, w, qoff, s, cols)[0]
+            dots = lane_sums16(b, lanes) if small else lane_sums(b, lanes)
         if wtype == Q1_0:                                                     # set - clear = 2 set - all
             dots = b.sub(b.shl(dots, vconst(v8i32, 1)), cols.vec(b, cols.csum, 0, s0))
         if wtype == Q2_0:
@@ -161,15 +257,19 @@ def group4(b, wtype: int, wrows: list, gi, nsub: int, cols):
         if wtype == Q1_0:
             terms.append(b.mul(dots, cols.vec(b, cols.cmul, 0, s0)))
             continue
-        wd = scale_words(b, wtype, w, goff, nsub)
-        t = b.fmul(b.sitofp(dots, v8f64), b.fmul(f16_values(b, wd), af))
+        wd = scale_words(b, wtype, w, goff, nsub, order)
+        ws = b.fpext(b.fmul(f16_floats(b, wd), rel), v8f64)                 # d * am * 2^(ae - aemin), exact
         if wtype == Q4_1:
-            t = b.fadd(t, b.fmul(f16_values(b, wd, 16), caf))
+            ms = b.fpext(b.fmul(f16_floats(b, wd, 16), rel), v8f64)
+            t = fma(b, b.sitofp(dots, v8f64), ws, b.fmul(ms, csf))
+        else:
+            t = b.fmul(b.sitofp(dots, v8f64), ws)
         terms.append(t)
         words.append(wd)
     if wtype == Q1_0:
         return q1_0_blocks4(b, wrows, goff, nsub, terms, cols, gi)
-    r, untiny = round4(b, sum4(b, terms))
+    aemin = cols.per_group(b, cols.aemin, 0, gi)
+    r, untiny = round4(b, b.fmul(sum4(b, terms), splat_v(b, pow2(b, aemin), 4)))
     n = 16 if wtype == Q4_1 else 8
     ok = spread_ok(b, words, wtype == Q4_1, cols.per_group(b, cols.aspread, 0, gi),
                       cols.per_group(b, cols.gbad, 0, gi), limit(TERM_BITS[wtype], n))
@@ -178,33 +278,44 @@ def group4(b, wtype: int, wrows: list, gi, nsub: int, cols):
 
 def tail4(b, wtype: int, wrows: list, gi, nsub: int, cols):
     """group4 for a last group of one or two sub-blocks (K = 576: 2): the eight lanes are
-    (row r, sub-block j) at 2r + j, so the four rows share one f64 pass."""
+    (row r, sub-block j) at 2r + j (Q4_1: 4j + r, one pair_sums per row), so the four rows
+    share one f64 pass."""
     goff = b.mul(gi, i64(group_bytes(wtype)))
     s0 = b.mul(gi, i64(8))
     zero = ir.Constant(v8i32, [0] * 8)
     t = i32 if wtype == Q4_1 else i16                                        # scale_words' lanes
+    lane = (lambda r, j: 4 * j + r) if wtype == Q4_1 else (lambda r, j: 2 * r + j)
     lanes, words = [], ir.Constant(ir.VectorType(t, 8), [0] * 8)
     for r, w in enumerate(wrows):
         for j in range(2):
-            qoff = b.add(goff, i64(sub_layout(wtype, j)[2]))
-            lanes.append(int8_lanes(b, wtype, w, qoff, b.add(s0, i64(j)), cols)[0] if j < nsub else zero)
+            if wtype != Q4_1:
+                qoff = b.add(goff, i64(sub_layout(wtype, j)[2]))
+                lanes.append(int8_lanes(b, wtype, w, qoff, b.add(s0, i64(j)), cols)[0] if j < nsub else zero)
             do = sub_layout(wtype, j if j < nsub else 0)[0]        # past nsub: sub-block 0's scale (a 0 term)
-            words = b.insert_element(words, b.load(at(b, w, b.add(goff, i64(do)), t), align=1), i32(2 * r + j))
-    pairs = ir.Constant(v8i32, [0, 1] * 4)
+            words = b.insert_element(words, b.load(at(b, w, b.add(goff, i64(do)), t), align=1), i32(lane(r, j)))
+    which = ir.Constant(v8i32, [k // 4 if wtype == Q4_1 else k % 2 for k in range(8)])  # lane -> sub-block
 
     def per_lane(arr, t):
         v = cols.vec(b, arr, 0, s0, t)
-        return b.shuffle_vector(v, v, pairs)
+        return b.shuffle_vector(v, v, which)
 
-    dots = lane_sums(b, lanes)
+    if wtype == Q4_1:
+        dots = sums_of_pairs(b, [pair_sums(b, w, goff, s0, 0, nsub, cols) for w in wrows])
+    else:
+        dots = lane_sums(b, lanes)
     if wtype == Q2_0:
         dots = b.sub(dots, per_lane(cols.csum, v8i32))                      # codes - 1
-    t = b.fmul(b.sitofp(dots, v8f64), b.fmul(f16_values(b, words), per_lane(cols.af, v8f64)))
+    rel = per_lane(cols.arel, v8f32)
+    ws = b.fpext(b.fmul(f16_floats(b, words), rel), v8f64)                  # as group4
     if wtype == Q4_1:
-        t = b.fadd(t, b.fmul(f16_values(b, words, 16), per_lane(cols.caf, v8f64)))
+        ms = b.fpext(b.fmul(f16_floats(b, words, 16), rel), v8f64)
+        t = fma(b, b.sitofp(dots, v8f64), ws, b.fmul(ms, per_lane(cols.csf, v8f64)))
+    else:
+        t = b.fmul(b.sitofp(dots, v8f64), ws)
     v4 = ir.VectorType(i32, 4)
-    r, untiny = round4(b, b.fadd(b.shuffle_vector(t, t, ir.Constant(v4, [0, 2, 4, 6])),
-                                    b.shuffle_vector(t, t, ir.Constant(v4, [1, 3, 5, 7]))))
+    rows = [[lane(r, j) for r in range(4)] for j in range(2)]              # per j, the four rows' lanes
+    s = b.fadd(b.shuffle_vector(t, t, ir.Constant(v4, rows[0])), b.shuffle_vector(t, t, ir.Constant(v4, rows[1])))
+    r, untiny = round4(b, b.fmul(s, splat_v(b, pow2(b, cols.per_group(b, cols.aemin, 0, gi)), 4)))
     ok = spread_ok(b, [words], wtype == Q4_1, cols.per_group(b, cols.aspread, 0, gi),
                       cols.per_group(b, cols.gbad, 0, gi), limit(TERM_BITS[wtype], 16 if wtype == Q4_1 else 8))
     return r, b.and_(ok, untiny)

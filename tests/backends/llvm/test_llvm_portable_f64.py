@@ -190,3 +190,24 @@ def test_last_group_of_one_or_two_sub_blocks(t, monkeypatch):
         xf = np.where(np.arange(k) < k // 256 * 256, x, 0).astype(np.float32)
         y_full = quant.mul_mat(raw[:8], t, quant.quantize_act(xf))[0]
         assert np.array_equal(bits(marked), bits(arith.add(y_full, MARK)))
+
+
+@pytest.mark.parametrize("t", [Q8_0, Q4_1], ids=["Q8_0", "Q4_1"])
+def test_last_group_of_three_to_seven_sub_blocks(t, monkeypatch):
+    """A last group of 3..7 sub-blocks (K = 352 .. 480; Q4_1: an odd count leaves its last
+    pair half empty, pair_codes' zero half) on the f64 path (the marked kernel equals the
+    spec on every four rows), 4k + 3 rows; Q4_1 also at its largest dots (codes 15 against +-127)."""
+    rng = np.random.default_rng(70 + t)
+    for n in range(3, 8):
+        k = 256 + 32 * n
+        raw = weights(t, 11, k, rng)
+        check(raw, t, (rng.standard_normal((1, k)) * 3).astype(np.float32), None, None)
+        x = (rng.standard_normal((1, k)) * 3).astype(np.float32)
+        a = quant.quantize_act(x)
+        assert np.array_equal(bits(run(raw[:8], t, a, monkeypatch)), bits(quant.mul_mat(raw[:8], t, a)[0]))
+        if t == Q4_1:
+            raw[:, :].reshape(11, -1, 20)[:, :, 4:] = 0xFF
+            for sign in (1, -1):
+                a = quant.quantize_act(np.full((1, k), sign * 127 * 2.0 ** -7, np.float32))
+                want = quant.mul_mat(raw[:8], t, a)[0]
+                assert np.array_equal(bits(run(raw[:8], t, a, monkeypatch)), bits(want))
