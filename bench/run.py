@@ -46,7 +46,8 @@ Peak memory: each process's max RSS, bankml's with the cache llama-bench gives t
 
 portable: tg128 of the portable profile (issue #15) against the ggml profile's, both bankml on
 --backend, each in its own child process, alternated --reps times (A then B, back to back: a
-busy machine slows both alike); best of each, ratio portable/ggml tokens/s (the bar is 0.8).
+busy machine slows both alike); best of each, ratio portable/ggml tokens/s (the bar is 0.8), for
+--portable-models of --models (the portable profile builds llama and qwen3 graphs only).
 
 -ctk/--cache-type-k, -ctv/--cache-type-v: the K/V cache types (f16, q8_0, q4_0) of every row, on both
 sides (llama-bench -ctk/-ctv); rows of a quantized cache are labelled "model [K/V]".
@@ -82,6 +83,8 @@ DEFAULT_MODELS = ["smollm2-q4_1", "smollm2-f16", "smollm2-q8_0", "smollm2-q2_0",
                   "bonsai-1.7b-q2_0", "gemma3-270m-q4_k_m"]
 ROWS = ("pp", "tg", "fresh", "long", "depth", "portable")
 DEPTH_MODELS = ["smollm2-q4_1", "bonsai-1.7b-q1_0"]
+PORTABLE_MODELS = ["smollm2-q4_1", "smollm2-f16", "smollm2-q8_0", "smollm2-q2_0", "bonsai-1.7b-q1_0",
+                   "bonsai-1.7b-q2_0"]       # the llama / qwen3 graphs the portable profile builds
 DOC = Path(__file__).resolve().parent.parent / "docs" / "PERFORMANCE.md"
 KEEP = "<!-- bench/run.py --write-docs rewrites everything above this line and keeps what follows -->"
 FRESH_MIN, FRESH_MAX = 20, 400
@@ -492,6 +495,7 @@ def main() -> None:
     ap.add_argument("--long-tokens", type=int, default=1100, help="long: how many decode steps")
     ap.add_argument("--depth", type=int, default=2048, help="depth: cells in the cache before pp512/tg128")
     ap.add_argument("--depth-models", default=",".join(DEPTH_MODELS), help="depth: for these of --models")
+    ap.add_argument("--portable-models", default=",".join(PORTABLE_MODELS), help="portable: for these of --models")
     ap.add_argument("--seed", type=int, help="draws the fresh lengths and all token ids (default: a new one)")
     ap.add_argument("--write-docs", action="store_true")
     ap.add_argument("-ctk", "--cache-type-k", default="f16", help="K cache type (llama-bench's -ctk)")
@@ -530,7 +534,7 @@ def main() -> None:
             results += report(long_rows(name, path, a))
         if "depth" in rows and name in a.depth_models.split(","):
             results += report(depth_rows(name, path, a))
-        if "portable" in rows:
+        if "portable" in rows and name in a.portable_models.split(","):
             results += report(portable_rows(name, path, a))
     if bw is not None:
         results += report_bounds(results, bw, a)
