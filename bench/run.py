@@ -430,7 +430,7 @@ def markdown(rows: list[dict], a: argparse.Namespace, command: str) -> str:
     lines = ["# Performance", "",
              f"`{command}` on {cpu}, {time.strftime('%Y-%m-%d')}: bankml and llama-bench (b11434, AVX2 build) "
              f"interleaved in one run, {a.threads} threads; every ratio >1 means bankml is faster.", ""]
-    for kind, table in (("pptg", throughput_md), ("fresh", fresh_md), ("long", long_md)):
+    for kind, table in (("pptg", throughput_md), ("fresh", fresh_md), ("long", long_md), ("portable", portable_md)):
         if mine := [r for r in rows if r["kind"] == kind]:
             lines += table(mine, a) + [""]
     return "\n".join(lines)
@@ -442,6 +442,15 @@ def throughput_md(rows: list[dict], a: argparse.Namespace) -> list[str]:
             "|---|---|---|---|---|---|---|"] + [
             f"| {r['model']} | {r['test']} | {r['bankml']:.2f} | {r['llama']:.2f} | {r['ratio']:.3f} | "
             f"{r['rss'][0]:.0f} | {r['rss'][1]:.0f} |" for r in rows]
+
+
+def portable_md(rows: list[dict], a: argparse.Namespace) -> list[str]:
+    return ["## Portable profile", "",
+            f"tg128 of the portable profile (docs/PORTABLE.md) against the ggml profile's, both bankml on "
+            f"{a.backend}, each in its own process, alternated, best of {a.reps}. The bar (issue 15): 0.8 on "
+            "SmolLM2 Q4_1 and the Bonsai-shaped Q1_0.", "",
+            "| model | test | portable tok/s | ggml profile tok/s | ratio |", "|---|---|---|---|---|"] + [
+            f"| {r['model']} | {r['test']} | {r['bankml']:.2f} | {r['llama']:.2f} | {r['ratio']:.3f} |" for r in rows]
 
 
 def fresh_md(rows: list[dict], a: argparse.Namespace) -> list[str]:
