@@ -31,8 +31,8 @@ def limit(t: int) -> int:
     return portable_f64.limit(kpm.TERM_BITS[t], 16 if t == Q4_1 else 8)
 
 
-def run(raw, t, a, monkeypatch=None) -> np.ndarray:
-    """The kernel's result; with monkeypatch, a kernel whose exact path gives MARK."""
+def run(raw, t, a, monkeypatch=None, nth: int = 1) -> np.ndarray:
+    """The decode kernel's result on nth threads; with monkeypatch, a kernel whose exact path gives MARK."""
     g, _, mm, _ = _graph(t, a.q.shape[1], 1, len(raw))
     if monkeypatch is None:
         kern = compile_kernel(g, mm)
@@ -41,7 +41,7 @@ def run(raw, t, a, monkeypatch=None) -> np.ndarray:
             mp.setattr(kpm, "group", lambda b, wtype, w, gi, nsub, cols: [kpm.f32(float(MARK))] * len(cols.x))
             kern = compile_kernel(g, mm)
     out = np.full((1, len(raw)), np.nan, np.float32)
-    return run_kernel(g, mm, out, [raw, pq8(a)], 1, {"T": 1}, kernel=kern)[0]
+    return run_kernel(g, mm, out, [raw, pq8(a)], nth, {"T": 1}, kernel=kern)[0]
 
 
 def activation(rng, exps) -> np.ndarray:

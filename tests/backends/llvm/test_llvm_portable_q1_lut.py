@@ -15,8 +15,8 @@ import pytest
 from llvmlite import ir
 
 sys.path.insert(0, str(Path(__file__).parent))
-from llvm_kernel_util import compile_kernel, run_kernel  # noqa: E402
-from test_llvm_portable_matmul import _graph, bits, pq8, weights  # noqa: E402
+from test_llvm_portable_f64 import MARK, run as run_decode  # noqa: E402
+from test_llvm_portable_matmul import _graph, bits, weights  # noqa: E402
 
 from bankml.backends.llvm import kernels_portable_matmul as kpm, portable_f64, registry  # noqa: E402
 from bankml.backends.llvm.kernels_portable_q1_lut import ROWS  # noqa: E402
@@ -24,23 +24,13 @@ from bankml.profiles.portable import quant  # noqa: E402
 from bankml.quants import Q1_0  # noqa: E402
 
 THREADS = (1, 2, 3)
-MARK = np.float32(12345.0)                # what the marked kernel's exact path gives
 LIMIT = portable_f64.limit(kpm.TERM_BITS[Q1_0], 8)
 SHAPES = [(2048, 37), (6144, 50), (640, 45), (384, 16), (2048, 15), (128, 21)]
 
 
 def run(raw: np.ndarray, x: np.ndarray, nth: int, marked=None) -> np.ndarray:
     """The decode kernel's result for one column x; marked (a monkeypatch): its exact path gives MARK."""
-    a = quant.quantize_act(x)
-    g, _, mm, _ = _graph(Q1_0, x.shape[1], 1, len(raw))
-    if marked is None:
-        kern = compile_kernel(g, mm)
-    else:
-        with marked.context() as mp:
-            mp.setattr(kpm, "group", lambda b, wtype, w, gi, nsub, cols: [kpm.f32(float(MARK))] * len(cols.x))
-            kern = compile_kernel(g, mm)
-    out = np.full((1, len(raw)), np.nan, np.float32)
-    return run_kernel(g, mm, out, [raw, pq8(a)], nth, {"T": 1}, kernel=kern)[0]
+    return run_decode(raw, Q1_0, quant.quantize_act(x), marked, nth)
 
 
 def check(raw: np.ndarray, x: np.ndarray, threads=THREADS) -> np.ndarray:
