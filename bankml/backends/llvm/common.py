@@ -32,9 +32,10 @@ def intrinsic(m: ir.Module, name: str, ret: ir.Type, args: list[ir.Type]) -> ir.
 
 
 def fma(b: ir.IRBuilder, x, y, z):
-    """x*y+z rounded once: llvm.fma.f32 / llvm.fma.v8f32."""
+    """x*y+z rounded once, lane by lane: llvm.fma.f32 / .f64 / .v{n}f32 / .v{n}f64."""
     t = x.type
-    name = "llvm.fma.v8f32" if t == v8f32 else "llvm.fma.f32" if t == f32 else f"llvm.fma.{t}"
+    el = "f64" if (t.element if isinstance(t, ir.VectorType) else t) == f64 else "f32"
+    name = f"llvm.fma.v{t.count}{el}" if isinstance(t, ir.VectorType) else f"llvm.fma.{el}"
     return b.call(intrinsic(b.module, name, t, [t, t, t]), [x, y, z])
 
 

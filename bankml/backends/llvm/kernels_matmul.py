@@ -29,6 +29,7 @@ from typing import Callable
 
 from llvmlite import ir
 
+from bankml.backends.llvm.common import fma  # noqa: F401 (the tilers import it from here)
 from bankml.backends.llvm.common import dim, f16, f32, for_range, i8, i16, i32, i64, intrinsic, new_function, \
     size, smin, thread_range, typed, v8f32
 from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
@@ -71,13 +72,6 @@ def f32x8_reduce(b: ir.IRBuilder, accs):
     t = b.fadd(lanes(b, s, [0, 1, 2, 3]), lanes(b, s, [4, 5, 6, 7]))
     e = [b.extract_element(t, i32(i)) for i in range(4)]
     return b.fadd(b.fadd(e[0], e[1]), b.fadd(e[2], e[3]))
-
-
-def fma(b: ir.IRBuilder, x, y, z):
-    """x*y+z rounded once, lane by lane: llvm.fma.f32 / llvm.fma.v{n}f32 (any lane count)."""
-    t = x.type
-    name = f"llvm.fma.v{t.count}f32" if isinstance(t, ir.VectorType) else "llvm.fma.f32"
-    return b.call(intrinsic(b.module, name, t, [t, t, t]), [x, y, z])
 
 
 def alloca(b: ir.IRBuilder, t: ir.Type, init, name: str):

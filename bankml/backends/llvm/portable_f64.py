@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from bankml.backends.llvm.common import f32, f64, for_range, i8, i16, i32, i64, intrinsic
+from bankml.backends.llvm.common import f32, f64, fma, for_range, i8, i16, i32, i64, intrinsic
 from bankml.backends.llvm.kernels_matmul import at, maddubs
 from bankml.backends.llvm.kernels_portable_rows import TERM_BITS, group_bytes, int8_lanes, lane_sums, lane_sums16, \
     BLOCK_BYTES, pair_sums16, splat_v, sub_layout
@@ -90,11 +90,6 @@ def rel_scales(b, am, sa):
     e = minmax(b, "umin", sa, vconst(v8i32, 64))
     p = b.bitcast(b.shl(b.add(e, vconst(v8i32, 127)), vconst(v8i32, 23)), v8f32)
     return b.fmul(b.uitofp(am, v8f32), p)
-
-
-def fma(b, x, y, z):
-    """x * y + z rounded once (<8 x f64>; here every value exact, so the same as mul then add)."""
-    return b.call(intrinsic(b.module, "llvm.fma.v8f64", v8f64, [v8f64] * 3), [x, y, z])
 
 
 def exponent_range(b, words: list, both: bool):
