@@ -58,6 +58,6 @@ def _shape(M: int) -> tuple[int, int]:
     return 1, min(M, 8)
 
 
-TILERS[(Q4_0, fo.Q4_0_DOT)] = Tiler(_shape, alloc(), prep(34), dot_q0(18, q4_0_values), chunk_wd(18))
-TILERS[(Q5_0, fo.Q5_0_DOT)] = Tiler(_shape, alloc(), prep(34), dot_q0(22, q5_0_values), chunk_wd(22))
-TILERS[(Q5_1, fo.Q5_1_DOT)] = Tiler(_shape, alloc(with_s=True), prep(36), dot_q1(24, q5_1_codes), chunk_wd(24))
+TILERS[(Q4_0, fo.Q4_0_DOT)] = Tiler(_shape, alloc(), prep(34), dot_q0(18, q4_0_values), chunk_wd(18, q4_0_values))
+TILERS[(Q5_0, fo.Q5_0_DOT)] = Tiler(_shape, alloc(), prep(34), dot_q0(22, q5_0_values), chunk_wd(22, q5_0_values))
+TILERS[(Q5_1, fo.Q5_1_DOT)] = Tiler(_shape, alloc(with_s=True), prep(36), dot_q1(24, q5_1_codes), chunk_wd(24, q5_1_codes))

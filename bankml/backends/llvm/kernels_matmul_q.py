@@ -47,6 +47,7 @@ class Cols:
     aq: object = None    # i8* [K/32][C][32]: the quants, permuted as Q2_0 codes unpack (Q2_0)
     lut: object = None   # i8* [K/32][TABLE_BYTES]: the one column's lookup tables (Q1_0, C = 1)
     wd: tuple = None     # (w0, f32* [rows][K/32]): f32(wd) of the chunk's rows from w0 (_chunk_wd)
+    wq: object = None    # i8* [rows][K]: the chunk's weight values, unpacked once (_chunk_wd with values)
 
 
 def _shape(M: int) -> tuple[int, int]:
@@ -85,7 +86,8 @@ def _prep(bb: int):
     """Fill the scratch of a column tile from activation blocks of bb bytes (34: q8_0, 36: q8_1)."""
     def prep(b, K, xrows, scr):
         C = len(xrows)
-        cols = Cols(xrows, scr["d"], scr["s"], scr["asum"], scr["aq"], scr["lut"] if C == 1 else None, scr.get("wd"))
+        cols = Cols(xrows, scr["d"], scr["s"], scr["asum"], scr["aq"], scr["lut"] if C == 1 else None, scr.get("wd"),
+                    scr.get("wq"))
         with for_range(b, 0, K // 32, name="prep") as kb:
             for c, x in enumerate(xrows):
                 xo = b.mul(kb, i64(bb))
@@ -105,16 +107,37 @@ def _prep(bb: int):
     return prep
 
 
-def _chunk_wd(wbb: int):
+def _chunk_wd(wbb: int, values=None):
     """Tiler.chunk of the dot_q0 / dot_q1 tiles: the f32 scales of the chunk's weight blocks (wbb
     bytes, f16 scale first), converted once for all its column tiles. Rows are contiguous whole blocks, so
-    block j of the chunk is at w0 + j * wbb."""
+    block j of the chunk is at w0 + j * wbb. With values (packed types: Q4_0, Q5_0, Q4_1, Q5_1),
+    each block's 32 values(b, w0, j * wbb) are unpacked once too, into scratch [block][32]: the
+    column tiles then load them as Q8_0's tiles load their quants."""
     def chunk(b, K, w0, n, n_max, scr):
         wd = scratch(b, f32, n_max * (K // 32), "chunk.wd")
+        wq = scratch(b, v32i8, n_max * (K // 32), "chunk.wq") if values else None
         with for_range(b, 0, b.mul(n, i64(K // 32)), name="wd") as j:
             b.store(load_h(b, w0, b.mul(j, i64(wbb))), b.gep(wd, [j]))
+            if values:
+                b.store(values(b, w0, b.mul(j, i64(wbb))), b.gep(wq, [j]), align=32)
         scr["wd"] = (w0, wd)
+        if values:
+            scr["wq"] = wq
     return chunk
+
+
+def _block_of(b, cols, w, wbb: int):
+    """Index of row w's first block in the chunk's scratch (rows of whole wbb-byte blocks from w0)."""
+    return b.udiv(b.sub(b.ptrtoint(w, i64), b.ptrtoint(cols.wd[0], i64)), i64(wbb))
+
+
+def _values_of(b, cols, wrows, wbb: int, values):
+    """get(w_index, wb, kb): the 32 values of row wrows[w_index]'s block kb (at byte wb): from the
+    chunk's unpacked scratch when there is one, else unpacked in place."""
+    if cols.wq is None:
+        return lambda r, wb, kb: values(b, wrows[r], wb)
+    first = [_block_of(b, cols, w, wbb) for w in wrows]
+    return lambda r, wb, kb: b.load(b.gep(cols.wq, [b.add(first[r], kb)]), align=32)
 
 
 def _col_d(b, cols, kb, c):
@@ -170,7 +193,7 @@ def _products(b, K, wrows, cols, wbb: int):
     dwp = scratch(b, f32, K // 32 * R * C, "tile.dw")
     if cols.wd is not None:         # the f32 scales from _chunk_wd: row r's blocks from first[r]
         w0, wd32 = cols.wd
-        first = [b.udiv(b.sub(b.ptrtoint(w, i64), b.ptrtoint(w0, i64)), i64(wbb)) for w in wrows]
+        first = [_block_of(b, cols, w, wbb) for w in wrows]
     with for_range(b, 0, K // 32, name="dw") as kb:
         ad = b.load(typed_gep(b, cols.d, b.mul(kb, i64(C)), vc), align=4)
         for r, w in enumerate(wrows):
@@ -201,13 +224,14 @@ def dot_q0(wbb: int, values):
     def tile(b, K, wrows, cols):
         R, C = len(wrows), len(cols.x)
         dw_of = _products(b, K, wrows, cols, wbb)
+        values_of = _values_of(b, cols, wrows, wbb, values)
 
         def step(ib, accs):
             wb, xb = b.mul(ib, i64(wbb)), b.mul(ib, i64(34))
             aq = [b.load(at(b, x, b.add(xb, i64(2)), v32i8), align=1) for x in cols.x]
             out = []
             for r, w in enumerate(wrows):
-                wq = values(b, w, wb)
+                wq = values_of(r, wb, ib)
                 wabs = psign(b, wq, wq)
                 for c in range(C):
                     dw = dw_of(ib, r, c)
@@ -229,6 +253,7 @@ def dot_q1(wbb: int, codes):
         R, C = len(wrows), len(cols.x)
         vc = ir.VectorType(f32, C)
         dw_of = _products(b, K, wrows, cols, wbb)
+        codes_of = _values_of(b, cols, wrows, wbb, codes)
 
         def step(ib, st):
             accs, summs = st[:R * C], st[R * C:]
@@ -238,7 +263,7 @@ def dot_q1(wbb: int, codes):
             na, ns = [], []
             for r, w in enumerate(wrows):
                 wm = load_h(b, w, b.add(wb, i64(2)))
-                wq = codes(b, w, wb)
+                wq = codes_of(r, wb, ib)
                 for c in range(C):
                     s = b.sitofp(sums_us8(b, wq, aq[c]), ir.VectorType(f32, 8))
                     na.append(fma(b, dw_of(ib, r, c), s, accs[r * C + c]))
