@@ -15,6 +15,7 @@ from bankml.backends.llvm.common import f32, f64, i32, i64, v8f32
 from bankml.backends.llvm.kernels_matmul import TILERS, Tiler, at, fma, block_loop, f32x8_reduce, hsum8, load_h, \
     plain_cols, v8f16, zero8
 from bankml.ir import order as fo
+from bankml.backends.llvm.kernels_matmul_q import hsums
 from bankml.quants import F16
 
 
@@ -44,7 +45,8 @@ def _tinyblas(b, K, wrows, xrows):
         wv = [_tail8(b, w, K - K % 8, K) for w in wrows]
         xv = [_tail8(b, x, K - K % 8, K) for x in xrows]
         accs = [fma(b, wv[r], xv[c], accs[r * C + c]) for r in range(R) for c in range(C)]
-    return [[hsum8(b, accs[r * C + c]) for c in range(C)] for r in range(R)]
+    h = hsums(b, accs)
+    return [h[r * C:(r + 1) * C] for r in range(R)]
 
 
 def _vec_dot(b, K, wrows, xrows):

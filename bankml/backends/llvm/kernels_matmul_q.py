@@ -165,13 +165,16 @@ def hsum8_x8(b, v):
 
 
 def hsums(b, accs):
-    """[hsum8(a) for a in accs], eight at a time as vectors (hsum8_x8) where there are eight."""
-    if len(accs) % 8:
-        return [hsum8(b, a) for a in accs]
+    """[hsum8(a) for a in accs], eight at a time as vectors (hsum8_x8); a last group of fewer
+    than eight is padded with zero vectors (lanes not read) where it has more than two."""
     out = []
     for k in range(0, len(accs), 8):
-        v = hsum8_x8(b, accs[k:k + 8])
-        out += [b.extract_element(v, i32(c)) for c in range(8)]
+        group = accs[k:k + 8]
+        if len(group) <= 2:
+            out += [hsum8(b, a) for a in group]
+            continue
+        v = hsum8_x8(b, group + [zero8()] * (8 - len(group)))
+        out += [b.extract_element(v, i32(c)) for c in range(len(group))]
     return out
 
 

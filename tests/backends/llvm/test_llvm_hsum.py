@@ -1,5 +1,6 @@
-"""hsum8_x8 (the eight hsum8 of a 1x8 quantized tile as vector adds, kernels_matmul_q.py) equals
-hsum8 of each vector and ggml's hsum_float_8 order, bit for bit: random f32 of many magnitudes
+"""hsum8_x8 (the eight hsum8 of a 1x8 quantized tile as vector adds, kernels_matmul_q.py) and
+hsums (groups of eight, a short last group padded) equal hsum8 of each vector and ggml's
+hsum_float_8 order, bit for bit: random f32 of many magnitudes
 (so that any other order of the adds would round differently), signed zeros and infinities."""
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ V8 = ir.VectorType(f32, 8)
 
 def _compiled():
     """f(in: f32[64], out: f32[16]): out[0:8] = hsum8_x8 of the eight rows of in, out[8:16] =
-    hsum8 of each row; and hsums of 4 rows (no vector path) into out[16:20]."""
+    hsum8 of each row; hsums of 4 rows (one padded group) into out[16:20], of 12 (a full group,
+    then a padded one: the F16 4x3 tile) into out[20:32], of 2 (scalar) into out[32:34]."""
     m = ir.Module(name="hsum")
     ptr = f32.as_pointer()
     fn, b = new_function(m, "f", ir.FunctionType(ir.VoidType(), [ptr, ptr]))
@@ -27,8 +29,9 @@ def _compiled():
     b.store(hsum8_x8(b, vs), b.bitcast(out, V8.as_pointer()), align=4)
     for c in range(8):
         b.store(hsum8(b, vs[c]), b.gep(out, [i64(8 + c)]))
-    for c, h in enumerate(hsums(b, vs[:4])):
-        b.store(h, b.gep(out, [i64(16 + c)]))
+    for first, group in ((16, vs[:4]), (20, vs + vs[:4]), (32, vs[:2])):
+        for c, h in enumerate(hsums(b, group)):
+            b.store(h, b.gep(out, [i64(first + c)]))
     b.ret_void()
     eng = jit.compile_module(m)
     return eng, ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(eng.get_function_address("f"))
@@ -49,10 +52,12 @@ def test_hsum8_x8_bits_equal_hsum8():
             x[rng.integers(0, 64, 6)] = np.float32(-0.0)
         if trial % 25 == 0:
             x[rng.integers(0, 64, 2)] = np.float32(np.inf)
-        out = np.zeros(20, np.float32)
+        out = np.zeros(34, np.float32)
         f(x.ctypes.data, out.ctypes.data)
         want = np.array([_ggml_hsum8(x[8 * c:8 * c + 8]) for c in range(8)], np.float32)
         assert np.array_equal(out[:8].view(np.uint32), want.view(np.uint32)), trial
         assert np.array_equal(out[8:16].view(np.uint32), want.view(np.uint32)), trial
         assert np.array_equal(out[16:20].view(np.uint32), want[:4].view(np.uint32)), trial
+        assert np.array_equal(out[20:32].view(np.uint32), np.concatenate([want, want[:4]]).view(np.uint32)), trial
+        assert np.array_equal(out[32:34].view(np.uint32), want[:2].view(np.uint32)), trial
     del eng
