@@ -1,6 +1,6 @@
 """One FLASH_ATTN kernel timed on its own: for comparing attention kernel changes A/B.
 
-    python bench/attn.py {tiled,split} [--model smollm2|qwen3] [--rows 512] [--past 2048] [--reps 5]
+    python bench/attn.py {tiled,split,one_chunk} [--model smollm2|qwen3|bonsai|gemma3] [--rows 512] [--past 2048] [--reps 5]
 
 The kernel is compiled for the node's shapes, data made as tests/backends/llvm/test_llvm_attention.py
 makes it (a causal mask over n_past + rows cells, n_kv padded to 256), and called with llama_threads 2
@@ -24,15 +24,16 @@ from test_llvm_attention import _case, _graph  # noqa: E402
 
 from bankml.backends.llvm.jit import call_kernel, compile_module  # noqa: E402
 from bankml.backends.llvm.registry import define, kernel_name  # noqa: E402
-from bankml.ir.order import FA_SPLIT, FA_TILED  # noqa: E402
+from bankml.ir.order import FA_REFERENCE, FA_SPLIT, FA_TILED  # noqa: E402
 
 
 test_llvm_attention.MODELS.setdefault("bonsai", (16, 8, 128))   # Bonsai-1.7B's heads
+test_llvm_attention.MODELS.setdefault("gemma3", (4, 1, 256))     # Gemma-3-270M's
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("kind", choices=["tiled", "split"])
+    ap.add_argument("kind", choices=["tiled", "split", "one_chunk"], help="one_chunk: a short prompt's kernel")
     ap.add_argument("--model", default="smollm2", help="smollm2 (9/3 heads, D 64), qwen3 (4/2, D 128), bonsai (16/8, D 128)")
     ap.add_argument("--rows", type=int, default=512)
     ap.add_argument("--past", type=int, default=2048)
@@ -40,7 +41,7 @@ def main() -> None:
     a = ap.parse_args()
     rows = 1 if a.kind == "split" else a.rows
     q, k, v, mask, scale = _case(1, rows, a.past, a.model)
-    g, n = _graph(q, k, v, mask, scale, FA_SPLIT if a.kind == "split" else FA_TILED, 2)
+    g, n = _graph(q, k, v, mask, scale, {"split": FA_SPLIT, "tiled": FA_TILED, "one_chunk": FA_REFERENCE}[a.kind], 2)
     m = ir.Module()
     define(m, g, n)
     eng = compile_module(m)

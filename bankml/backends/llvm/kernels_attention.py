@@ -219,17 +219,34 @@ class _Emit:
 
 
 def _define_one_chunk(e: _Emit) -> None:
+    """A thread's share of the (row, head) items, row by row; two heads of a row at a time where
+    the share has both (one_chunk's chains side by side: they share the row's mask and visible
+    keys, and each head's values keep their own order)."""
     b = e.b
-    qbuf, vkq = e.alloca(f32, e.D, "q16"), e.alloca(f32, e.DV, "vkq")
-    Mp, Sp = e.alloca(f32, 1, "M"), e.alloca(f32, 1, "S")
+    state = [(e.alloca(f32, e.D, "q16"), e.alloca(f32, e.DV, "vkq"), e.alloca(f32, 1, "M"), e.alloca(f32, 1, "S"))
+             for _ in range(2)]
     lo, hi = thread_range(b, b.mul(e.M, i64(e.H)), e.ith, e.nth)
-    with for_range(b, lo, hi, name="row") as r:                        # r = mrow*H + h
-        mrow, h = b.sdiv(r, i64(e.H)), b.srem(r, i64(e.H))
-        hk = b.sdiv(h, i64(e.grp))
-        e.q16(qbuf, b.mul(r, i64(e.D)))
-        e.reset(vkq, Mp, Sp)
-        e.one_chunk(mrow, [(hk, qbuf, vkq, Mp, Sp)], i64(0), e.n_kv)
-        e.store_normalised(vkq, b.load(Sp), b.mul(r, i64(e.DV)))
+
+    def heads(mrow, hs):
+        rs = [b.add(b.mul(mrow, i64(e.H)), h) for h in hs]                # r = mrow*H + h
+        for r, (qbuf, vkq, Mp, Sp) in zip(rs, state):
+            e.q16(qbuf, b.mul(r, i64(e.D)))
+            e.reset(vkq, Mp, Sp)
+        e.one_chunk(mrow, [(b.sdiv(h, i64(e.grp)), *st) for h, st in zip(hs, state)], i64(0), e.n_kv)
+        for r, (_, vkq, _, Sp) in zip(rs, state):
+            e.store_normalised(vkq, b.load(Sp), b.mul(r, i64(e.DV)))
+
+    with for_range(b, b.sdiv(lo, i64(e.H)), ceil_div(b, hi, i64(e.H)), name="mrow") as mrow:
+        first = b.mul(mrow, i64(e.H))
+        h_lo = b.select(b.icmp_signed("<", first, lo), b.sub(lo, first), i64(0))
+        h_hi = smin(b, b.sub(hi, first), i64(e.H))
+        with for_range(b, h_lo, h_hi, step=2, name="h") as h:
+            h1 = b.add(h, i64(1))
+            with b.if_else(b.icmp_signed("<", h1, h_hi)) as (two, one):
+                with two:
+                    heads(mrow, [h, h1])
+                with one:
+                    heads(mrow, [h])
 
 
 def _define_split(e: _Emit) -> None:
