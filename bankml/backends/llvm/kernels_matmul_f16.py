@@ -12,7 +12,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from bankml.backends.llvm.common import f32, f64, i32, i64, v8f32
-from bankml.backends.llvm.kernels_matmul import TILERS, Tiler, at, fma, block_loop, f32x8_reduce, hsum8, load_h, \
+from bankml.backends.llvm.kernels_matmul import TILERS, Tiler, at, fma, block_loop, f32x8_reduce, load_h, \
     plain_cols, v8f16, zero8
 from bankml.ir import order as fo
 from bankml.backends.llvm.kernels_matmul_q import hsums

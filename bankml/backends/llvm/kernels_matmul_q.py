@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 from llvmlite import ir
 
-from bankml.backends.llvm.common import f16, f32, for_range, i1, i8, i32, i64, intrinsic
+from bankml.backends.llvm.common import f16, f32, for_range, i8, i32, i64, intrinsic
 from bankml.backends.llvm.kernels_matmul import TILERS, Tiler, at, block_loop, fma, hsum8, load_h, maddubs, psign, \
     scratch, splat, sums_us8, v16i8, v16i16, v32i8, zero8
 from bankml.backends.llvm.kernels_matmul_q1_lut import ROWS as LUT_ROWS, TABLE_BYTES, build_tables, lut_tile

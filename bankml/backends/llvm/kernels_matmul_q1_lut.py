@@ -229,15 +229,20 @@ def scale_words(b, wrows, wb, order):
     return b.bitcast(packed, v16i16)
 
 
+def prefetch_lines(b, base, start, nbytes: int):
+    """Prefetch (read, low locality, data) the cache lines of base[start : start + nbytes], one
+    per 64 bytes: the lookup decodes stream their weights from DRAM."""
+    prefetch = intrinsic(b.module, "llvm.prefetch.p0i8", ir.VoidType(), [ir.PointerType(i8), i32, i32, i32])
+    for o in range(0, nbytes, 64):
+        b.call(prefetch, [b.gep(base, [b.add(start, i64(o))]), i32(0), i32(1), i32(1)])
+
+
 def _combo_step(b, K, wrows, d, tbl, bits, wds, c, ib, acc):
     """Pass 2, combo c, block ib: the four sub-blocks' blk chains of the 4 row sets, then
     acc = fma(wd, blk, acc). Also prefetches the next 16 rows (16 * K/128 * 18 contiguous bytes,
     72 an iteration over the 4 * K/128 iterations of pass 2): the decode reads them from DRAM."""
     nblk = K // 128
-    prefetch = intrinsic(b.module, "llvm.prefetch.p0i8", ir.VoidType(), [ir.PointerType(i8), i32, i32, i32])
-    ahead = b.add(i64(ROWS * nblk * 18 + c * nblk * 72), b.mul(ib, i64(72)))
-    for o in (0, 64):
-        b.call(prefetch, [b.gep(wrows[0], [b.add(ahead, i64(o))]), i32(0), i32(1), i32(1)])
+    prefetch_lines(b, wrows[0], b.add(i64(ROWS * nblk * 18 + c * nblk * 72), b.mul(ib, i64(72))), 128)
     u, n = divmod(c, 2)
     blk = [None] * 4
     for k in range(4):

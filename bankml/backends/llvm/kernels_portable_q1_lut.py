@@ -30,7 +30,7 @@ from bankml.backends.llvm import portable_f64 as pf
 from bankml.backends.llvm.common import f16, f32, f64, i8, i16, i32, i64, intrinsic
 from bankml.backends.llvm.kernels_matmul import maddubs
 from bankml.backends.llvm.kernels_matmul_q1_lut import ROWS, block_major, build_tables, \
-    lookup_bytes, nibbles, scale_words, transposed, unpack_idx
+    lookup_bytes, nibbles, prefetch_lines, scale_words, transposed, unpack_idx
 from bankml.backends.llvm.kernels_portable_rows import BLOCK_BYTES, TERM_BITS, splat_v, vconst
 from bankml.quants import Q1_0
 
@@ -74,10 +74,7 @@ def block_sums(b, K: int, wrows, ib, cols):
 def _prefetch(b, wrows, K: int, ib):
     """The next 16 rows' bytes (16 * K/128 * 18 from the tile's start), 288 a block: the decode
     streams its weights from DRAM."""
-    prefetch = intrinsic(b.module, "llvm.prefetch.p0i8", ir.VoidType(), [ir.PointerType(i8), i32, i32, i32])
-    ahead = b.add(i64(ROWS * (K // 128) * 18), b.mul(ib, i64(ROWS * 18)))
-    for o in range(0, ROWS * 18, 64):
-        b.call(prefetch, [b.gep(wrows[0], [b.add(ahead, i64(o))]), i32(0), i32(1), i32(1)])
+    prefetch_lines(b, wrows[0], b.add(i64(ROWS * (K // 128) * 18), b.mul(ib, i64(ROWS * 18))), ROWS * 18)
 
 
 def group16(b, K: int, wrows: list, gi, nblk: int, cols):
