@@ -21,7 +21,7 @@ Out f32 [M, n_head, DV]. Head h reads kv head h // (n_head // n_head_kv).
       out = S != 0 ? r(VKQ * r(1/S)) : VKQ
 - FA_TILED (ggml_compute_forward_flash_attn_ext_tiled): Q tiles of <= 64 rows of one head, cut
   as ggml cuts them for llama_threads (computed at run time, _q_tiles), handed to threads
-  round-robin; K/V tiles of 64 keys converted to f32 on the stack (K transposed, so 8 keys share
+  zigzag (0, 1, .., 1, 0: balanced causal work); K/V tiles of 64 keys converted to f32 on the stack (K transposed, so 8 keys share
   a vector and each lane is simd_gemm's serial fma chain over d). A KV tile is skipped for a Q tile
   when every row's mask there is -inf. In a computed tile, Q.K for all rows, then their softmax
   steps, then P.V for all rows (so the K tile, then the V tile, stays in L1), both products as
