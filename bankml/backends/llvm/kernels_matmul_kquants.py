@@ -99,64 +99,162 @@ def _sum(b, vs):
 
 class _Weights:
     """Super-block ib of one weight row, decoded once for a tile of columns: f32 d (and dmin),
-    the codes of each 32-block as bytes, and each 32-block's scales as the i16 vector that
-    vpmaddwd multiplies into the vpmaddubsw pairs (ggml's madd(scale, p16))."""
+    code(s) the codes of 32-block s as bytes, scale(s) its scales as the i16 vector that
+    vpmaddwd multiplies into the vpmaddubsw pairs (ggml's madd(scale, p16)), each emitted where
+    first asked for. Q4_K: `mins` the 8 mins as i32 lanes, `mins2` each min twice as i16 lanes
+    (vpmaddwd with the 16 sums of 16 gives min_j * S32_j in lane j)."""
 
     def __init__(self, b, wtype, wrow, ib):
-        self.wtype = wtype
-        c15, c4 = ir.Constant(v32i8, [15] * 32), ir.Constant(v32i8, [4] * 32)
-        self.codes, self.scales = [], []
+        self.b, self.wtype = b, wtype
+        self._codes, self._scales = {}, {}
         if wtype == Q4_K:
-            wb = b.gep(wrow, [b.mul(ib, i64(144))])
+            self.wb = wb = b.gep(wrow, [b.mul(ib, i64(144))])
             self.dw, self.dmw = load_h(b, wb, 0), load_h(b, wb, 2)
-            sb = [b.zext(b.load(at(b, wb, 4 + j, i8)), i32) for j in range(12)]
-            six = lambda v: b.shl(b.lshr(v, i32(6)), i32(4))     # noqa: E731
-            sc = [b.and_(sb[j], i32(63)) for j in range(4)] + \
-                 [b.or_(b.and_(sb[j + 4], i32(15)), six(sb[j - 4])) for j in range(4, 8)]
-            mn = [b.and_(sb[j + 4], i32(63)) for j in range(4)] + \
-                 [b.or_(b.lshr(sb[j + 4], i32(4)), six(sb[j])) for j in range(4, 8)]
-            for s in range(8):
-                raw = b.load(at(b, wb, 16 + 32 * (s // 2), v32i8), align=1)
-                self.codes.append(b.and_(raw, c15) if s % 2 == 0 else b.lshr(raw, c4))
-                self.scales.append(splat(b, b.trunc(sc[s], i16), 16))
-            mins = ir.Constant(v8i32, ir.Undefined)
-            for j in range(8):
-                mins = b.insert_element(mins, mn[j], i32(j))
-            self.mins = mins
+            u = [b.load(at(b, wb, 4 + 4 * j, i32), align=1) for j in range(3)]
+            km1, km2, km3 = i32(0x3f3f3f3f), i32(0x0f0f0f0f), i32(0x03030303)
+            # ggml's utmp unpacking: bytes 0..7 the scales, 8..15 the mins (6 bits each)
+            sc_lo = b.and_(u[0], km1)
+            sc_hi = b.or_(b.and_(u[2], km2), b.shl(b.and_(b.lshr(u[0], i32(6)), km3), i32(4)))
+            mn_lo = b.and_(u[1], km1)
+            mn_hi = b.or_(b.and_(b.lshr(u[2], i32(4)), km2), b.shl(b.and_(b.lshr(u[1], i32(6)), km3), i32(4)))
+            words = ir.Constant(ir.VectorType(i32, 4), ir.Undefined)
+            for j, v in enumerate((sc_lo, sc_hi, mn_lo, mn_hi)):
+                words = b.insert_element(words, v, i32(j))
+            self.sm = b.zext(b.bitcast(words, v16i8), v16i16)                   # 8 scales, 8 mins
+            self.mins = b.zext(_shuf(b, self.sm, list(range(8, 16))), v8i32)
+            self.mins2 = _shuf(b, self.sm, [8 + j // 2 for j in range(16)])
         else:
-            wb = b.gep(wrow, [b.mul(ib, i64(210))])
+            self.wb = wb = b.gep(wrow, [b.mul(ib, i64(210))])
             self.dw = load_h(b, wb, 208)
             sc8 = b.load(at(b, wb, 192, v16i8), align=1)
             self.sc16 = b.sext(sc8, v16i32)
-            sc_h = b.sext(sc8, ir.VectorType(i16, 16))
-            for s in range(8):
+            self.sc_h = b.sext(sc8, ir.VectorType(i16, 16))
+
+    def code(self, s):
+        if s not in self._codes:
+            b, wb = self.b, self.wb
+            c15, c4 = ir.Constant(v32i8, [15] * 32), ir.Constant(v32i8, [4] * 32)
+            if self.wtype == Q4_K:
+                raw = b.load(at(b, wb, 16 + 32 * (s // 2), v32i8), align=1)
+                self._codes[s] = b.and_(raw, c15) if s % 2 == 0 else b.lshr(raw, c4)
+            else:
                 h, k = s // 4, s % 4
                 ql = b.load(at(b, wb, 64 * h + 32 * (k & 1), v32i8), align=1)
                 lo = b.and_(ql, c15) if k < 2 else b.lshr(ql, c4)
                 qh = b.load(at(b, wb, 128 + 32 * h, v32i8), align=1)
                 hi = b.shl(b.and_(b.lshr(qh, ir.Constant(v32i8, [2 * k] * 32)), ir.Constant(v32i8, [3] * 32)), c4)
-                self.codes.append(b.or_(lo, hi))
-                self.scales.append(_shuf(b, sc_h, [2 * s] * 8 + [2 * s + 1] * 8))
+                self._codes[s] = b.or_(lo, hi)
+        return self._codes[s]
+
+    def scale(self, s):
+        if s not in self._scales:
+            b = self.b
+            self._scales[s] = _shuf(b, self.sm, [s] * 16) if self.wtype == Q4_K else \
+                _shuf(b, self.sc_h, [2 * s] * 8 + [2 * s + 1] * 8)
+        return self._scales[s]
+
+
+def _madd(b, x, y):
+    return b.call(intrinsic(b.module, "llvm.x86.avx2.pmadd.wd", v8i32, [v16i16, v16i16]), [x, y])
+
+
+def _sub_sum(b, w, xb, s):
+    """The 8 lanes of 32-block s of one column's super-block xb, times its scales."""
+    return _madd(b, maddubs(b, w.code(s), b.load(at(b, xb, 4 + 32 * s, v32i8), align=1)), w.scale(s))
+
+
+def _sub_sums(b, w, xb):
+    return [_sub_sum(b, w, xb, s) for s in range(8)]
 
 
 class _Ints:
     """The exact integers of one (weight row, activation column) super-block: `sub` the 8 lanes
     of each 32-block times its scales, `lanes` ggml's vec_dot lanes (Q6_K: less the 32*bias),
-    `min4` Q4_K's 4 lanes of mins times 32-sums; ad the activation's f32 d."""
+    `min4` Q4_K's 4 lanes of mins times 32-sums; ad the activation's f32 d. s1, s2: the i32
+    sums of _ColInts for this one column."""
 
-    def __init__(self, b, w: _Weights, xrow, ib):
+    def __init__(self, b, w: _Weights, xrow, ib, pieces=1):
         xb = b.gep(xrow, [b.mul(ib, i64(Q8K_BYTES))])
         self.ad = b.load(at(b, xb, 0, f32), align=1)
         bs16 = b.sext(b.load(at(b, xb, 260, v16i16), align=1), v16i32)
-        madd = intrinsic(b.module, "llvm.x86.avx2.pmadd.wd", v8i32, [v16i16, v16i16])
-        self.sub = [b.call(madd, [maddubs(b, w.codes[s], b.load(at(b, xb, 4 + 32 * s, v32i8), align=1)), w.scales[s]])
-                    for s in range(8)]
+        self.sub = _sub_sums(b, w, xb)
         if w.wtype == Q4_K:
             self.min4 = _pairs(b, b.mul(_pairs(b, bs16), w.mins))           # <4 x i32>
             self.lanes = _sum(b, self.sub)
         else:
             bias = b.shl(_pairs(b, b.mul(bs16, w.sc16)), ir.Constant(v8i32, [5] * 8))
             self.lanes = b.sub(_sum(b, self.sub), bias)
+        if pieces == 4:
+            self.s1 = [_reduce(b, b.add(self.sub[2 * p], self.sub[2 * p + 1])) for p in range(4)]
+            self.s2 = [b.extract_element(self.min4, i32(p)) for p in range(4)]
+        else:
+            self.s1 = [_reduce(b, self.lanes)]
+            self.s2 = [_reduce(b, self.min4)] if w.wtype == Q4_K else []
+
+
+def _phadd(b, x, y):
+    return b.call(intrinsic(b.module, "llvm.x86.avx2.phadd.d", v8i32, [v8i32, v8i32]), [x, y])
+
+
+def _col_sums(b, vs):
+    """<C x i32> (C = len(vs), 4 or 8): lane c the sum of the 8 lanes of vs[c]; the sums are
+    exact, so this vphaddd tree gives the integers any order would."""
+    h = [_phadd(b, _phadd(b, vs[i], vs[i + 1]), _phadd(b, vs[i + 2], vs[i + 3])) for i in range(0, len(vs), 4)]
+    # h[j]: lanes 0..3 the sums of the low halves of vs[4j..4j+3], lanes 4..7 of the high halves
+    if len(h) == 1:
+        return b.add(_shuf(b, h[0], [0, 1, 2, 3]), _shuf(b, h[0], [4, 5, 6, 7]))
+    lo = b.shuffle_vector(h[0], h[1], ir.Constant(v8i32, [0, 1, 2, 3, 8, 9, 10, 11]))
+    hi = b.shuffle_vector(h[0], h[1], ir.Constant(v8i32, [4, 5, 6, 7, 12, 13, 14, 15]))
+    return b.add(lo, hi)
+
+
+class _ColInts:
+    """The exact integers of one weight super-block against C columns at once, each a <C x i32>
+    with lane c = column c: pieces 4 (the gemm): s1[p] the scaled sums of 32-blocks 2p, 2p+1,
+    s2[p] min_2p*S32_2p + min_2p+1*S32_2p+1; pieces 1: s1[0] the whole block (Q6_K: less the
+    32*bias), s2[0] the sum of all 8 mins times 32-sums. ad the columns' f32 d."""
+
+    def __init__(self, b, w: _Weights, xrows, ib, pieces):
+        C = len(xrows)
+        xbs = [b.gep(x, [b.mul(ib, i64(Q8K_BYTES))]) for x in xrows]
+        ad = ir.Constant(ir.VectorType(f32, C), ir.Undefined)
+        for c, xb in enumerate(xbs):
+            ad = b.insert_element(ad, b.load(at(b, xb, 0, f32), align=1), i32(c))
+        self.ad = ad
+        bs = [b.load(at(b, xb, 260, v16i16), align=1) for xb in xbs]
+        if pieces == 4:
+            self.s1 = [_col_sums(b, [b.add(_sub_sum(b, w, xb, 2 * p), _sub_sum(b, w, xb, 2 * p + 1)) for xb in xbs])
+                       for p in range(4)]
+        else:
+            if w.wtype == Q4_K:
+                tot = [_sub_sum(b, w, xb, 0) for xb in xbs]
+            else:                               # Q6_K: lane l less 32*(S16_2l*sc_2l + S16_2l+1*sc_2l+1)
+                tot = [b.sub(_sub_sum(b, w, xb, 0), b.shl(_madd(b, s, w.sc_h), ir.Constant(v8i32, [5] * 8)))
+                       for xb, s in zip(xbs, bs)]
+            for s in range(1, 8):
+                tot = [b.add(t, _sub_sum(b, w, xb, s)) for t, xb in zip(tot, xbs)]
+            self.s1 = [_col_sums(b, tot)]
+        if w.wtype != Q4_K:
+            return
+        mins = [_madd(b, s, w.mins2) for s in bs]            # lane j: min_j * S32_j
+        if pieces == 1:
+            self.s2 = [_col_sums(b, mins)]
+            return
+        # vphaddd of column pairs: h[k] = [p0, p1 of column 2k, p0, p1 of 2k+1 | p2, p3 of 2k, p2, p3 of 2k+1]
+        h = [_phadd(b, mins[i], mins[i + 1]) for i in range(0, C, 2)]
+        self.s2 = [_pick(b, h, [4 * (p // 2) + p % 2, 4 * (p // 2) + p % 2 + 2]) for p in range(4)]
+
+
+def _pick(b, vs, lanes):
+    """The given lanes of each of vs (8-lane vectors, an even count), in order, as one vector."""
+    parts = [b.shuffle_vector(vs[k], vs[k + 1], ir.Constant(ir.VectorType(i32, 2 * len(lanes)),
+                                                            lanes + [8 + ln for ln in lanes]))
+             for k in range(0, len(vs), 2)]
+    while len(parts) > 1:
+        n = parts[0].type.count
+        parts = [b.shuffle_vector(parts[k], parts[k + 1], ir.Constant(ir.VectorType(i32, 2 * n), list(range(2 * n))))
+                 for k in range(0, len(parts), 2)]
+    return parts[0]
 
 
 def _f(b, i):
@@ -166,10 +264,12 @@ def _f(b, i):
 # ---- the float chains: one step per super-block, for each column of a tile ----------------------
 
 class _VecDot:
+    per_column = True
+
     def __init__(self, wtype):
         self.wtype = wtype
 
-    def init(self):
+    def init(self, C):
         return [zero8()] + ([ir.Constant(v4f32, [0.0] * 4)] if self.wtype == Q4_K else [])
 
     def step(self, b, w, k, st):
@@ -186,17 +286,29 @@ class _VecDot:
         return res
 
 
+def _zero(C):
+    return f32(0.0) if C == 1 else ir.Constant(ir.VectorType(f32, C), [0.0] * C)
+
+
+def _wide(b, x, like):
+    """The f32 x as like's type: itself, or in every lane."""
+    return splat(b, x, like.type.count) if isinstance(like.type, ir.VectorType) else x
+
+
 class _Tiled:
+    """One step per super-block on k.s1[0], k.s2[0] of one column (f32) or of C (lanes)."""
+    per_column = False
+
     def __init__(self, wtype):
         self.wtype = wtype
 
-    def init(self):
-        return [f32(0.0)]
+    def init(self, C):
+        return [_zero(C)]
 
     def step(self, b, w, k, st):
-        res = b.fmul(w.dw, _f(b, _reduce(b, k.lanes)))
+        res = b.fmul(_wide(b, w.dw, k.ad), _f(b, k.s1[0]))
         if self.wtype == Q4_K:
-            res = fma(b, b.fneg(w.dmw), _f(b, _reduce(b, k.min4)), res)
+            res = fma(b, _wide(b, b.fneg(w.dmw), k.ad), _f(b, k.s2[0]), res)
         return [fma(b, res, k.ad, st[0])]
 
     def finish(self, b, st):
@@ -204,23 +316,19 @@ class _Tiled:
 
 
 class _Repacked:
-    """gemv (pieces 1) / gemm (pieces 4: one step per 64 elements)."""
+    """gemv (pieces 1) / gemm (pieces 4: one step per 64 elements), one column or C in lanes."""
+    per_column = False
 
     def __init__(self, pieces):
         self.pieces = pieces
 
-    def init(self):
-        return [f32(0.0), f32(0.0)]
+    def init(self, C):
+        return [_zero(C), _zero(C)]
 
     def step(self, b, w, k, st):
         acc, accm = st
-        d, dm = b.fmul(w.dw, k.ad), b.fmul(w.dmw, k.ad)
-        for p in range(self.pieces):
-            if self.pieces == 1:
-                s1, s2 = _reduce(b, k.lanes), _reduce(b, k.min4)
-            else:
-                s1 = _reduce(b, b.add(k.sub[2 * p], k.sub[2 * p + 1]))
-                s2 = b.extract_element(k.min4, i32(p))
+        d, dm = b.fmul(_wide(b, w.dw, k.ad), k.ad), b.fmul(_wide(b, w.dmw, k.ad), k.ad)
+        for s1, s2 in zip(k.s1, k.s2):
             acc = fma(b, _f(b, s1), d, acc)
             accm = fma(b, _f(b, s2), dm, accm)
         return [acc, accm]
@@ -230,18 +338,30 @@ class _Repacked:
 
 
 def _tile(b, chain, wtype, K, wrow, xrows):
-    """The outputs of one weight row for len(xrows) columns; the weights decoded once per block."""
-    C, n = len(xrows), len(chain.init())
+    """The outputs of one weight row for len(xrows) columns; the weights decoded once per block.
+    A per-column chain keeps a state per column; the others one state with a lane per column."""
+    C = len(xrows)
+    pieces = getattr(chain, "pieces", 1)
+    if chain.per_column:
+        n = len(chain.init(1))
+
+        def step(ib, st):
+            w = _Weights(b, wtype, wrow, ib)
+            out = []
+            for c, x in enumerate(xrows):
+                out += chain.step(b, w, _Ints(b, w, x, ib), st[c * n:(c + 1) * n])
+            return out
+
+        st = block_loop(b, K // 256, chain.init(1) * C, step)
+        return [chain.finish(b, st[c * n:(c + 1) * n]) for c in range(C)]
 
     def step(ib, st):
         w = _Weights(b, wtype, wrow, ib)
-        out = []
-        for c, x in enumerate(xrows):
-            out += chain.step(b, w, _Ints(b, w, x, ib), st[c * n:(c + 1) * n])
-        return out
+        k = _Ints(b, w, xrows[0], ib, pieces) if C == 1 else _ColInts(b, w, xrows, ib, pieces)
+        return chain.step(b, w, k, st)
 
-    st = block_loop(b, K // 256, chain.init() * C, step)
-    return [chain.finish(b, st[c * n:(c + 1) * n]) for c in range(C)]
+    res = chain.finish(b, block_loop(b, K // 256, chain.init(C), step))
+    return [res] if C == 1 else [b.extract_element(res, i32(c)) for c in range(C)]
 
 
 def define_mul_mat_kquant(m: ir.Module, g, n) -> ir.Function:
@@ -265,7 +385,7 @@ def define_mul_mat_kquant(m: ir.Module, g, n) -> ir.Function:
 
     def columns(chain, c0, c1):
         """Columns [c0, c1) through one chain: per chunk of this thread's rows (weights that stay
-        in L2), tiles of 4 columns, then one column at a time."""
+        in L2), tiles of TILE_COLS columns, then one column at a time."""
         full = b.add(c0, b.mul(b.sdiv(b.sub(c1, c0), i64(TILE_COLS)), i64(TILE_COLS)))
         with for_range(b, lo, hi, step=chunk, name="chunk") as r0:
             r1 = smin(b, b.add(r0, i64(chunk)), hi)
