@@ -28,7 +28,8 @@ Q8K_BYTES = 292
 v4f32, v16i32, v16i8 = ir.VectorType(f32, 4), ir.VectorType(i32, 16), ir.VectorType(i8, 16)
 v32f32, v32i32 = ir.VectorType(f32, 32), ir.VectorType(i32, 32)
 TILED_MIN_COLS, GEMM_COLS = 8, 4
-TILE_COLS = 4                   # columns sharing one decode of the weights
+TILE_COLS = 4                   # columns sharing one decode of the weights (vec_dot)
+LANE_TILES = (8, 4)             # gemm / tiled: tiles of 8 columns in lanes, then of 4
 
 
 # ---- QUANTIZE to q8_K --------------------------------------------------------------------
@@ -383,13 +384,16 @@ def define_mul_mat_kquant(m: ir.Module, g, n) -> ir.Function:
 
     chunk = max(1, CHUNK_BYTES // wrb)
 
-    def columns(chain, c0, c1):
+    def columns(chain, c0, c1, widths):
         """Columns [c0, c1) through one chain: per chunk of this thread's rows (weights that stay
-        in L2), tiles of TILE_COLS columns, then one column at a time."""
-        full = b.add(c0, b.mul(b.sdiv(b.sub(c1, c0), i64(TILE_COLS)), i64(TILE_COLS)))
+        in L2), tiles of widths[0] columns, then of widths[1], ..., then one column at a time."""
+        bounds = [c0]
+        for C in widths:
+            start = bounds[-1]
+            bounds.append(b.add(start, b.mul(b.sdiv(b.sub(c1, start), i64(C)), i64(C))))
         with for_range(b, lo, hi, step=chunk, name="chunk") as r0:
             r1 = smin(b, b.add(r0, i64(chunk)), hi)
-            for C, start, stop in ((TILE_COLS, c0, full), (1, full, c1)):
+            for C, start, stop in zip(list(widths) + [1], bounds, bounds[1:] + [c1]):
                 with for_range(b, start, stop, step=C, name=f"ct{C}") as c:
                     xrows = [b.gep(xp, [b.mul(b.add(c, i64(j)), i64(xrb))]) for j in range(C)]
                     with for_range(b, r0, r1, name="row") as r:
@@ -399,14 +403,14 @@ def define_mul_mat_kquant(m: ir.Module, g, n) -> ir.Function:
 
     if n.order is fo.Q4_K_REPACK:
         split = b.sub(M, b.srem(M, i64(GEMM_COLS)))           # gemm below, gemv from here
-        columns(_Repacked(4), i64(0), split)
-        columns(_Repacked(1), split, M)
+        columns(_Repacked(4), i64(0), split, LANE_TILES)
+        columns(_Repacked(1), split, M, ())
     else:
         with b.if_else(b.icmp_signed(">=", M, i64(TILED_MIN_COLS))) as (then, other):
             with then:
-                columns(_Tiled(wtype), i64(0), M)
+                columns(_Tiled(wtype), i64(0), M, LANE_TILES)
             with other:
-                columns(_VecDot(wtype), i64(0), M)
+                columns(_VecDot(wtype), i64(0), M, (TILE_COLS,))
     b.ret_void()
     return fn
 
