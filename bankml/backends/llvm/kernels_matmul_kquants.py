@@ -3,10 +3,12 @@
 The same paths and float chains as backends/reference/matmul_kquants.py (read its docstring);
 the column rule too: ggml's tiled kernel from 8 columns, its vec_dot below (Q4_K_MUL_MAT,
 Q6_K_MUL_MAT), and for repacked Q4_K the gemm for columns below M - M % 4, the gemv after
-(Q4_K_REPACK). The integers are made as ggml makes them (vpmaddubsw, then vpmaddwd with the
-sub-block scales: lane l of a 32-block holds the scaled sum of its elements 4l..4l+3) and summed
-in int32; each output is one chain of f32 steps over the super-blocks. Tiles of 4 columns share
-one decode of a weight block. One thread takes a contiguous share of rows, in L2-sized chunks.
+(Q4_K_REPACK). The integers are exact int32 sums (vpmaddubsw, then vpmaddwd with the sub-block
+scales), so any grouping of them gives ggml's; each output is one chain of f32 steps over the
+super-blocks. The gemm and the tiled kernel run tiles of 8 columns, then 4, in the lanes of
+their float chains (activations interleaved once per tile, see _Scratch); single columns and
+vec_dot (tiles of 4 sharing one decode) keep a chain per column. One thread takes a contiguous
+share of rows, in L2-sized chunks.
 
 q8_K block (292 bytes): f32 d at 0, 256 int8 at 4, 16 int16 sums of 16 at 260.
 """
@@ -17,7 +19,7 @@ from llvmlite import ir
 from bankml.backends.llvm.common import f32, for_range, i8, i16, i32, i64, intrinsic, new_function, size, \
     smin, thread_range, typed
 from bankml.backends.llvm.kernels_matmul import CHUNK_BYTES, alloca, at, block_loop, fma, hsum8, load_h, maddubs, \
-    splat, v16i16, v32i8, v8i32, zero8
+    scratch, splat, v16i16, v32i8, v8i32, zero8
 from bankml.backends.llvm.registry import kernel_name, kernel_type
 from bankml.errors import LoweringError
 from bankml.ir import order as fo
@@ -102,8 +104,8 @@ class _Weights:
     """Super-block ib of one weight row, decoded once for a tile of columns: f32 d (and dmin),
     code(s) the codes of 32-block s as bytes, scale(s) its scales as the i16 vector that
     vpmaddwd multiplies into the vpmaddubsw pairs (ggml's madd(scale, p16)), each emitted where
-    first asked for. Q4_K: `mins` the 8 mins as i32 lanes, `mins2` each min twice as i16 lanes
-    (vpmaddwd with the 16 sums of 16 gives min_j * S32_j in lane j)."""
+    first asked for. Q4_K: `sm` the 8 scales then the 8 mins as i16 lanes, `mins` the mins as
+    i32 lanes; Q6_K: `sc_h` the 16 scales as i16 lanes, `sc16` as i32 lanes."""
 
     def __init__(self, b, wtype, wrow, ib):
         self.b, self.wtype = b, wtype
@@ -123,7 +125,6 @@ class _Weights:
                 words = b.insert_element(words, v, i32(j))
             self.sm = b.zext(b.bitcast(words, v16i8), v16i16)                   # 8 scales, 8 mins
             self.mins = b.zext(_shuf(b, self.sm, list(range(8, 16))), v8i32)
-            self.mins2 = _shuf(b, self.sm, [8 + j // 2 for j in range(16)])
         else:
             self.wb = wb = b.gep(wrow, [b.mul(ib, i64(210))])
             self.dw = load_h(b, wb, 208)
@@ -193,69 +194,126 @@ class _Ints:
             self.s2 = [_reduce(b, self.min4)] if w.wtype == Q4_K else []
 
 
-def _phadd(b, x, y):
-    return b.call(intrinsic(b.module, "llvm.x86.avx2.phadd.d", v8i32, [v8i32, v8i32]), [x, y])
+# ---- C columns in lanes (C = 4 or 8): activations interleaved per column tile ----------------
+#
+# Per column tile the activations are copied once (prep) into scratch, per super-block and
+# group of 4 columns: for each 32-block s and quarter q (8 bytes), the 8 bytes of columns
+# 0..3 side by side. A weight row's code quarter q, put in all four 8-byte slots (vpermq),
+# times that vector (vpmaddubsw) gives 4 int16 lanes per column; the four quarters add in
+# int16 (Q4_K: each lane at most 2*15*128 in magnitude, sums of 4 fit; Q6_K: 2*63*128, the two
+# quarters of one 16-element scale), so one vpmaddwd by the scale serves 4 columns: int32
+# lanes [c0 c0 c1 c1 | c2 c2 c3 c3]. The sums of the activations' int16 sums with the mins
+# (Q4_K) or the scales (Q6_K, the bias) go by pairs: prep stores, for each pair t of sums and
+# each column, the two int16 side by side, and one vpmaddwd by the row's pair word t makes
+# lane c = column c. Lane i of a tile holds column LANE_COLS[C][i]. Every sum is exact: any
+# grouping gives ggml's integers.
+
+LANE_COLS = {4: [0, 1, 2, 3], 8: [0, 1, 4, 5, 2, 3, 6, 7]}
+PAIRS = {Q4_K: 4, Q6_K: 8}      # Q4_K: mins 2t, 2t+1 with S32; Q6_K: scales 2t, 2t+1 with S16
 
 
-def _col_sums(b, vs):
-    """<C x i32> (C = len(vs), 4 or 8): lane c the sum of the 8 lanes of vs[c]; the sums are
-    exact, so this vphaddd tree gives the integers any order would."""
-    h = [_phadd(b, _phadd(b, vs[i], vs[i + 1]), _phadd(b, vs[i + 2], vs[i + 3])) for i in range(0, len(vs), 4)]
-    # h[j]: lanes 0..3 the sums of the low halves of vs[4j..4j+3], lanes 4..7 of the high halves
-    if len(h) == 1:
-        return b.add(_shuf(b, h[0], [0, 1, 2, 3]), _shuf(b, h[0], [4, 5, 6, 7]))
-    lo = b.shuffle_vector(h[0], h[1], ir.Constant(v8i32, [0, 1, 2, 3, 8, 9, 10, 11]))
-    hi = b.shuffle_vector(h[0], h[1], ir.Constant(v8i32, [4, 5, 6, 7, 12, 13, 14, 15]))
-    return b.add(lo, hi)
+class _Scratch:
+    """Stack scratch of one column tile of C columns, K // 256 super-blocks: the interleaved
+    activations (C * 256 bytes per block), the int16 pairs (PAIRS * C pairs per block), the
+    f32 d (C per block), these two in lane order."""
+
+    def __init__(self, b, wtype, K, C):
+        nb = K // 256
+        self.C, self.wtype = C, wtype
+        self.q = scratch(b, i8, nb * C * 256, "act.q")
+        self.pairs = scratch(b, i16, nb * PAIRS[wtype] * 2 * C, "act.pairs")
+        self.d = scratch(b, f32, nb * C, "act.d")
+
+    def fill(self, b, K, xrows):
+        C, npairs = self.C, PAIRS[self.wtype]
+        with for_range(b, 0, K // 256, name="prep") as ib:
+            xbs = [b.gep(x, [b.mul(ib, i64(Q8K_BYTES))]) for x in xrows]
+            qb = b.gep(self.q, [b.mul(ib, i64(C * 256))])
+            for g in range(C // 4):
+                for s in range(8):
+                    for q in range(4):
+                        for c in range(4):
+                            v = b.load(at(b, xbs[4 * g + c], 4 + 32 * s + 8 * q, i64), align=1)
+                            b.store(v, at(b, qb, ((g * 8 + s) * 4 + q) * 32 + 8 * c, i64), align=8)
+            pb = b.gep(self.pairs, [b.mul(ib, i64(npairs * 2 * C))])
+            db = b.gep(self.d, [b.mul(ib, i64(C))])
+            for i, c in enumerate(LANE_COLS[C]):
+                b.store(b.load(at(b, xbs[c], 0, f32), align=1), b.gep(db, [i64(i)]))
+                bs = b.load(at(b, xbs[c], 260, v16i16), align=1)
+                if self.wtype == Q4_K:                                    # S32_j = S16_2j + S16_2j+1
+                    bs = b.add(_shuf(b, bs, list(range(0, 16, 2))), _shuf(b, bs, list(range(1, 16, 2))))
+                for t in range(npairs):
+                    pair = b.bitcast(_shuf(b, bs, [2 * t, 2 * t + 1]), i32)
+                    b.store(pair, typed(b, b.gep(pb, [i64(2 * (t * C + i))]), i32), align=4)
 
 
-class _ColInts:
-    """The exact integers of one weight super-block against C columns at once, each a <C x i32>
-    with lane c = column c: pieces 4 (the gemm): s1[p] the scaled sums of 32-blocks 2p, 2p+1,
+def _pair_dots(b, scr, ib, words):
+    """[<C x i32> per pair t]: lane i = the int16 pair t of lane i's column times the row's
+    pair word t (words: <8 x i32>, lane t), by vpmaddwd over 16 int16 at a time."""
+    C, npairs = scr.C, PAIRS[scr.wtype]
+    pb = b.gep(scr.pairs, [b.mul(ib, i64(npairs * 2 * C))])
+    out = []
+    for k in range(npairs * 2 * C // 16):
+        v = b.load(typed(b, b.gep(pb, [i64(16 * k)]), v16i16), align=32)
+        m = _madd(b, v, b.bitcast(_shuf(b, words, [(8 * k + i) // C for i in range(8)]), v16i16))
+        out += [m] if C == 8 else [_shuf(b, m, [0, 1, 2, 3]), _shuf(b, m, [4, 5, 6, 7])]
+    return out
+
+
+def _quarter(b, v, q):
+    """Bytes 8q..8q+7 of v in all four 8-byte slots."""
+    v4 = ir.VectorType(i64, 4)
+    return b.bitcast(b.shuffle_vector(b.bitcast(v, v4), ir.Constant(v4, ir.Undefined),
+                                      ir.Constant(ir.VectorType(i32, 4), [q] * 4)), v32i8)
+
+
+def _splat16(b, v16, j):
+    return _shuf(b, v16, [j] * 16)
+
+
+class _LaneInts:
+    """The exact integers of one weight super-block against the C columns of a scratch, each a
+    <C x i32> in lane order: pieces 4 (the gemm): s1[p] the scaled sums of 32-blocks 2p, 2p+1,
     s2[p] min_2p*S32_2p + min_2p+1*S32_2p+1; pieces 1: s1[0] the whole block (Q6_K: less the
     32*bias), s2[0] the sum of all 8 mins times 32-sums. ad the columns' f32 d."""
 
-    def __init__(self, b, w: _Weights, xrows, ib, pieces):
-        C = len(xrows)
-        xbs = [b.gep(x, [b.mul(ib, i64(Q8K_BYTES))]) for x in xrows]
-        ad = ir.Constant(ir.VectorType(f32, C), ir.Undefined)
-        for c, xb in enumerate(xbs):
-            ad = b.insert_element(ad, b.load(at(b, xb, 0, f32), align=1), i32(c))
-        self.ad = ad
-        bs = [b.load(at(b, xb, 260, v16i16), align=1) for xb in xbs]
+    def __init__(self, b, w: _Weights, scr: _Scratch, ib, pieces):
+        C = scr.C
+        self.ad = b.load(typed(b, b.gep(scr.d, [b.mul(ib, i64(C))]), ir.VectorType(f32, C)), align=4)
+        qb = b.gep(scr.q, [b.mul(ib, i64(C * 256))])
+
+        def block(s):               # 32-block s: per group of 4 columns, int32 [c0 c0 c1 c1 | c2 c2 c3 c3]
+            out = []
+            for g in range(C // 4):
+                x = [maddubs(b, _quarter(b, w.code(s), q),
+                             b.load(at(b, qb, ((g * 8 + s) * 4 + q) * 32, v32i8), align=32)) for q in range(4)]
+                if w.wtype == Q4_K:
+                    out.append(_madd(b, b.add(b.add(x[0], x[1]), b.add(x[2], x[3])), w.scale(s)))
+                else:
+                    out.append(b.add(_madd(b, b.add(x[0], x[1]), _splat16(b, w.sc_h, 2 * s)),
+                                     _madd(b, b.add(x[2], x[3]), _splat16(b, w.sc_h, 2 * s + 1))))
+            return out
+
+        def lanes(vs):              # the groups' [c0 c0 c1 c1 | c2 c2 c3 c3] as <C x i32> in lane order
+            if C == 4:
+                return b.add(_shuf(b, vs[0], [0, 2, 4, 6]), _shuf(b, vs[0], [1, 3, 5, 7]))
+            even = b.shuffle_vector(vs[0], vs[1], ir.Constant(v8i32, [0, 2, 8, 10, 4, 6, 12, 14]))
+            odd = b.shuffle_vector(vs[0], vs[1], ir.Constant(v8i32, [1, 3, 9, 11, 5, 7, 13, 15]))
+            return b.add(even, odd)
+
         if pieces == 4:
-            self.s1 = [_col_sums(b, [b.add(_sub_sum(b, w, xb, 2 * p), _sub_sum(b, w, xb, 2 * p + 1)) for xb in xbs])
-                       for p in range(4)]
+            self.s1 = [lanes([b.add(x, y) for x, y in zip(block(2 * p), block(2 * p + 1))]) for p in range(4)]
         else:
-            if w.wtype == Q4_K:
-                tot = [_sub_sum(b, w, xb, 0) for xb in xbs]
-            else:                               # Q6_K: lane l less 32*(S16_2l*sc_2l + S16_2l+1*sc_2l+1)
-                tot = [b.sub(_sub_sum(b, w, xb, 0), b.shl(_madd(b, s, w.sc_h), ir.Constant(v8i32, [5] * 8)))
-                       for xb, s in zip(xbs, bs)]
+            tot = block(0)
             for s in range(1, 8):
-                tot = [b.add(t, _sub_sum(b, w, xb, s)) for t, xb in zip(tot, xbs)]
-            self.s1 = [_col_sums(b, tot)]
-        if w.wtype != Q4_K:
-            return
-        mins = [_madd(b, s, w.mins2) for s in bs]            # lane j: min_j * S32_j
-        if pieces == 1:
-            self.s2 = [_col_sums(b, mins)]
-            return
-        # vphaddd of column pairs: h[k] = [p0, p1 of column 2k, p0, p1 of 2k+1 | p2, p3 of 2k, p2, p3 of 2k+1]
-        h = [_phadd(b, mins[i], mins[i + 1]) for i in range(0, C, 2)]
-        self.s2 = [_pick(b, h, [4 * (p // 2) + p % 2, 4 * (p // 2) + p % 2 + 2]) for p in range(4)]
-
-
-def _pick(b, vs, lanes):
-    """The given lanes of each of vs (8-lane vectors, an even count), in order, as one vector."""
-    parts = [b.shuffle_vector(vs[k], vs[k + 1], ir.Constant(ir.VectorType(i32, 2 * len(lanes)),
-                                                            lanes + [8 + ln for ln in lanes]))
-             for k in range(0, len(vs), 2)]
-    while len(parts) > 1:
-        n = parts[0].type.count
-        parts = [b.shuffle_vector(parts[k], parts[k + 1], ir.Constant(ir.VectorType(i32, 2 * n), list(range(2 * n))))
-                 for k in range(0, len(parts), 2)]
-    return parts[0]
+                tot = [b.add(t, v) for t, v in zip(tot, block(s))]
+            self.s1 = [lanes(tot)]
+        if w.wtype == Q4_K:
+            mins = _pair_dots(b, scr, ib, _shuf(b, b.bitcast(w.sm, v8i32), [4, 5, 6, 7, 4, 5, 6, 7]))
+            self.s2 = mins if pieces == 4 else [_sum(b, mins)]
+        else:                       # less 32*(S16_2t*sc_2t + S16_2t+1*sc_2t+1) over the 8 pairs t
+            bias = _sum(b, _pair_dots(b, scr, ib, b.bitcast(w.sc_h, v8i32)))
+            self.s1 = [b.sub(self.s1[0], b.shl(bias, ir.Constant(bias.type, [5] * C)))]
 
 
 def _f(b, i):
@@ -338,9 +396,10 @@ class _Repacked:
         return b.fsub(st[0], st[1])
 
 
-def _tile(b, chain, wtype, K, wrow, xrows):
+def _tile(b, chain, wtype, K, wrow, xrows, scr=None):
     """The outputs of one weight row for len(xrows) columns; the weights decoded once per block.
-    A per-column chain keeps a state per column; the others one state with a lane per column."""
+    A per-column chain keeps a state per column; the others one state for one column, or with a
+    lane per column of the prepared scratch scr."""
     C = len(xrows)
     pieces = getattr(chain, "pieces", 1)
     if chain.per_column:
@@ -358,11 +417,11 @@ def _tile(b, chain, wtype, K, wrow, xrows):
 
     def step(ib, st):
         w = _Weights(b, wtype, wrow, ib)
-        k = _Ints(b, w, xrows[0], ib, pieces) if C == 1 else _ColInts(b, w, xrows, ib, pieces)
+        k = _Ints(b, w, xrows[0], ib, pieces) if C == 1 else _LaneInts(b, w, scr, ib, pieces)
         return chain.step(b, w, k, st)
 
     res = chain.finish(b, block_loop(b, K // 256, chain.init(C), step))
-    return [res] if C == 1 else [b.extract_element(res, i32(c)) for c in range(C)]
+    return [res] if C == 1 else [b.extract_element(res, i32(LANE_COLS[C].index(c))) for c in range(C)]
 
 
 def define_mul_mat_kquant(m: ir.Module, g, n) -> ir.Function:
@@ -394,10 +453,14 @@ def define_mul_mat_kquant(m: ir.Module, g, n) -> ir.Function:
         with for_range(b, lo, hi, step=chunk, name="chunk") as r0:
             r1 = smin(b, b.add(r0, i64(chunk)), hi)
             for C, start, stop in zip(list(widths) + [1], bounds, bounds[1:] + [c1]):
+                lanes = C > 1 and not chain.per_column
+                scr = _Scratch(b, wtype, K, C) if lanes else None
                 with for_range(b, start, stop, step=C, name=f"ct{C}") as c:
                     xrows = [b.gep(xp, [b.mul(b.add(c, i64(j)), i64(xrb))]) for j in range(C)]
+                    if lanes:
+                        scr.fill(b, K, xrows)
                     with for_range(b, r0, r1, name="row") as r:
-                        res = _tile(b, chain, wtype, K, b.gep(wp, [b.mul(r, i64(wrb))]), xrows)
+                        res = _tile(b, chain, wtype, K, b.gep(wp, [b.mul(r, i64(wrb))]), xrows, scr)
                         for j, v in enumerate(res):
                             b.store(v, b.gep(yp, [b.add(b.mul(b.add(c, i64(j)), i64(N)), r)]))
 
