@@ -229,12 +229,11 @@ class _Scratch:
         with for_range(b, 0, K // 256, name="prep") as ib:
             xbs = [b.gep(x, [b.mul(ib, i64(Q8K_BYTES))]) for x in xrows]
             qb = b.gep(self.q, [b.mul(ib, i64(C * 256))])
-            for g in range(C // 4):
-                for s in range(8):
-                    for q in range(4):
-                        for c in range(4):
-                            v = b.load(at(b, xbs[4 * g + c], 4 + 32 * s + 8 * q, i64), align=1)
-                            b.store(v, at(b, qb, ((g * 8 + s) * 4 + q) * 32 + 8 * c, i64), align=8)
+            with for_range(b, 0, 32, name="quarter") as j:           # j = 4 * s + q: bytes 8j..8j+7
+                for g in range(C // 4):
+                    for c in range(4):
+                        v = b.load(at(b, xbs[4 * g + c], b.add(b.mul(j, i64(8)), i64(4)), i64), align=1)
+                        b.store(v, at(b, qb, b.add(b.mul(j, i64(32)), i64(g * 1024 + 8 * c)), i64), align=8)
             pb = b.gep(self.pairs, [b.mul(ib, i64(npairs * 2 * C))])
             db = b.gep(self.d, [b.mul(ib, i64(C))])
             for i, c in enumerate(LANE_COLS[C]):
