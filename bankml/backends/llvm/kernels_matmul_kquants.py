@@ -148,6 +148,17 @@ class _Weights:
                 self._codes[s] = b.or_(lo, hi)
         return self._codes[s]
 
+    def quarter(self, s, q):
+        """code(s)'s bytes 8q..8q+7 in all four 8-byte slots: Q4_K broadcasts the raw bytes from
+        memory (vpbroadcastq) and cuts the nibbles there; Q6_K permutes code(s) (vpermq)."""
+        if self.wtype != Q4_K:
+            return _quarter(self.b, self.code(s), q)
+        b = self.b
+        raw = b.load(at(b, self.wb, 16 + 32 * (s // 2) + 8 * q, i64), align=1)
+        raw = b.bitcast(splat(b, raw, 4), v32i8)
+        c15, c4 = ir.Constant(v32i8, [15] * 32), ir.Constant(v32i8, [4] * 32)
+        return b.and_(raw, c15) if s % 2 == 0 else b.lshr(raw, c4)
+
     def scale(self, s):
         if s not in self._scales:
             b = self.b
@@ -284,7 +295,7 @@ class _LaneInts:
         def block(s):               # 32-block s: per group of 4 columns, int32 [c0 c0 c1 c1 | c2 c2 c3 c3]
             out = []
             for g in range(C // 4):
-                x = [maddubs(b, _quarter(b, w.code(s), q),
+                x = [maddubs(b, w.quarter(s, q),
                              b.load(at(b, qb, ((g * 8 + s) * 4 + q) * 32, v32i8), align=32)) for q in range(4)]
                 if w.wtype == Q4_K:
                     out.append(_madd(b, b.add(b.add(x[0], x[1]), b.add(x[2], x[3])), w.scale(s)))
