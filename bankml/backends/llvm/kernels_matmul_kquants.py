@@ -149,15 +149,20 @@ class _Weights:
         return self._codes[s]
 
     def quarter(self, s, q):
-        """code(s)'s bytes 8q..8q+7 in all four 8-byte slots: Q4_K broadcasts the raw bytes from
-        memory (vpbroadcastq) and cuts the nibbles there; Q6_K permutes code(s) (vpermq)."""
-        if self.wtype != Q4_K:
-            return _quarter(self.b, self.code(s), q)
+        """Q4_K: code(s)'s bytes 8q..8q+7 in all four 8-byte slots (vpbroadcastq of the raw bytes,
+        the nibbles cut after)."""
         b = self.b
         raw = b.load(at(b, self.wb, 16 + 32 * (s // 2) + 8 * q, i64), align=1)
         raw = b.bitcast(splat(b, raw, 4), v32i8)
         c15, c4 = ir.Constant(v32i8, [15] * 32), ir.Constant(v32i8, [4] * 32)
         return b.and_(raw, c15) if s % 2 == 0 else b.lshr(raw, c4)
+
+    def halves(self, s, v):
+        """Q6_K: code(s)'s quarters v and v + 2 each twice: [qv qv | qv+2 qv+2] (vpunpck[lh]qdq)."""
+        v4 = ir.VectorType(i64, 4)
+        c = self.b.bitcast(self.code(s), v4)
+        return self.b.bitcast(self.b.shuffle_vector(c, c, ir.Constant(ir.VectorType(i32, 4), [v, v, v + 2, v + 2])),
+                              v32i8)
 
     def scale(self, s):
         if s not in self._scales:
@@ -207,20 +212,32 @@ class _Ints:
 
 # ---- C columns in lanes (C = 4 or 8): activations interleaved per column tile ----------------
 #
-# Per column tile the activations are copied once (prep) into scratch, per super-block and
-# group of 4 columns: for each 32-block s and quarter q (8 bytes), the 8 bytes of columns
-# 0..3 side by side. A weight row's code quarter q, put in all four 8-byte slots (vpermq),
-# times that vector (vpmaddubsw) gives 4 int16 lanes per column; the four quarters add in
-# int16 (Q4_K: each lane at most 2*15*128 in magnitude, sums of 4 fit; Q6_K: 2*63*128, the two
-# quarters of one 16-element scale), so one vpmaddwd by the scale serves 4 columns: int32
-# lanes [c0 c0 c1 c1 | c2 c2 c3 c3]. The sums of the activations' int16 sums with the mins
-# (Q4_K) or the scales (Q6_K, the bias) go by pairs: prep stores, for each pair t of sums and
-# each column, the two int16 side by side, and one vpmaddwd by the row's pair word t makes
-# lane c = column c. Lane i of a tile holds column LANE_COLS[C][i]. Every sum is exact: any
-# grouping gives ggml's integers.
+# Per column tile the activations are copied once (prep) into scratch, per super-block, group
+# of columns and 32-block s, as 32-byte vectors of four 8-byte slots (quarters of one column's
+# 32-block), which a weight row's code vector times (vpmaddubsw) with its quarters where the
+# slots want them: int16 lanes that add in int16 before one vpmaddwd by the scales serves the
+# whole group.
+#   Q4_K, groups of 4 columns: vector q holds quarter q of columns 0..3; code quarter q in all
+#     four slots (vpbroadcastq of the raw bytes, nibbles cut after). The four vectors add in
+#     int16 (each lane at most 2*15*128 in magnitude: sums of 4 fit); vpmaddwd by the 32-block's
+#     scale gives int32 [c0 c0 c1 c1 | c2 c2 c3 c3].
+#   Q6_K, groups of 2 columns: vector 0 holds [c0 q0, c1 q0 | c0 q2, c1 q2], vector 1 quarters
+#     1 and 3; the codes [q0 q0 | q2 q2] and [q1 q1 | q3 q3] are in-lane unpacks. The two add in
+#     int16 (2*63*128 at most per lane: sums of 2 fit) with each 128-bit half inside one
+#     16-element scale, so vpmaddwd by ggml's scale vector gives [c0 c0 c1 c1 | c0 c0 c1 c1].
+# The sums of the activations' int16 sums with the mins (Q4_K) or the scales (Q6_K, the bias)
+# go by pairs: prep stores, for each pair t of sums and each column, the two int16 side by side,
+# and one vpmaddwd by the row's pair word t makes lane c = column c. Lane i of a tile holds
+# column LANE_COLS[wtype][C][i]. Every sum is exact: any grouping gives ggml's integers.
 
-LANE_COLS = {4: [0, 1, 2, 3], 8: [0, 1, 4, 5, 2, 3, 6, 7]}
+GROUP = {Q4_K: 4, Q6_K: 2}      # columns per interleaved vector
+LANE_COLS = {Q4_K: {4: [0, 1, 2, 3], 8: [0, 1, 4, 5, 2, 3, 6, 7]}, Q6_K: {4: [0, 1, 2, 3], 8: list(range(8))}}
 PAIRS = {Q4_K: 4, Q6_K: 8}      # Q4_K: mins 2t, 2t+1 with S32; Q6_K: scales 2t, 2t+1 with S16
+
+
+def _slot(wtype, v, t):
+    """(column in its group, quarter) of slot t of interleaved vector v."""
+    return (t, v) if wtype == Q4_K else (t % 2, v + 2 * (t // 2))
 
 
 class _Scratch:
@@ -235,19 +252,28 @@ class _Scratch:
         self.pairs = scratch(b, i16, nb * PAIRS[wtype] * 2 * C, "act.pairs")
         self.d = scratch(b, f32, nb * C, "act.d")
 
+    def vector(self, b, ib, g, s, v):
+        """Interleaved vector v (of GROUP) of 32-block s, column group g, super-block ib."""
+        G = GROUP[self.wtype]
+        return at(b, self.q, b.add(b.mul(ib, i64(self.C * 256)), i64(((g * 8 + s) * G + v) * 32)), v32i8)
+
     def fill(self, b, K, xrows):
-        C, npairs = self.C, PAIRS[self.wtype]
+        C, npairs, G = self.C, PAIRS[self.wtype], GROUP[self.wtype]
+        lane_cols = LANE_COLS[self.wtype][C]
         with for_range(b, 0, K // 256, name="prep") as ib:
             xbs = [b.gep(x, [b.mul(ib, i64(Q8K_BYTES))]) for x in xrows]
             qb = b.gep(self.q, [b.mul(ib, i64(C * 256))])
-            with for_range(b, 0, 32, name="quarter") as j:           # j = 4 * s + q: bytes 8j..8j+7
-                for g in range(C // 4):
-                    for c in range(4):
-                        v = b.load(at(b, xbs[4 * g + c], b.add(b.mul(j, i64(8)), i64(4)), i64), align=1)
-                        b.store(v, at(b, qb, b.add(b.mul(j, i64(32)), i64(g * 1024 + 8 * c)), i64), align=8)
+            with for_range(b, 0, 8, name="sub") as s:
+                for g in range(C // G):
+                    for v in range(G):
+                        for t in range(4):
+                            c, q = _slot(self.wtype, v, t)
+                            src = b.add(b.mul(s, i64(32)), i64(4 + 8 * q))
+                            dst = b.add(b.mul(s, i64(G * 32)), i64(g * 8 * G * 32 + v * 32 + 8 * t))
+                            b.store(b.load(at(b, xbs[G * g + c], src, i64), align=1), at(b, qb, dst, i64), align=8)
             pb = b.gep(self.pairs, [b.mul(ib, i64(npairs * 2 * C))])
             db = b.gep(self.d, [b.mul(ib, i64(C))])
-            for i, c in enumerate(LANE_COLS[C]):
+            for i, c in enumerate(lane_cols):
                 b.store(b.load(at(b, xbs[c], 0, f32), align=1), b.gep(db, [i64(i)]))
                 bs = b.load(at(b, xbs[c], 260, v16i16), align=1)
                 if self.wtype == Q4_K:                                    # S32_j = S16_2j + S16_2j+1
@@ -255,6 +281,10 @@ class _Scratch:
                 for t in range(npairs):
                     pair = b.bitcast(_shuf(b, bs, [2 * t, 2 * t + 1]), i32)
                     b.store(pair, typed(b, b.gep(pb, [i64(2 * (t * C + i))]), i32), align=4)
+
+
+def _phadd(b, x, y):
+    return b.call(intrinsic(b.module, "llvm.x86.avx2.phadd.d", v8i32, [v8i32, v8i32]), [x, y])
 
 
 def _pair_dots(b, scr, ib, words):
@@ -270,13 +300,6 @@ def _pair_dots(b, scr, ib, words):
     return out
 
 
-def _quarter(b, v, q):
-    """Bytes 8q..8q+7 of v in all four 8-byte slots."""
-    v4 = ir.VectorType(i64, 4)
-    return b.bitcast(b.shuffle_vector(b.bitcast(v, v4), ir.Constant(v4, ir.Undefined),
-                                      ir.Constant(ir.VectorType(i32, 4), [q] * 4)), v32i8)
-
-
 def _splat16(b, v16, j):
     return _shuf(b, v16, [j] * 16)
 
@@ -290,22 +313,28 @@ class _LaneInts:
     def __init__(self, b, w: _Weights, scr: _Scratch, ib, pieces):
         C = scr.C
         self.ad = b.load(typed(b, b.gep(scr.d, [b.mul(ib, i64(C))]), ir.VectorType(f32, C)), align=4)
-        qb = b.gep(scr.q, [b.mul(ib, i64(C * 256))])
+        G = GROUP[w.wtype]
 
-        def block(s):               # 32-block s: per group of 4 columns, int32 [c0 c0 c1 c1 | c2 c2 c3 c3]
+        def block(s):               # 32-block s: per column group, int32 at level log2(G)
             out = []
-            for g in range(C // 4):
-                x = [maddubs(b, w.quarter(s, q),
-                             b.load(at(b, qb, ((g * 8 + s) * 4 + q) * 32, v32i8), align=32)) for q in range(4)]
+            for g in range(C // G):
                 if w.wtype == Q4_K:
+                    x = [maddubs(b, w.quarter(s, q), b.load(scr.vector(b, ib, g, s, q), align=32)) for q in range(4)]
                     out.append(_madd(b, b.add(b.add(x[0], x[1]), b.add(x[2], x[3])), w.scale(s)))
                 else:
-                    out.append(b.add(_madd(b, b.add(x[0], x[1]), _splat16(b, w.sc_h, 2 * s)),
-                                     _madd(b, b.add(x[2], x[3]), _splat16(b, w.sc_h, 2 * s + 1))))
+                    x = [maddubs(b, w.halves(s, v), b.load(scr.vector(b, ib, g, s, v), align=32)) for v in range(2)]
+                    out.append(_madd(b, b.add(x[0], x[1]), w.scale(s)))
             return out
 
-        def lanes(vs):              # the groups' [c0 c0 c1 c1 | c2 c2 c3 c3] as <C x i32> in lane order
-            if C == 4:
+        def lanes(vs):              # the groups' int32 vectors as <C x i32> in lane order
+            if G == 2:              # [c0 c0 c1 c1 | c0 c0 c1 c1] per pair: to [c0 c1 c2 c3 | c0 c1 c2 c3]
+                vs = [_phadd(b, vs[i], vs[i + 1]) for i in range(0, len(vs), 2)]
+                if C == 4:
+                    return b.add(_shuf(b, vs[0], [0, 1, 2, 3]), _shuf(b, vs[0], [4, 5, 6, 7]))
+                lo = b.shuffle_vector(vs[0], vs[1], ir.Constant(v8i32, [0, 1, 2, 3, 8, 9, 10, 11]))
+                hi = b.shuffle_vector(vs[0], vs[1], ir.Constant(v8i32, [4, 5, 6, 7, 12, 13, 14, 15]))
+                return b.add(lo, hi)
+            if C == 4:              # [c0 c0 c1 c1 | c2 c2 c3 c3]
                 return b.add(_shuf(b, vs[0], [0, 2, 4, 6]), _shuf(b, vs[0], [1, 3, 5, 7]))
             even = b.shuffle_vector(vs[0], vs[1], ir.Constant(v8i32, [0, 2, 8, 10, 4, 6, 12, 14]))
             odd = b.shuffle_vector(vs[0], vs[1], ir.Constant(v8i32, [1, 3, 9, 11, 5, 7, 13, 15]))
@@ -431,7 +460,7 @@ def _tile(b, chain, wtype, K, wrow, xrows, scr=None):
         return chain.step(b, w, k, st)
 
     res = chain.finish(b, block_loop(b, K // 256, chain.init(C), step))
-    return [res] if C == 1 else [b.extract_element(res, i32(LANE_COLS[C].index(c))) for c in range(C)]
+    return [res] if C == 1 else [b.extract_element(res, i32(LANE_COLS[wtype][C].index(c))) for c in range(C)]
 
 
 def define_mul_mat_kquant(m: ir.Module, g, n) -> ir.Function:
