@@ -172,3 +172,13 @@ def test_generic_llvm_kernel_bits_equal_ggml_at_every_column_count(t, n):
         out = np.full((m, n), np.nan, np.float32)
         run_kernel(g, mm, out, [raw, q8_k.to_bytes(q8_k.quantize_q8_k(x[:m]))], 2, {"T": m}, kernel)
         assert _same(out, _ggml(t, raw, x[:m], repacked=t == Q4_K and n % 8 == 0)), f"{m} columns"
+
+
+@pytest.mark.parametrize("t,n", [(Q4_K, 1408), (Q4_K, 1412), (Q6_K, 1000)], ids=["Q4_K-repacked", "Q4_K", "Q6_K"])
+def test_llvm_kernel_over_several_row_chunks_equals_reference(t, n):
+    """Rows past one L2 chunk (the column tiles' interleaved activations are made again per
+    chunk), an odd thread split, and columns for every tile width (8 + 8 + 4 + 3)."""
+    k, m = 256, 23
+    raw, x = _problem(t, n, k, m)
+    assert n * WEIGHT_TYPES[t].row_bytes(k) > 2 * 96 * 1024
+    assert _same(_llvm(t, raw, x, nth=3), mul_mat(raw, t, x, matmul_order(t, n, m)))
