@@ -31,7 +31,7 @@ v4f32, v16i32, v16i8 = ir.VectorType(f32, 4), ir.VectorType(i32, 16), ir.VectorT
 v32f32, v32i32 = ir.VectorType(f32, 32), ir.VectorType(i32, 32)
 TILED_MIN_COLS, GEMM_COLS = 8, 4
 TILE_COLS = 4                   # columns sharing one decode of the weights (vec_dot)
-LANE_TILES = (8, 4)             # gemm / tiled: tiles of 8 columns in lanes, then of 4
+LANE_TILES = {Q4_K: (32, 16, 8, 4), Q6_K: (16, 8, 4)}    # gemm / tiled: widths of the tiles in lanes
 
 
 # ---- QUANTIZE to q8_K --------------------------------------------------------------------
@@ -231,7 +231,10 @@ class _Ints:
 # column LANE_COLS[wtype][C][i]. Every sum is exact: any grouping gives ggml's integers.
 
 GROUP = {Q4_K: 4, Q6_K: 2}      # columns per interleaved vector
-LANE_COLS = {Q4_K: {4: [0, 1, 2, 3], 8: [0, 1, 4, 5, 2, 3, 6, 7]}, Q6_K: {4: [0, 1, 2, 3], 8: list(range(8))}}
+LANE_COLS = {Q4_K: {4: [0, 1, 2, 3]}, Q6_K: {4: [0, 1, 2, 3]}}
+for _C in (8, 16, 32):
+    LANE_COLS[Q4_K][_C] = [8 * (i // 8) + [0, 1, 4, 5, 2, 3, 6, 7][i % 8] for i in range(_C)]
+    LANE_COLS[Q6_K][_C] = list(range(_C))
 PAIRS = {Q4_K: 4, Q6_K: 8}      # Q4_K: mins 2t, 2t+1 with S32; Q6_K: scales 2t, 2t+1 with S16
 
 
@@ -243,11 +246,15 @@ def _slot(wtype, v, t):
 class _Scratch:
     """Stack scratch of one column tile of C columns, K // 256 super-blocks: the interleaved
     activations (C * 256 bytes per block), the int16 pairs (PAIRS * C pairs per block), the
-    f32 d (C per block), these two in lane order."""
+    f32 d (C per block), these two in lane order. `like`: a scratch of as many columns or more
+    whose stack arrays this one reuses (tiles of different widths run one after another)."""
 
-    def __init__(self, b, wtype, K, C):
+    def __init__(self, b, wtype, K, C, like=None):
         nb = K // 256
         self.C, self.wtype = C, wtype
+        if like is not None:
+            self.q, self.pairs, self.d = like.q, like.pairs, like.d
+            return
         self.q = scratch(b, i8, nb * C * 256, "act.q")
         self.pairs = scratch(b, i16, nb * PAIRS[wtype] * 2 * C, "act.pairs")
         self.d = scratch(b, f32, nb * C, "act.d")
@@ -287,17 +294,27 @@ def _phadd(b, x, y):
     return b.call(intrinsic(b.module, "llvm.x86.avx2.phadd.d", v8i32, [v8i32, v8i32]), [x, y])
 
 
+def _cat(b, vs):
+    """One vector of the lanes of vs (equal types, a power of two of them), in order."""
+    while len(vs) > 1:
+        n = vs[0].type.count
+        vs = [b.shuffle_vector(x, y, ir.Constant(ir.VectorType(i32, 2 * n), list(range(2 * n))))
+              for x, y in zip(vs[0::2], vs[1::2])]
+    return vs[0]
+
+
 def _pair_dots(b, scr, ib, words):
     """[<C x i32> per pair t]: lane i = the int16 pair t of lane i's column times the row's
     pair word t (words: <8 x i32>, lane t), by vpmaddwd over 16 int16 at a time."""
     C, npairs = scr.C, PAIRS[scr.wtype]
     pb = b.gep(scr.pairs, [b.mul(ib, i64(npairs * 2 * C))])
-    out = []
+    ms = []
     for k in range(npairs * 2 * C // 16):
         v = b.load(typed(b, b.gep(pb, [i64(16 * k)]), v16i16), align=32)
-        m = _madd(b, v, b.bitcast(_shuf(b, words, [(8 * k + i) // C for i in range(8)]), v16i16))
-        out += [m] if C == 8 else [_shuf(b, m, [0, 1, 2, 3]), _shuf(b, m, [4, 5, 6, 7])]
-    return out
+        ms.append(_madd(b, v, b.bitcast(_shuf(b, words, [(8 * k + i) // C for i in range(8)]), v16i16)))
+    if C == 4:
+        return [h for m in ms for h in (_shuf(b, m, [0, 1, 2, 3]), _shuf(b, m, [4, 5, 6, 7]))]
+    return [_cat(b, ms[i:i + C // 8]) for i in range(0, len(ms), C // 8)]
 
 
 def _splat16(b, v16, j):
@@ -326,19 +343,24 @@ class _LaneInts:
                     out.append(_madd(b, b.add(x[0], x[1]), w.scale(s)))
             return out
 
-        def lanes(vs):              # the groups' int32 vectors as <C x i32> in lane order
+        def lanes8(vs):             # 8 columns' int32 vectors (2 groups of 4, 4 pairs) as 8 lanes
             if G == 2:              # [c0 c0 c1 c1 | c0 c0 c1 c1] per pair: to [c0 c1 c2 c3 | c0 c1 c2 c3]
                 vs = [_phadd(b, vs[i], vs[i + 1]) for i in range(0, len(vs), 2)]
-                if C == 4:
-                    return b.add(_shuf(b, vs[0], [0, 1, 2, 3]), _shuf(b, vs[0], [4, 5, 6, 7]))
                 lo = b.shuffle_vector(vs[0], vs[1], ir.Constant(v8i32, [0, 1, 2, 3, 8, 9, 10, 11]))
                 hi = b.shuffle_vector(vs[0], vs[1], ir.Constant(v8i32, [4, 5, 6, 7, 12, 13, 14, 15]))
                 return b.add(lo, hi)
-            if C == 4:              # [c0 c0 c1 c1 | c2 c2 c3 c3]
-                return b.add(_shuf(b, vs[0], [0, 2, 4, 6]), _shuf(b, vs[0], [1, 3, 5, 7]))
             even = b.shuffle_vector(vs[0], vs[1], ir.Constant(v8i32, [0, 2, 8, 10, 4, 6, 12, 14]))
             odd = b.shuffle_vector(vs[0], vs[1], ir.Constant(v8i32, [1, 3, 9, 11, 5, 7, 13, 15]))
             return b.add(even, odd)
+
+        def lanes(vs):              # the groups' int32 vectors as <C x i32> in lane order
+            if C == 4 and G == 2:
+                v = _phadd(b, vs[0], vs[1])
+                return b.add(_shuf(b, v, [0, 1, 2, 3]), _shuf(b, v, [4, 5, 6, 7]))
+            if C == 4:              # [c0 c0 c1 c1 | c2 c2 c3 c3]
+                return b.add(_shuf(b, vs[0], [0, 2, 4, 6]), _shuf(b, vs[0], [1, 3, 5, 7]))
+            n = 8 // G
+            return _cat(b, [lanes8(vs[i:i + n]) for i in range(0, len(vs), n)])
 
         if pieces == 4:
             self.s1 = [lanes([b.add(x, y) for x, y in zip(block(2 * p), block(2 * p + 1))]) for p in range(4)]
@@ -489,11 +511,13 @@ def define_mul_mat_kquant(m: ir.Module, g, n) -> ir.Function:
         for C in widths:
             start = bounds[-1]
             bounds.append(b.add(start, b.mul(b.sdiv(b.sub(c1, start), i64(C)), i64(C))))
+        widest = None
         with for_range(b, lo, hi, step=chunk, name="chunk") as r0:
             r1 = smin(b, b.add(r0, i64(chunk)), hi)
             for C, start, stop in zip(list(widths) + [1], bounds, bounds[1:] + [c1]):
                 lanes = C > 1 and not chain.per_column
-                scr = _Scratch(b, wtype, K, C) if lanes else None
+                scr = _Scratch(b, wtype, K, C, widest) if lanes else None
+                widest = widest or scr
                 with for_range(b, start, stop, step=C, name=f"ct{C}") as c:
                     xrows = [b.gep(xp, [b.mul(b.add(c, i64(j)), i64(xrb))]) for j in range(C)]
                     if lanes:
@@ -505,12 +529,12 @@ def define_mul_mat_kquant(m: ir.Module, g, n) -> ir.Function:
 
     if n.order is fo.Q4_K_REPACK:
         split = b.sub(M, b.srem(M, i64(GEMM_COLS)))           # gemm below, gemv from here
-        columns(_Repacked(4), i64(0), split, LANE_TILES)
+        columns(_Repacked(4), i64(0), split, LANE_TILES[wtype])
         columns(_Repacked(1), split, M, ())
     else:
         with b.if_else(b.icmp_signed(">=", M, i64(TILED_MIN_COLS))) as (then, other):
             with then:
-                columns(_Tiled(wtype), i64(0), M, LANE_TILES)
+                columns(_Tiled(wtype), i64(0), M, LANE_TILES[wtype])
             with other:
                 columns(_VecDot(wtype), i64(0), M, (TILE_COLS,))
     b.ret_void()
