@@ -5,10 +5,10 @@ the column rule too: ggml's tiled kernel from 8 columns, its vec_dot below (Q4_K
 Q6_K_MUL_MAT), and for repacked Q4_K the gemm for columns below M - M % 4, the gemv after
 (Q4_K_REPACK). The integers are exact int32 sums (vpmaddubsw, then vpmaddwd with the sub-block
 scales), so any grouping of them gives ggml's; each output is one chain of f32 steps over the
-super-blocks. The gemm and the tiled kernel run tiles of 8 columns, then 4, in the lanes of
-their float chains (activations interleaved once per tile, see _Scratch); single columns and
-vec_dot (tiles of 4 sharing one decode) keep a chain per column. One thread takes a contiguous
-share of rows, in L2-sized chunks.
+super-blocks. The gemm and the tiled kernel run tiles of LANE_TILES columns (widest first)
+in the lanes of their float chains (activations interleaved once per tile, see _Scratch), the
+columns left one at a time; vec_dot (tiles of 4 sharing one decode) keeps a chain per column.
+One thread takes a contiguous share of rows, in L2-sized chunks.
 
 q8_K block (292 bytes): f32 d at 0, 256 int8 at 4, 16 int16 sums of 16 at 260.
 """
@@ -31,7 +31,8 @@ v4f32, v16i32, v16i8 = ir.VectorType(f32, 4), ir.VectorType(i32, 16), ir.VectorT
 v32f32, v32i32 = ir.VectorType(f32, 32), ir.VectorType(i32, 32)
 TILED_MIN_COLS, GEMM_COLS = 8, 4
 TILE_COLS = 4                   # columns sharing one decode of the weights (vec_dot)
-LANE_TILES = {Q4_K: (32, 16, 8, 4), Q6_K: (16, 8, 4)}    # gemm / tiled: widths of the tiles in lanes
+# gemm / tiled: widths of the column tiles in lanes (measured: 32 helps Q4_K, slows Q6_K)
+LANE_TILES = {Q4_K: (32, 16, 8, 4), Q6_K: (16, 8, 4)}
 
 
 # ---- QUANTIZE to q8_K --------------------------------------------------------------------
@@ -189,7 +190,7 @@ class _Ints:
     """The exact integers of one (weight row, activation column) super-block: `sub` the 8 lanes
     of each 32-block times its scales, `lanes` ggml's vec_dot lanes (Q6_K: less the 32*bias),
     `min4` Q4_K's 4 lanes of mins times 32-sums; ad the activation's f32 d. s1, s2: the i32
-    sums of _ColInts for this one column."""
+    sums of _LaneInts for this one column."""
 
     def __init__(self, b, w: _Weights, xrow, ib, pieces=1):
         xb = b.gep(xrow, [b.mul(ib, i64(Q8K_BYTES))])
@@ -210,11 +211,11 @@ class _Ints:
             self.s2 = [_reduce(b, self.min4)] if w.wtype == Q4_K else []
 
 
-# ---- C columns in lanes (C = 4 or 8): activations interleaved per column tile ----------------
+# ---- C columns in lanes (C = 4 .. 32): activations interleaved per column tile -------------
 #
 # Per column tile the activations are copied once (prep) into scratch, per super-block, group
-# of columns and 32-block s, as 32-byte vectors of four 8-byte slots (quarters of one column's
-# 32-block), which a weight row's code vector times (vpmaddubsw) with its quarters where the
+# of columns and 32-block s, as 32-byte vectors of four 8-byte slots (quarters q: bytes
+# 8q..8q+7 of one column's 32-block), which a weight row's code vector times (vpmaddubsw) with its quarters where the
 # slots want them: int16 lanes that add in int16 before one vpmaddwd by the scales serves the
 # whole group.
 #   Q4_K, groups of 4 columns: vector q holds quarter q of columns 0..3; code quarter q in all
@@ -228,14 +229,18 @@ class _Ints:
 # The sums of the activations' int16 sums with the mins (Q4_K) or the scales (Q6_K, the bias)
 # go by pairs: prep stores, for each pair t of sums and each column, the two int16 side by side,
 # and one vpmaddwd by the row's pair word t makes lane c = column c. Lane i of a tile holds
-# column LANE_COLS[wtype][C][i]. Every sum is exact: any grouping gives ggml's integers.
+# column _lane_cols(wtype, C)[i]. Every sum is exact: any grouping gives ggml's integers.
 
 GROUP = {Q4_K: 4, Q6_K: 2}      # columns per interleaved vector
-LANE_COLS = {Q4_K: {4: [0, 1, 2, 3]}, Q6_K: {4: [0, 1, 2, 3]}}
-for _C in (8, 16, 32):
-    LANE_COLS[Q4_K][_C] = [8 * (i // 8) + [0, 1, 4, 5, 2, 3, 6, 7][i % 8] for i in range(_C)]
-    LANE_COLS[Q6_K][_C] = list(range(_C))
 PAIRS = {Q4_K: 4, Q6_K: 8}      # Q4_K: mins 2t, 2t+1 with S32; Q6_K: scales 2t, 2t+1 with S16
+
+
+def _lane_cols(wtype, C):
+    """The column of each lane of a C-column tile: Q4_K's 8-column pieces come out of their
+    last vphaddd as columns [0 1 4 5 2 3 6 7]."""
+    if wtype == Q6_K or C == 4:
+        return list(range(C))
+    return [8 * (i // 8) + [0, 1, 4, 5, 2, 3, 6, 7][i % 8] for i in range(C)]
 
 
 def _slot(wtype, v, t):
@@ -266,7 +271,7 @@ class _Scratch:
 
     def fill(self, b, K, xrows):
         C, npairs, G = self.C, PAIRS[self.wtype], GROUP[self.wtype]
-        lane_cols = LANE_COLS[self.wtype][C]
+        lane_cols = _lane_cols(self.wtype, C)
         with for_range(b, 0, K // 256, name="prep") as ib:
             xbs = [b.gep(x, [b.mul(ib, i64(Q8K_BYTES))]) for x in xrows]
             qb = b.gep(self.q, [b.mul(ib, i64(C * 256))])
@@ -332,7 +337,7 @@ class _LaneInts:
         self.ad = b.load(typed(b, b.gep(scr.d, [b.mul(ib, i64(C))]), ir.VectorType(f32, C)), align=4)
         G = GROUP[w.wtype]
 
-        def block(s):               # 32-block s: per column group, int32 at level log2(G)
+        def block(s):               # 32-block s: the int32 vector of each column group (see above)
             out = []
             for g in range(C // G):
                 if w.wtype == Q4_K:
@@ -482,7 +487,7 @@ def _tile(b, chain, wtype, K, wrow, xrows, scr=None):
         return chain.step(b, w, k, st)
 
     res = chain.finish(b, block_loop(b, K // 256, chain.init(C), step))
-    return [res] if C == 1 else [b.extract_element(res, i32(LANE_COLS[wtype][C].index(c))) for c in range(C)]
+    return [res] if C == 1 else [b.extract_element(res, i32(_lane_cols(wtype, C).index(c))) for c in range(C)]
 
 
 def define_mul_mat_kquant(m: ir.Module, g, n) -> ir.Function:
