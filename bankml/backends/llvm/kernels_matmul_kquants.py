@@ -337,16 +337,19 @@ class _LaneInts:
         self.ad = b.load(typed(b, b.gep(scr.d, [b.mul(ib, i64(C))]), ir.VectorType(f32, C)), align=4)
         G = GROUP[w.wtype]
 
-        def block(s):               # 32-block s: the int32 vector of each column group (see above)
-            out = []
-            for g in range(C // G):
-                if w.wtype == Q4_K:
-                    x = [maddubs(b, w.quarter(s, q), b.load(scr.vector(b, ib, g, s, q), align=32)) for q in range(4)]
-                    out.append(_madd(b, b.add(b.add(x[0], x[1]), b.add(x[2], x[3])), w.scale(s)))
-                else:
-                    x = [maddubs(b, w.halves(s, v), b.load(scr.vector(b, ib, g, s, v), align=32)) for v in range(2)]
-                    out.append(_madd(b, b.add(x[0], x[1]), w.scale(s)))
-            return out
+        def blocks(subs):           # 32-blocks subs: the int32 vector of each column group (see above)
+            acc = [None] * (C // G)
+            for s in subs:
+                for g in range(C // G):
+                    if w.wtype == Q4_K:
+                        x = [maddubs(b, w.quarter(s, q), b.load(scr.vector(b, ib, g, s, q), align=32))
+                             for q in range(4)]
+                        v = _madd(b, b.add(b.add(x[0], x[1]), b.add(x[2], x[3])), w.scale(s))
+                    else:
+                        x = [maddubs(b, w.halves(s, v), b.load(scr.vector(b, ib, g, s, v), align=32)) for v in range(2)]
+                        v = _madd(b, b.add(x[0], x[1]), w.scale(s))
+                    acc[g] = v if acc[g] is None else b.add(acc[g], v)
+            return acc
 
         def lanes8(vs):             # 8 columns' int32 vectors (2 groups of 4, 4 pairs) as 8 lanes
             if G == 2:              # [c0 c0 c1 c1 | c0 c0 c1 c1] per pair: to [c0 c1 c2 c3 | c0 c1 c2 c3]
@@ -368,12 +371,9 @@ class _LaneInts:
             return _cat(b, [lanes8(vs[i:i + n]) for i in range(0, len(vs), n)])
 
         if pieces == 4:
-            self.s1 = [lanes([b.add(x, y) for x, y in zip(block(2 * p), block(2 * p + 1))]) for p in range(4)]
+            self.s1 = [lanes(blocks([2 * p, 2 * p + 1])) for p in range(4)]
         else:
-            tot = block(0)
-            for s in range(1, 8):
-                tot = [b.add(t, v) for t, v in zip(tot, block(s))]
-            self.s1 = [lanes(tot)]
+            self.s1 = [lanes(blocks(range(8)))]
         if w.wtype == Q4_K:
             mins = _pair_dots(b, scr, ib, _shuf(b, b.bitcast(w.sm, v8i32), [4, 5, 6, 7, 4, 5, 6, 7]))
             self.s2 = mins if pieces == 4 else [_sum(b, mins)]
