@@ -28,6 +28,17 @@ from bankml.quants import F16, WEIGHT_TYPES  # noqa: E402
 ACT_BYTES = {"Q8_0": 34, "Q8_1": 36}
 
 
+def q8_k_activation(rng, m: int, k: int) -> np.ndarray:
+    """q8_K rows (292 bytes per 256 values: f32 d, 256 int8, 16 int16 sums of 16) with true sums."""
+    q = rng.integers(-127, 128, (m, k // 256, 256), dtype=np.int8)
+    blocks = np.zeros((m, k // 256, 292), np.uint8)
+    blocks[:, :, 0:4] = np.array([0.01], np.float32).view(np.uint8)
+    blocks[:, :, 4:260] = q.view(np.uint8)
+    sums = q.reshape(m, k // 256, 16, 16).astype(np.int16).sum(axis=-1, dtype=np.int16)
+    blocks[:, :, 260:292] = sums.view(np.uint8)
+    return blocks.reshape(m, -1)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("type")
@@ -51,6 +62,8 @@ def main() -> None:
     if t == F16:
         wb = rng.standard_normal((a.n, a.k)).astype(np.float16).view(np.uint8)
         xb = rng.standard_normal((a.m, a.k)).astype(np.float16).view(np.uint8)
+    elif ggml_type_name(wt.act_type) == "Q8_K":
+        xb = q8_k_activation(rng, a.m, a.k)
     else:
         xb = rng.integers(-127, 128, (a.m, a.k // 32 * ACT_BYTES[ggml_type_name(wt.act_type)]), dtype=np.int8)
         xb = xb.view(np.uint8)

@@ -156,7 +156,8 @@ def test_reference_mul_mat_of_no_columns(t, n):
 @pytest.mark.parametrize("t,n", [(Q4_K, 40), (Q4_K, 36), (Q6_K, 36)], ids=["Q4_K-repacked", "Q4_K", "Q6_K"])
 def test_generic_llvm_kernel_bits_equal_ggml_at_every_column_count(t, n):
     """One llvm kernel for T = 2..63 columns known at run time: the vec_dot/tiled switch at 8 and
-    the gemm/gemv split at M - M % 4 happen inside it."""
+    the gemm/gemv split at M - M % 4 happen inside it; every count takes every mix of the
+    kernel's tiles (32 (Q4_K), 16, 8 and 4 columns in lanes, single columns)."""
     from bankml.ir.dims import Dim
     from llvm_kernel_util import compile_kernel
     k, T = 512, Dim("T", 2, 63)
@@ -166,8 +167,19 @@ def test_generic_llvm_kernel_bits_equal_ggml_at_every_column_count(t, n):
     mm = Node(3, Op.MUL_MAT, (1, 2), (T, n), "f32", name="mm", order=matmul_order(t, n, 63))
     g = graph_of(xn, w, q, mm)
     kernel = compile_kernel(g, mm)
-    raw, x = _problem(t, n, k, 13)
-    for m in range(2, 14):
+    raw, x = _problem(t, n, k, 63)
+    for m in range(2, 64):
         out = np.full((m, n), np.nan, np.float32)
         run_kernel(g, mm, out, [raw, q8_k.to_bytes(q8_k.quantize_q8_k(x[:m]))], 2, {"T": m}, kernel)
         assert _same(out, _ggml(t, raw, x[:m], repacked=t == Q4_K and n % 8 == 0)), f"{m} columns"
+
+
+@pytest.mark.parametrize("t,n", [(Q4_K, 1408), (Q4_K, 1412), (Q6_K, 1000)], ids=["Q4_K-repacked", "Q4_K", "Q6_K"])
+def test_llvm_kernel_over_several_row_chunks_equals_reference(t, n):
+    """Rows past one L2 chunk (the column tiles' interleaved activations are made again per
+    chunk), an odd thread split, and columns for every tile width (Q4_K 32 + 16 + 8 + 4 + 3,
+    Q6_K 16 + 16 + 16 + 8 + 4 + 3)."""
+    k, m = 256, 63
+    raw, x = _problem(t, n, k, m)
+    assert n * WEIGHT_TYPES[t].row_bytes(k) > 2 * 96 * 1024
+    assert _same(_llvm(t, raw, x, nth=3), mul_mat(raw, t, x, matmul_order(t, n, m)))
