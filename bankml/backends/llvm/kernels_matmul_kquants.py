@@ -31,9 +31,11 @@ v4f32, v16i32, v16i8 = ir.VectorType(f32, 4), ir.VectorType(i32, 16), ir.VectorT
 v32f32, v32i32 = ir.VectorType(f32, 32), ir.VectorType(i32, 32)
 TILED_MIN_COLS, GEMM_COLS = 8, 4
 TILE_COLS = 4                   # columns sharing one decode of the weights (vec_dot)
-# gemm / tiled: widths of the column tiles in lanes, widest first (measured: Q6_K slows at 32; Q4_K
-# gains 4% at 32 for 0.8 s more compile of a large graph (6.6 against 5.5 s on Gemma 3), so both stop at 16)
-LANE_TILES = {Q4_K: (16, 8, 4), Q6_K: (16, 8, 4)}
+# gemm / tiled: widths of the column tiles in lanes, widest first. Each width is code to compile:
+# Gemma 3's small-last graph JITs in 2.6 s with (8, 4), 3.2-3.5 s with (16, 8, 4) (2.0 s before lane
+# tiles), for Q4_K / Q6_K kernels 7% / 13% faster at 512 columns with 16 (equal at 52): the first
+# compile is a cost every new user pays, so the tiles stop at 8.
+LANE_TILES = {Q4_K: (8, 4), Q6_K: (8, 4)}
 
 
 # ---- QUANTIZE to q8_K --------------------------------------------------------------------
