@@ -12,10 +12,9 @@ from __future__ import annotations
 from llvmlite import ir
 
 from bankml.backends.llvm.common import f32, f64, i32, i64, v8f32
-from bankml.backends.llvm.kernels_matmul import TILERS, Tiler, at, fma, block_loop, f32x8_reduce, load_h, \
+from bankml.backends.llvm.kernels_matmul import TILERS, Tiler, at, fma, block_loop, f32x8_reduce, hsums, load_h, \
     plain_cols, v8f16, zero8
 from bankml.ir import order as fo
-from bankml.backends.llvm.kernels_matmul_q import hsums
 from bankml.quants import F16
 
 

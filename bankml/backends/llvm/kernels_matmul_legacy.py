@@ -19,9 +19,9 @@ from __future__ import annotations
 from llvmlite import ir
 
 from bankml.backends.llvm.common import i1, i32, i64
-from bankml.backends.llvm.kernels_matmul import TILERS, Tiler, at, v32i8
-from bankml.backends.llvm.kernels_matmul_q import _alloc as alloc, _chunk_wd as chunk_wd, _prep as prep, dot_q0, \
-    dot_q1, nibbles
+from bankml.backends.llvm.kernels_matmul import TILERS, Tiler, at, nibbles, v32i8
+from bankml.backends.llvm.kernels_matmul_q import _alloc as alloc, _chunk_wd as chunk_wd, _prep as prep, \
+    _shape, dot_q0, dot_q1
 from bankml.ir import order as fo
 from bankml.quants import Q4_0, Q5_0, Q5_1
 
@@ -53,11 +53,7 @@ def q5_1_codes(b, w, wb):
     return b.or_(nibbles(b, w, b.add(wb, i64(8))), fifth_bits(b, w, b.add(wb, i64(4))))
 
 
-def _shape(M: int) -> tuple[int, int]:
-    """Tiles of up to 8 columns, one row."""
-    return 1, min(M, 8)
-
-
 TILERS[(Q4_0, fo.Q4_0_DOT)] = Tiler(_shape, alloc(), prep(34), dot_q0(18, q4_0_values), chunk_wd(18, q4_0_values))
 TILERS[(Q5_0, fo.Q5_0_DOT)] = Tiler(_shape, alloc(), prep(34), dot_q0(22, q5_0_values), chunk_wd(22, q5_0_values))
-TILERS[(Q5_1, fo.Q5_1_DOT)] = Tiler(_shape, alloc(with_s=True), prep(36), dot_q1(24, q5_1_codes), chunk_wd(24, q5_1_codes))
+TILERS[(Q5_1, fo.Q5_1_DOT)] = Tiler(_shape, alloc(with_s=True), prep(36), dot_q1(24, q5_1_codes),
+                                    chunk_wd(24, q5_1_codes))

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from bankml.backends.llvm.common import f16, f32, for_range, i8, i32, i64, intrinsic
-from bankml.backends.llvm.kernels_matmul import TILERS, Tiler, at, block_loop, fma, hsum8, load_h, maddubs, psign, \
-    scratch, splat, sums_us8, v16i8, v16i16, v32i8, zero8
+from bankml.backends.llvm.kernels_matmul import TILERS, Tiler, at, block_loop, fma, hsums, load_h, maddubs, nibbles, \
+    psign, scratch, splat, sums_us8, v16i16, v32i8, zero8
 from bankml.backends.llvm.kernels_matmul_q1_lut import ROWS as LUT_ROWS, TABLE_BYTES, build_tables, lut_tile
 from bankml.ir import order as fo
 from bankml.quants import Q1_0, Q2_0, Q4_1, Q8_0
@@ -146,38 +146,6 @@ def _col_d(b, cols, kb, c):
     return splat(b, b.load(b.gep(cols.d, [b.add(b.mul(kb, i64(C)), i64(c))])))
 
 
-def _shuffle(b, x, y, idx):
-    return b.shuffle_vector(x, y, ir.Constant(ir.VectorType(i32, len(idx)), idx))
-
-
-def hsum8_x8(b, v):
-    """hsum8 of eight 8-lane vectors at once: lane c of the result is hsum8(v[c]), with the same
-    f32 adds, ((x0+x4)+(x2+x6)) + ((x1+x5)+(x3+x7)), run as 7 vector adds (and 14 shuffles) in
-    place of 56 scalar ones."""
-    half = [b.fadd(_shuffle(b, v[c], v[c + 4], [0, 1, 2, 3, 8, 9, 10, 11]),
-                   _shuffle(b, v[c], v[c + 4], [4, 5, 6, 7, 12, 13, 14, 15])) for c in range(4)]
-    # half[c]: (x0+x4, x1+x5, x2+x6, x3+x7) of v[c] in lanes 0-3, of v[c+4] in lanes 4-7
-    pair = [b.fadd(_shuffle(b, half[c], half[c + 1], [0, 1, 8, 9, 4, 5, 12, 13]),
-                   _shuffle(b, half[c], half[c + 1], [2, 3, 10, 11, 6, 7, 14, 15])) for c in (0, 2)]
-    # pair[k]: (x0+x4)+(x2+x6), (x1+x5)+(x3+x7) of v[2k], then of v[2k+1] (lanes 0-3; v[2k+4], v[2k+5]: 4-7)
-    return b.fadd(_shuffle(b, pair[0], pair[1], [0, 2, 8, 10, 4, 6, 12, 14]),
-                  _shuffle(b, pair[0], pair[1], [1, 3, 9, 11, 5, 7, 13, 15]))
-
-
-def hsums(b, accs):
-    """[hsum8(a) for a in accs], eight at a time as vectors (hsum8_x8); a last group of fewer
-    than eight is padded with zero vectors (lanes not read) where it has more than two."""
-    out = []
-    for k in range(0, len(accs), 8):
-        group = accs[k:k + 8]
-        if len(group) <= 2:
-            out += [hsum8(b, a) for a in group]
-            continue
-        v = hsum8_x8(b, group + [zero8()] * (8 - len(group)))
-        out += [b.extract_element(v, i32(c)) for c in range(len(group))]
-    return out
-
-
 def _finish(b, R, C, accs):
     h = hsums(b, accs)
     return [h[r * C:(r + 1) * C] for r in range(R)]
@@ -207,14 +175,6 @@ def _products(b, K, wrows, cols, wbb: int):
             dw = b.fmul(wd, ad)
             b.store(dw, typed_gep(b, dwp, b.add(b.mul(kb, i64(R * C)), i64(r * C)), vc), align=4)
     return lambda kb, r, c: splat(b, b.load(b.gep(dwp, [b.add(b.mul(kb, i64(R * C)), i64(r * C + c))])))
-
-
-def nibbles(b, w, off):
-    """The 32 nibbles (0..15) of qs at w + off, in element order: low nibbles, then high ones."""
-    qs = b.load(at(b, w, off, v16i8), align=1)
-    lo = b.and_(qs, ir.Constant(v16i8, [15] * 16))
-    hi = b.lshr(qs, ir.Constant(v16i8, [4] * 16))
-    return b.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(i32, 32), list(range(32))))
 
 
 def dot_q0(wbb: int, values):

@@ -28,7 +28,7 @@ from llvmlite import ir
 from bankml.backends.llvm import kernels_rows
 from bankml.backends.llvm.common import f32, f64, for_range, i8, i16, i32, i64, intrinsic, new_function, size, \
     thread_range, typed
-from bankml.backends.llvm.kernels_matmul import at, maddubs, psign, sums_us8, v32i8
+from bankml.backends.llvm.kernels_matmul import at, maddubs, nibbles, psign, sums_us8, v32i8
 from bankml.backends.llvm.kernels_matmul_q import ONES, q1_0_neg_signs, q1_0_sums
 from bankml.backends.llvm.portable_exact import round_i64
 from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
@@ -168,13 +168,6 @@ def group_bytes(wtype: int) -> int:
     return 512 if wtype == F16 else WEIGHT_TYPES[wtype].row_bytes(256)
 
 
-def q4_1_nibbles(b, w, off):
-    qs = b.load(at(b, w, off, ir.VectorType(i8, 16)), align=1)
-    lo = b.and_(qs, vconst(ir.VectorType(i8, 16), 15))
-    hi = b.lshr(qs, vconst(ir.VectorType(i8, 16), 4))
-    return b.shuffle_vector(lo, hi, ir.Constant(v32i32, list(range(32))))
-
-
 def q2_0_codes(b, w, off):
     """The 32 codes (0..3) of 8 bytes of Q2_0 quants in the permuted order (byte 8p+i: plane p of byte i)."""
     word = b.load(at(b, w, off, i64), align=1)
@@ -224,7 +217,7 @@ def int8_lanes(b, wtype: int, w, qoff, s, cols) -> list:
         wabs = psign(b, wq, wq)
         return [sums_us8(b, wabs, psign(b, cols.codes(b, c, s), wq)) for c in range(C)]
     if wtype == Q4_1:
-        wq = q4_1_nibbles(b, w, qoff)
+        wq = nibbles(b, w, qoff)
         return [sums_us8(b, wq, cols.codes(b, c, s)) for c in range(C)]
     if wtype == Q1_0:
         neg = q1_0_neg_signs(b, b.load(at(b, w, qoff, i32), align=1))
@@ -299,7 +292,7 @@ def sub_values(b, wtype: int, row, s):
         if wtype == Q8_0:
             q = b.sext(b.load(at(b, row, qoff, v32i8), align=1), v32i32)
         elif wtype == Q4_1:
-            q = b.zext(q4_1_nibbles(b, row, qoff), v32i32)
+            q = b.zext(nibbles(b, row, qoff), v32i32)
         elif wtype == Q1_0:
             bits = b.bitcast(b.load(at(b, row, qoff, i32), align=1), ir.VectorType(ir.IntType(1), 32))
             q = b.select(bits, vconst(v32i32, 1), vconst(v32i32, -1))

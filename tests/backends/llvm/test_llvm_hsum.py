@@ -1,4 +1,4 @@
-"""hsum8_x8 (the eight hsum8 of a 1x8 quantized tile as vector adds, kernels_matmul_q.py) and
+"""hsum8_x8 (the eight hsum8 of a 1x8 quantized tile as vector adds, kernels_matmul.py) and
 hsums (groups of eight, a short last group padded) equal hsum8 of each vector and ggml's
 hsum_float_8 order, bit for bit: random f32 of many magnitudes
 (so that any other order of the adds would round differently), signed zeros and infinities."""
@@ -11,8 +11,7 @@ from llvmlite import ir
 
 from bankml.backends.llvm import jit
 from bankml.backends.llvm.common import f32, i64, new_function
-from bankml.backends.llvm.kernels_matmul import hsum8
-from bankml.backends.llvm.kernels_matmul_q import hsum8_x8, hsums
+from bankml.backends.llvm.kernels_matmul import hsum8, hsum8_x8, hsums
 
 V8 = ir.VectorType(f32, 8)
 
