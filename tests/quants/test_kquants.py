@@ -157,7 +157,7 @@ def test_reference_mul_mat_of_no_columns(t, n):
 def test_generic_llvm_kernel_bits_equal_ggml_at_every_column_count(t, n):
     """One llvm kernel for T = 2..63 columns known at run time: the vec_dot/tiled switch at 8 and
     the gemm/gemv split at M - M % 4 happen inside it; every count takes every mix of the
-    kernel's tiles (32 (Q4_K), 16, 8 and 4 columns in lanes, single columns)."""
+    kernel's tiles (LANE_TILES widths in lanes, single columns)."""
     from bankml.ir.dims import Dim
     from llvm_kernel_util import compile_kernel
     k, T = 512, Dim("T", 2, 63)
@@ -177,8 +177,8 @@ def test_generic_llvm_kernel_bits_equal_ggml_at_every_column_count(t, n):
 @pytest.mark.parametrize("t,n", [(Q4_K, 1408), (Q4_K, 1412), (Q6_K, 1000)], ids=["Q4_K-repacked", "Q4_K", "Q6_K"])
 def test_llvm_kernel_over_several_row_chunks_equals_reference(t, n):
     """Rows past one L2 chunk (the column tiles' interleaved activations are made again per
-    chunk), an odd thread split, and columns for every tile width (Q4_K 32 + 16 + 8 + 4 + 3,
-    Q6_K 16 + 16 + 16 + 8 + 4 + 3)."""
+    chunk), an odd thread split, and 63 columns: every LANE_TILES width and single columns
+    (with tiles of 8 and 4: 7 x 8 + 4 + 3)."""
     k, m = 256, 63
     raw, x = _problem(t, n, k, m)
     assert n * WEIGHT_TYPES[t].row_bytes(k) > 2 * 96 * 1024

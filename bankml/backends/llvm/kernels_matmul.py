@@ -143,9 +143,13 @@ def maddubs(b, u, s):
     return b.call(intrinsic(b.module, "llvm.x86.avx2.pmadd.ub.sw", v16i16, [v32i8, v32i8]), [u, s])
 
 
+def madd(b, x, y):
+    """vpmaddwd: lane l = x[2l]*y[2l] + x[2l+1]*y[2l+1], i16 pairs to i32."""
+    return b.call(intrinsic(b.module, "llvm.x86.avx2.pmadd.wd", v8i32, [v16i16, v16i16]), [x, y])
+
+
 def _madd_ones(b, p):
-    ones = ir.Constant(v16i16, [1] * 16)
-    return b.call(intrinsic(b.module, "llvm.x86.avx2.pmadd.wd", v8i32, [v16i16, v16i16]), [p, ones])
+    return madd(b, p, ir.Constant(v16i16, [1] * 16))
 
 
 def sums_us8(b, u, s):

@@ -18,8 +18,8 @@ from llvmlite import ir
 
 from bankml.backends.llvm.common import f32, for_range, i8, i16, i32, i64, intrinsic, new_function, size, \
     smin, thread_range, typed
-from bankml.backends.llvm.kernels_matmul import CHUNK_BYTES, alloca, at, block_loop, fma, hsum8, load_h, maddubs, \
-    scratch, splat, v16i16, v32i8, v8i32, zero8
+from bankml.backends.llvm.kernels_matmul import CHUNK_BYTES, alloca, at, block_loop, fma, hsum8, load_h, madd, \
+    maddubs, scratch, splat, v16i16, v32i8, v8i32, zero8
 from bankml.backends.llvm.registry import kernel_name, kernel_type
 from bankml.errors import LoweringError
 from bankml.ir import order as fo
@@ -176,30 +176,18 @@ class _Weights:
         return self._scales[s]
 
 
-def _madd(b, x, y):
-    return b.call(intrinsic(b.module, "llvm.x86.avx2.pmadd.wd", v8i32, [v16i16, v16i16]), [x, y])
-
-
-def _sub_sum(b, w, xb, s):
-    """The 8 lanes of 32-block s of one column's super-block xb, times its scales."""
-    return _madd(b, maddubs(b, w.code(s), b.load(at(b, xb, 4 + 32 * s, v32i8), align=1)), w.scale(s))
-
-
-def _sub_sums(b, w, xb):
-    return [_sub_sum(b, w, xb, s) for s in range(8)]
-
-
 class _Ints:
     """The exact integers of one (weight row, activation column) super-block: `sub` the 8 lanes
     of each 32-block times its scales, `lanes` ggml's vec_dot lanes (Q6_K: less the 32*bias),
-    `min4` Q4_K's 4 lanes of mins times 32-sums; ad the activation's f32 d. s1, s2: the i32
-    sums of _LaneInts for this one column."""
+    `min4` Q4_K's 4 lanes of mins times 32-sums; ad the activation's f32 d. With pieces (1 or
+    4: the lane chains' one column), s1, s2: the i32 sums of _LaneInts for this column."""
 
-    def __init__(self, b, w: _Weights, xrow, ib, pieces=1):
+    def __init__(self, b, w: _Weights, xrow, ib, pieces=None):
         xb = b.gep(xrow, [b.mul(ib, i64(Q8K_BYTES))])
         self.ad = b.load(at(b, xb, 0, f32), align=1)
         bs16 = b.sext(b.load(at(b, xb, 260, v16i16), align=1), v16i32)
-        self.sub = _sub_sums(b, w, xb)
+        self.sub = [madd(b, maddubs(b, w.code(s), b.load(at(b, xb, 4 + 32 * s, v32i8), align=1)), w.scale(s))
+                    for s in range(8)]
         if w.wtype == Q4_K:
             self.min4 = _pairs(b, b.mul(_pairs(b, bs16), w.mins))           # <4 x i32>
             self.lanes = _sum(b, self.sub)
@@ -209,12 +197,12 @@ class _Ints:
         if pieces == 4:
             self.s1 = [_reduce(b, b.add(self.sub[2 * p], self.sub[2 * p + 1])) for p in range(4)]
             self.s2 = [b.extract_element(self.min4, i32(p)) for p in range(4)]
-        else:
+        elif pieces == 1:
             self.s1 = [_reduce(b, self.lanes)]
             self.s2 = [_reduce(b, self.min4)] if w.wtype == Q4_K else []
 
 
-# ---- C columns in lanes (C = 4 .. 32): activations interleaved per column tile -------------
+# ---- C columns in lanes (C in LANE_TILES): activations interleaved per column tile ---------
 #
 # Per column tile the activations are copied once (prep) into scratch, per super-block, group
 # of columns and 32-block s, as 32-byte vectors of four 8-byte slots (quarters q: bytes
@@ -319,14 +307,10 @@ def _pair_dots(b, scr, ib, words):
     ms = []
     for k in range(npairs * 2 * C // 16):
         v = b.load(typed(b, b.gep(pb, [i64(16 * k)]), v16i16), align=32)
-        ms.append(_madd(b, v, b.bitcast(_shuf(b, words, [(8 * k + i) // C for i in range(8)]), v16i16)))
+        ms.append(madd(b, v, b.bitcast(_shuf(b, words, [(8 * k + i) // C for i in range(8)]), v16i16)))
     if C == 4:
         return [h for m in ms for h in (_shuf(b, m, [0, 1, 2, 3]), _shuf(b, m, [4, 5, 6, 7]))]
     return [_cat(b, ms[i:i + C // 8]) for i in range(0, len(ms), C // 8)]
-
-
-def _splat16(b, v16, j):
-    return _shuf(b, v16, [j] * 16)
 
 
 class _LaneInts:
@@ -347,10 +331,10 @@ class _LaneInts:
                     if w.wtype == Q4_K:
                         x = [maddubs(b, w.quarter(s, q), b.load(scr.vector(b, ib, g, s, q), align=32))
                              for q in range(4)]
-                        v = _madd(b, b.add(b.add(x[0], x[1]), b.add(x[2], x[3])), w.scale(s))
+                        v = madd(b, b.add(b.add(x[0], x[1]), b.add(x[2], x[3])), w.scale(s))
                     else:
                         x = [maddubs(b, w.halves(s, v), b.load(scr.vector(b, ib, g, s, v), align=32)) for v in range(2)]
-                        v = _madd(b, b.add(x[0], x[1]), w.scale(s))
+                        v = madd(b, b.add(x[0], x[1]), w.scale(s))
                     acc[g] = v if acc[g] is None else b.add(acc[g], v)
             return acc
 

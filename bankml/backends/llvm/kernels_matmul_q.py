@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from bankml.backends.llvm.common import f16, f32, for_range, i8, i32, i64, intrinsic
-from bankml.backends.llvm.kernels_matmul import TILERS, Tiler, at, block_loop, fma, hsums, load_h, maddubs, nibbles, \
+from bankml.backends.llvm.kernels_matmul import TILERS, Tiler, at, block_loop, fma, hsums, load_h, madd, maddubs, nibbles, \
     psign, scratch, splat, sums_us8, v16i16, v32i8, zero8
 from bankml.backends.llvm.kernels_matmul_q1_lut import ROWS as LUT_ROWS, TABLE_BYTES, build_tables, lut_tile
 from bankml.ir import order as fo
@@ -263,9 +263,7 @@ def q1_0_neg_signs(b, word):
 def q1_0_sums(b, aq, neg):
     """Lane l = sum over 4l..4l+3 of (+a where the bit is set, -a where clear), exact: vpsignb
     makes -(+-a), vpmaddubsw with ones the pair sums, vpmaddwd with -1 the negated quad sums."""
-    pairs = maddubs(b, ONES, psign(b, aq, neg))
-    madd = intrinsic(b.module, "llvm.x86.avx2.pmadd.wd", ir.VectorType(i32, 8), [v16i16, v16i16])
-    return b.call(madd, [pairs, _MINUS_ONES16])
+    return madd(b, maddubs(b, ONES, psign(b, aq, neg)), _MINUS_ONES16)
 
 
 def _q1_0(b, K, wrows, cols):

@@ -39,7 +39,7 @@ import numpy as np
 from llvmlite import ir
 
 from bankml.backends.llvm.common import f16, f32, for_range, i8, i16, i32, i64, intrinsic
-from bankml.backends.llvm.kernels_matmul import at, block_loop, fma, scratch, splat, v16i16, v32i8, zero8
+from bankml.backends.llvm.kernels_matmul import at, block_loop, fma, madd, scratch, splat, v16i16, v32i8, zero8
 
 ROWS = 16                       # weight rows of one lookup tile
 TABLE_BYTES = 4 * 2 * 32        # tables per 32-block: 4 combos x (low, high) x 32 bytes
@@ -262,8 +262,7 @@ def _combo_step(b, K, wrows, d, tbl, bits, wds, c, ib, acc):
 def _sums(b, tbl, base, idx):
     """The i32 sums of the 4 row sets, for nibbles idx (16 rows x lanes qa | qb) and the tables
     at byte offset base: lookup_words, then vpmaddwd with (1, 0) and (0, 1) to i32."""
-    madd = intrinsic(b.module, "llvm.x86.avx2.pmadd.wd", v8i32, [v16i16, v16i16])
-    return [b.call(madd, [w, k]) for w in lookup_words(b, tbl, base, idx) for k in (_EVEN, _ODD)]
+    return [madd(b, w, k) for w in lookup_words(b, tbl, base, idx) for k in (_EVEN, _ODD)]
 
 
 def lookup_words(b, tbl, base, idx):

@@ -27,7 +27,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from bankml.backends.llvm.common import f32, f64, fma, for_range, i8, i16, i32, i64, intrinsic
-from bankml.backends.llvm.kernels_matmul import at, maddubs
+from bankml.backends.llvm.kernels_matmul import at, madd, maddubs
 from bankml.backends.llvm.kernels_portable_rows import TERM_BITS, group_bytes, int8_lanes, lane_sums, lane_sums16, \
     BLOCK_BYTES, pair_sums16, splat_v, sub_layout
 from bankml.quants import Q1_0, Q2_0, Q4_1, WEIGHT_TYPES
@@ -210,8 +210,7 @@ def sums_of_pairs(b, us: list):
     high half the high halves' (vphaddw, vpmaddwd by ones, vphaddd)."""
     phaddw = intrinsic(b.module, "llvm.x86.avx2.phadd.w", v16i16, [v16i16, v16i16])
     phaddd = intrinsic(b.module, "llvm.x86.avx2.phadd.d", v8i32, [v8i32, v8i32])
-    pmaddwd = intrinsic(b.module, "llvm.x86.avx2.pmadd.wd", v8i32, [v16i16, v16i16])
-    y = [b.call(pmaddwd, [b.call(phaddw, [us[i], us[i + 1]]), vconst(v16i16, 1)]) for i in (0, 2)]
+    y = [madd(b, b.call(phaddw, [us[i], us[i + 1]]), vconst(v16i16, 1)) for i in (0, 2)]
     return b.call(phaddd, y)
 
 
