@@ -21,11 +21,12 @@ Out f32 [M, n_head, DV]. Head h reads kv head h // (n_head // n_head_kv).
       out = S != 0 ? r(VKQ * r(1/S)) : VKQ
 - FA_TILED (ggml_compute_forward_flash_attn_ext_tiled): Q tiles of <= 64 rows of one head, cut
   as ggml cuts them for llama_threads (computed at run time, _q_tiles), handed to threads
-  zigzag (0, 1, .., 1, 0: balanced causal work); K/V tiles of 64 keys converted to f32 on the stack (K transposed, so 8 keys share
-  a vector and each lane is simd_gemm's serial fma chain over d). A KV tile is skipped for a Q tile
-  when every row's mask there is -inf. In a computed tile, Q.K for all rows, then their softmax
-  steps, then P.V for all rows (so the K tile, then the V tile, stays in L1), both products as
-  ggml's simd_gemm in register tiles of 6 rows x 16 columns (_simd_gemm). Per row:
+  zigzag (0, 1, .., 1, 0: balanced causal work); K/V tiles of 64 keys converted to f32 on the
+  stack (K transposed, so 8 keys share a vector and each lane is simd_gemm's serial fma chain
+  over d). A KV tile is skipped for a Q tile when every row's mask there is -inf. In a computed
+  tile, Q.K for all rows, then their softmax steps, then P.V for all rows (so the K tile, then
+  the V tile, stays in L1), both products as ggml's simd_gemm in register tiles of 6 rows x 16
+  columns (_simd_gemm). Per row:
       KQ = r(dot*scale); pad keys -inf; KQ = r(KQ + mask); tmax = max(KQ)
       tmax != -inf: Mn = fmaxf(M, tmax); Mn > M: ms = expf(M - Mn), VKQ = r(VKQ*ms), S = r(S*ms)
                     M = Mn; P = ggml_v_expf(r(KQ - Mn)); S = (float)((double)S + sum_c (double)hsum8(P_c))

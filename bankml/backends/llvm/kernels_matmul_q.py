@@ -15,9 +15,10 @@ Float steps per (row, column) pair, exactly as backends/reference/matmul.py:
   float steps of the eight pairs run side by side in the lanes of one vector.
 Per column tile, prep converts the activation's f16 scales to f32 scratch [block][column]. The
 Q8_0 chain (dot_q0: Q8_0, Q4_0, Q5_0) and the Q4_1 chain (dot_q1: Q4_1, Q5_1): where rows run in
-chunks, the chunk's weight scales are converted to f32 once (_chunk_wd); a tile of several
-columns makes its products r(wd*ad) into scratch first (_products), and the eight hsum8 of a
-1 x 8 tile run as vector adds (hsum8_x8). Q1_0 against several columns (and a thread's last rows) expands its bits as ggml's
+chunks, the chunk's weight scales are converted to f32 once (_chunk_wd), and Q4_0, Q5_0 and
+Q5_1 unpack the chunk's values once too; a tile of several columns makes its products r(wd*ad)
+into scratch first (_products), and the eight hsum8 of a 1 x 8 tile run as vector adds
+(hsum8_x8). Q1_0 against several columns (and a thread's last rows) expands its bits as ggml's
 AVX2 vec_dot does (q1_0_neg_signs, q1_0_sums); against one column (decode), 16 rows at a time
 take their integer sums from per-token lookup tables (kernels_matmul_q1_lut.py).
 """
@@ -193,7 +194,7 @@ def dot_q0(wbb: int, values):
             wb, xb = b.mul(ib, i64(wbb)), b.mul(ib, i64(34))
             aq = [b.load(at(b, x, b.add(xb, i64(2)), v32i8), align=1) for x in cols.x]
             out = []
-            for r, w in enumerate(wrows):
+            for r in range(R):
                 wq = values_of(r, wb, ib)
                 wabs = psign(b, wq, wq)
                 for c in range(C):
@@ -357,8 +358,6 @@ def _q2_0(b, K, wrows, cols):
     return [[b.extract_element(sumf, i32(r * C + c)) for c in range(C)] for r in range(R)]
 
 
-TILERS[(Q8_0, fo.Q8_0_DOT)] = Tiler(_shape, _alloc(), _prep(34), _q8_0, _chunk_wd(34))
-TILERS[(Q4_1, fo.Q4_1_DOT)] = Tiler(_shape, _alloc(with_s=True), _prep(36), _q4_1, _chunk_wd(20))
 def _q1_0_tile(b, K, wrows, cols):
     """16 rows against one column by table lookups; other tiles (several columns, a thread's
     last rows) as _q1_0."""
@@ -367,5 +366,7 @@ def _q1_0_tile(b, K, wrows, cols):
     return _q1_0(b, K, wrows, cols)
 
 
+TILERS[(Q8_0, fo.Q8_0_DOT)] = Tiler(_shape, _alloc(), _prep(34), _q8_0, _chunk_wd(34))
+TILERS[(Q4_1, fo.Q4_1_DOT)] = Tiler(_shape, _alloc(with_s=True), _prep(36), _q4_1, _chunk_wd(20))
 TILERS[(Q1_0, fo.Q1_0_DOT)] = Tiler(_shape_q1_0, _alloc(lut=True), _prep(34), _q1_0_tile)
 TILERS[(Q2_0, fo.Q2_0_DOT)] = Tiler(_shape_q2_0, _alloc(q2=True), _prep(34), _q2_0)
