@@ -9,7 +9,7 @@ from llvmlite import ir
 from bankml.backends.llvm.common import (ceil_div, f32, f64, fma, for_range, i1, i8, i16, i32, i64, intrinsic,
                                          llama_threads, smin, v8f32)
 from bankml.backends.llvm.kernels_attention import NEG_INF, NEG_INF_F16_BITS, _Emit
-from bankml.backends.llvm.kernels_glu import broadcast, splat, v_expf
+from bankml.backends.llvm.kernels_glu import v_expf_fast, v_expf_scaled, broadcast, splat
 
 v8i16 = ir.VectorType(i16, 8)
 v8i32 = ir.VectorType(i32, 8)
@@ -68,29 +68,18 @@ def _vstore(b, x, p, off):
 def _tile_expf(b, xs, P) -> None:
     """P[8a:8a+8] = ggml_v_expf(xs[a]). ggml_v_expf returns its fast path fma(j, k, k) in every lane
     where |n| <= 126; when that holds in all lanes of all of xs (a tile with no -inf and no score
-    87 below the max) only that path is computed, else kernels_glu.v_expf in full."""
-    R = splat(float.fromhex("0x1.8p23"))
-    fabs = intrinsic(b.module, "llvm.fabs.v8f32", v8f32, [v8f32])
-    ys, slow = [], ir.Constant(ir.VectorType(i1, 8), [0] * 8)
-    for x in xs:                                       # kernels_glu.v_expf, lines for lines
-        z = fma(b, x, splat(float.fromhex("0x1.715476p+0")), R)
-        n = b.fsub(z, R)
-        nn = b.fsub(splat(-0.0), n)
-        bb = fma(b, nn, splat(float.fromhex("0x1.7f7d1cp-20")), fma(b, nn, splat(float.fromhex("0x1.62e4p-1")), x))
-        k = b.bitcast(b.add(b.shl(b.bitcast(z, v8i32), splat(23, v8i32)), splat(0x3F800000, v8i32)), v8f32)
-        slow = b.or_(slow, b.fcmp_ordered(">", b.call(fabs, [n]), splat(126.0)))
-        u = b.fmul(bb, bb)
-        j = fma(b, fma(b, fma(b, splat(float.fromhex("0x1.0e4020p-7")), bb, splat(float.fromhex("0x1.573e2ep-5"))), u,
-                       fma(b, splat(float.fromhex("0x1.555e66p-3")), bb, splat(float.fromhex("0x1.fffdb6p-2")))),
-                u, b.fmul(splat(float.fromhex("0x1.ffffecp-1")), bb))
-        ys.append(fma(b, j, k, k))
+    87 below the max) only that path is computed, else each vector's scaled lanes too."""
+    fast = [v_expf_fast(b, x) for x in xs]
+    slow = fast[0][1]
+    for _, c, _ in fast[1:]:
+        slow = b.or_(slow, c)
     any_slow = b.icmp_unsigned("!=", b.bitcast(slow, i8), i8(0))
-    with b.if_else(any_slow) as (full, fast):
-        with full:
-            for a, x in enumerate(xs):
-                b.store(v_expf(b, x), b.bitcast(b.gep(P, [i64(8 * a)]), v8f32.as_pointer()), align=32)
-        with fast:
-            for a, y in enumerate(ys):
+    with b.if_else(any_slow) as (scaled, plain):
+        with scaled:
+            for a, (y, c, parts) in enumerate(fast):
+                b.store(v_expf_scaled(b, y, c, parts), b.bitcast(b.gep(P, [i64(8 * a)]), v8f32.as_pointer()), align=32)
+        with plain:
+            for a, (y, _, _) in enumerate(fast):
                 b.store(y, b.bitcast(b.gep(P, [i64(8 * a)]), v8f32.as_pointer()), align=32)
 
 

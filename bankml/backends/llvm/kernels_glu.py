@@ -5,9 +5,9 @@ ggml-cpu/vec.cpp:ggml_vec_swiglu_f32 per row of n = gate.shape[-1], as the refer
     8-lane chunks:   y = r( r(g / r(1 + ggml_v_expf(r(0 - g)))) * u )
     the n%8 tail:    y = r( r(g / r(1 + expf(-g))) * u )              # glibc expf
 `v_expf` below is ggml_v_expf(__m256) (ggml-cpu/vec.h, AVX2+FMA branch) on <8 x float>, every
-fmadd/fnmadd one llvm.fma, as bankml/expf.py; the `any lane |n| > 126` branch of ggml is a
-lane-wise select here (lanes are independent, so the bits are the same). The flash-attention
-tiled kernel imports it.
+fmadd/fnmadd one llvm.fma, as bankml/expf.py. SWIGLU takes ggml's `any lane |n| > 126` branch
+(`v_expf_branch`); `v_expf` selects each lane's path instead (lanes are independent, so the
+bits are the same). The flash-attention tiled kernel imports them.
 """
 from __future__ import annotations
 
@@ -38,31 +38,60 @@ def broadcast(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     return b.shuffle_vector(v, ir.Constant(v8f32, ir.Undefined), ir.Constant(v8i32, [0] * 8))
 
 
-def v_expf(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    """ggml_v_expf on <8 x float>, bit for bit (bankml/expf.py)."""
-    bits = lambda v: b.bitcast(v, v8i32)                                        # noqa: E731
-    flt = lambda v: b.bitcast(v, v8f32)                                         # noqa: E731
+def v_expf_fast(b: ir.IRBuilder, x: ir.Value):
+    """ggml_v_expf up to its branch: (y = fma(j, k, k), the `|n| > 126` lanes c, and what the
+    scaled path needs: n, e = z << 23, j)."""
     R = splat(_c("0x1.8p23"))
     z = fma(b, x, splat(_c("0x1.715476p+0")), R)                                # fmadd(x, log2e, r)
     n = b.fsub(z, R, name="n")
     nn = b.fsub(splat(-0.0), n)                                                 # -n (fnmadd negates n*c)
     bb = fma(b, nn, splat(_c("0x1.7f7d1cp-20")), fma(b, nn, splat(_c("0x1.62e4p-1")), x))
-    e = b.shl(bits(z), splat(23, v8i32))
-    k = flt(b.add(e, splat(0x3F800000, v8i32)))
+    e = b.shl(b.bitcast(z, v8i32), splat(23, v8i32))
+    k = b.bitcast(b.add(e, splat(0x3F800000, v8i32)), v8f32)
     absn = b.call(intrinsic(b.module, "llvm.fabs.v8f32", v8f32, [v8f32]), [n])
     c = b.fcmp_ordered(">", absn, splat(126.0))
     u = b.fmul(bb, bb)
     j = fma(b, fma(b, fma(b, splat(_c("0x1.0e4020p-7")), bb, splat(_c("0x1.573e2ep-5"))), u,
                    fma(b, splat(_c("0x1.555e66p-3")), bb, splat(_c("0x1.fffdb6p-2")))),
             u, b.fmul(splat(_c("0x1.ffffecp-1")), bb))
-    y = fma(b, j, k, k)
-    g = b.select(b.fcmp_ordered("<=", n, splat(0.0)), splat(0x82000000 - (1 << 32), v8i32), splat(0, v8i32))
-    s1 = flt(b.add(g, splat(0x7F000000, v8i32)))
-    s2 = flt(b.sub(e, g))
+    return fma(b, j, k, k), c, (n, absn, e, j)
+
+
+def v_expf_scaled(b: ir.IRBuilder, y: ir.Value, c: ir.Value, parts) -> ir.Value:
+    """ggml_v_expf's scaled path: |n| > 192: s1*s1, else |n| > 126: (s2 + s2*j)*s1, else y.
+    s1 is 2^127 or 2^-125, so s1*s1 is +inf (n > 0) or +0 (n <= 0): selected, not multiplied.
+    The big product takes s1 = s2 = 1 in the lanes that do not use it, so no unselected lane
+    underflows (an underflowing vector op costs a microcode assist on this machine: tens of cycles)."""
+    n, absn, e, j = parts
+    neg = b.fcmp_ordered("<=", n, splat(0.0))                                   # _CMP_LE_OQ
+    g = b.select(neg, splat(0x82000000 - (1 << 32), v8i32), splat(0, v8i32))
     d = b.fcmp_ordered(">", absn, splat(192.0))
+    used = b.and_(c, b.xor(d, ir.Constant(d.type, [1] * 8)))                   # lanes that take big
+    s1 = b.select(used, b.bitcast(b.add(g, splat(0x7F000000, v8i32)), v8f32), splat(1.0))
+    s2 = b.select(used, b.bitcast(b.sub(e, g), v8f32), splat(1.0))
     big = b.fmul(fma(b, s2, j, s2), s1)
-    huge = b.fmul(s1, s1)
+    huge = b.select(neg, splat(0.0), splat(float("inf")))
     return b.select(d, huge, b.select(c, big, y), name="vexpf")
+
+
+def v_expf(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """ggml_v_expf on <8 x float>, bit for bit (bankml/expf.py), every lane's path by select."""
+    y, c, parts = v_expf_fast(b, x)
+    return v_expf_scaled(b, y, c, parts)
+
+
+def v_expf_branch(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """v_expf with ggml's branch: the scaled path only when some lane has |n| > 126."""
+    y, c, parts = v_expf_fast(b, x)
+    any_c = b.icmp_unsigned("!=", b.bitcast(c, ir.IntType(8)), ir.IntType(8)(0))
+    fast_block = b.block
+    with b.if_then(any_c, likely=False):
+        scaled = v_expf_scaled(b, y, c, parts)
+        scaled_block = b.block
+    out = b.phi(v8f32, name="vexpf")
+    out.add_incoming(y, fast_block)
+    out.add_incoming(scaled, scaled_block)
+    return out
 
 
 def _swiglu_elem(b: ir.IRBuilder, g: ir.Value, u: ir.Value) -> ir.Value:
@@ -72,7 +101,7 @@ def _swiglu_elem(b: ir.IRBuilder, g: ir.Value, u: ir.Value) -> ir.Value:
 
 
 def _swiglu_vec(b: ir.IRBuilder, g: ir.Value, u: ir.Value) -> ir.Value:
-    e = v_expf(b, b.fsub(splat(0.0), g))                                         # _mm256_sub_ps(zero, x)
+    e = v_expf_branch(b, b.fsub(splat(0.0), g))                                         # _mm256_sub_ps(zero, x)
     return b.fmul(b.fdiv(g, b.fadd(splat(1.0), e)), u)
 
 

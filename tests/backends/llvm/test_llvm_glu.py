@@ -1,11 +1,14 @@
 """llvm SWIGLU (ggml_v_expf in IR, glibc expf tail), GEGLU and SCALE kernels against the reference, bit for bit."""
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 from llvmlite import ir
 
-from bankml.backends.llvm import kernels_glu  # noqa: F401  (registers the kernel)
+from bankml.backends.llvm import kernels_glu
+from bankml.backends.llvm.common import for_range, i8, i64, new_function, typed, v8f32
 from bankml.backends.llvm.jit import call_kernel, compile_module
 from bankml.backends.llvm.registry import define, kernel_name
 from bankml.backends.reference.glu import geglu, scale, swiglu
@@ -65,6 +68,30 @@ def test_v_expf_bits_equal_numpy_ggml_v_expf():
     call_kernel(eng, name, out, [x, np.ones_like(x)], 0, 1)
     want = (x / (np.float32(1) + ggml_v_expf((np.float32(0) - x).astype(np.float32)))).astype(np.float32)
     assert np.array_equal(out.view(np.uint32), want.view(np.uint32))
+
+
+@pytest.mark.parametrize("emit", ["v_expf", "v_expf_branch"])
+def test_v_expf_paths_bits_equal_numpy_ggml_v_expf(emit):
+    """Both lowerings of ggml_v_expf (each lane's path by select; ggml's branch) over a sweep of
+    every path, vectors that mix paths, -inf and +inf. (Not NaN: the machine keeps a NaN's sign
+    through vfnmadd, numpy's `-n` flips it; a NaN stays a NaN either way.)"""
+    x = np.concatenate([np.linspace(-300, 300, 60001, dtype=np.float32),
+                        np.array([-np.inf, np.inf, -0.0, 0.0, -87.3, -103.9, -133.1, 88.8, 133.1,
+                                  -126.5 / 1.4427, -192.5 / 1.4427, 1e-30, -1e-30, 3.0, -3.0], np.float32)])
+    x = np.random.default_rng(5).permutation(x)                 # paths mixed inside vectors
+    x = x[: x.size - x.size % 8]
+    m = ir.Module()
+    fn, b = new_function(m, "expf8", ir.FunctionType(ir.VoidType(), [i8.as_pointer(), i8.as_pointer(), i64]))
+    out, xp, count = fn.args
+    po, px = typed(b, out, v8f32), typed(b, xp, v8f32)
+    with for_range(b, 0, count, name="v") as v:
+        b.store(getattr(kernels_glu, emit)(b, b.load(b.gep(px, [v]), align=4)), b.gep(po, [v]), align=4)
+    b.ret_void()
+    eng = compile_module(m)
+    out = np.empty_like(x)
+    expf8 = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)(eng.get_function_address("expf8"))
+    expf8(out.ctypes.data, x.ctypes.data, x.size // 8)
+    assert np.array_equal(out.view(np.uint32), ggml_v_expf(x).view(np.uint32))
 
 
 def _one_node(op, order, shape, n_in, **params):
