@@ -9,21 +9,13 @@ from llvmlite import ir
 from bankml.backends.llvm.common import (ceil_div, f32, f64, fma, for_range, i1, i8, i16, i32, i64, intrinsic,
                                          llama_threads, smin, v8f32)
 from bankml.backends.llvm.kernels_attention import NEG_INF, NEG_INF_F16_BITS, _Emit
-from bankml.backends.llvm.kernels_glu import v_expf_fast, v_expf_scaled, broadcast, splat
+from bankml.backends.llvm.kernels_glu import broadcast, splat, v_expf_fast, v_expf_scaled
+from bankml.backends.llvm.kernels_matmul import hsums, transpose8
 
 v8i16 = ir.VectorType(i16, 8)
 v8i32 = ir.VectorType(i32, 8)
 TILE_Q = TILE_KV = 64                  # GGML_FA_TILE_Q, GGML_FA_TILE_KV (ggml-cpu/common.h)
 GEMM_RM, GEMM_RN = 6, 2                # simd_gemm's AVX2 register tile: rows x vectors of 8 columns
-
-
-def _hsum8(b, v):
-    """hsum_float_8: ((v0+v4)+(v2+v6)) + ((v1+v5)+(v3+v7))."""
-    lo = b.shuffle_vector(v, v, ir.Constant(ir.VectorType(i32, 4), [0, 1, 2, 3]))
-    hi = b.shuffle_vector(v, v, ir.Constant(ir.VectorType(i32, 4), [4, 5, 6, 7]))
-    a = b.fadd(lo, hi)
-    x = [b.extract_element(a, i32(i)) for i in range(4)]
-    return b.fadd(b.fadd(x[0], x[2]), b.fadd(x[1], x[3]))
 
 
 def _simd_gemm(b, accp, C, ldc: int, A, lda: int, B, K: int, N: int, rows, zero: bool) -> None:
@@ -83,22 +75,6 @@ def _tile_expf(b, xs, P) -> None:
                 b.store(y, b.bitcast(b.gep(P, [i64(8 * a)]), v8f32.as_pointer()), align=32)
 
 
-def _transpose8(b, x):
-    """The 8x8 transpose of eight 8-lane vectors (unpack, shuffle, 128-bit permute stages):
-    lane j of result l is lane l of x[j]."""
-    def shuf(a, c, idx):
-        return b.shuffle_vector(a, c, ir.Constant(ir.VectorType(i32, 8), idx))
-    t = []
-    for i in range(0, 8, 2):
-        t += [shuf(x[i], x[i + 1], [0, 8, 1, 9, 4, 12, 5, 13]), shuf(x[i], x[i + 1], [2, 10, 3, 11, 6, 14, 7, 15])]
-    u = []
-    for i in (0, 4):
-        for a, c in ((t[i], t[i + 2]), (t[i + 1], t[i + 3])):
-            u += [shuf(a, c, [0, 1, 8, 9, 4, 5, 12, 13]), shuf(a, c, [2, 3, 10, 11, 6, 7, 14, 15])]
-    return [shuf(u[k % 4], u[k % 4 + 4], [0, 1, 2, 3, 8, 9, 10, 11] if k < 4 else [4, 5, 6, 7, 12, 13, 14, 15])
-            for k in range(8)]
-
-
 def _partial_i16(b, p, off, lanes: int):
     """The first `lanes` i16 at p[off] in a vector whose other lanes hold -inf's bits (a pad key)."""
     v = ir.Constant(v8i16, [NEG_INF_F16_BITS] * 8)
@@ -117,7 +93,7 @@ def define_tiled(e: _Emit) -> None:
     accp = [e.alloca(v8f32, 1, f"acc{a}") for a in range(GEMM_RM * GEMM_RN)]
     anyp = e.alloca(v8i16, 1, "active")
     maxnum = intrinsic(m, "llvm.maxnum.f32", f32, [f32, f32])
-    vmaxnum = intrinsic(m, "llvm.maxnum.v8f32", v8f32, [v8f32, v8f32])
+    vmax = intrinsic(m, "llvm.x86.avx.max.ps.256", v8f32, [v8f32, v8f32])
     if e.kv_static is None:            # KV cells come in 256s (llama_kv_cache::get_n_kv): whole tiles
         n_full, last = b.sdiv(e.n_kv, i64(T)), 0
     else:
@@ -143,7 +119,7 @@ def define_tiled(e: _Emit) -> None:
             with for_range(b, 0, kc8, step=8, name="kg") as j0:    # K -> f32, transposed: kt[d][j],
                 for d in range(0, D, 8):                           # 8 keys x 8 d at a time
                     x = [e.hload(e.k, e.kv_off(b.add(ic, b.add(j0, i64(l))), hk, d)) for l in range(8)]
-                    for l, y in enumerate(_transpose8(b, x)):
+                    for l, y in enumerate(transpose8(b, x)):
                         e.vstore(y, kt, b.add(i64((d + l) * T), j0), 32)
             if kc8 < kc:
                 with for_range(b, kc8, kc, name="kj") as j:
@@ -187,12 +163,12 @@ def define_tiled(e: _Emit) -> None:
                     if lanes[l]:
                         mk = b.insert_element(mk, e.mask32(mrow, b.add(ic, i64(8 * a + l))), i32(l))
             kq.append(b.fadd(sc, mk))
-        vm = kq[0]
-        for a in range(1, 8):
-            vm = b.call(vmaxnum, [vm, kq[a]])
+        vm = kq[0]                                                 # the row's max: a max is a max in
+        for a in range(1, 8):                                      # any order (no NaN scores; the sign
+            vm = b.call(vmax, [vm, kq[a]])                         # of a zero M never reaches a bit)
+        for idx in ([4, 5, 6, 7, 0, 1, 2, 3], [2, 3, 0, 1, 6, 7, 4, 5], [1, 0, 3, 2, 5, 4, 7, 6]):
+            vm = b.call(vmax, [vm, b.shuffle_vector(vm, vm, ir.Constant(v8i32, idx))])
         tmax = b.extract_element(vm, i32(0))
-        for l in range(1, 8):
-            tmax = b.call(maxnum, [tmax, b.extract_element(vm, i32(l))])
         vrow = b.mul(r, i64(DV))
         with b.if_else(b.fcmp_unordered("!=", tmax, f32(NEG_INF))) as (live, dead):
             with live:
@@ -210,8 +186,8 @@ def define_tiled(e: _Emit) -> None:
                 mb = broadcast(b, m_new)
                 _tile_expf(b, [b.fsub(kq[a], mb) for a in range(8)], prow)    # ggml_vec_soft_max_f32
                 psum = f64(0.0)
-                for a in range(8):
-                    psum = b.fadd(psum, b.fpext(_hsum8(b, e.vload(prow, i64(8 * a), 32)), f64))
+                for p in hsums(b, [e.vload(prow, i64(8 * a), 32) for a in range(8)]):
+                    psum = b.fadd(psum, b.fpext(p, f64))
                 b.store(b.fptrunc(b.fadd(b.fpext(b.load(sp), f64), psum), f32), sp)
             with dead:
                 for a in range(8):

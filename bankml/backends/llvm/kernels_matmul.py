@@ -83,6 +83,22 @@ def hsum8_x8(b, v):
                   _shuffle(b, pair[0], pair[1], [1, 3, 9, 11, 5, 7, 13, 15]))
 
 
+def transpose8(b, x):
+    """The 8x8 transpose of eight 8-lane vectors (unpack, shuffle, 128-bit permute stages):
+    lane j of result l is lane l of x[j]."""
+    def shuf(a, c, idx):
+        return b.shuffle_vector(a, c, ir.Constant(ir.VectorType(i32, 8), idx))
+    t = []
+    for i in range(0, 8, 2):
+        t += [shuf(x[i], x[i + 1], [0, 8, 1, 9, 4, 12, 5, 13]), shuf(x[i], x[i + 1], [2, 10, 3, 11, 6, 14, 7, 15])]
+    u = []
+    for i in (0, 4):
+        for a, c in ((t[i], t[i + 2]), (t[i + 1], t[i + 3])):
+            u += [shuf(a, c, [0, 1, 8, 9, 4, 5, 12, 13]), shuf(a, c, [2, 3, 10, 11, 6, 7, 14, 15])]
+    return [shuf(u[k % 4], u[k % 4 + 4], [0, 1, 2, 3, 8, 9, 10, 11] if k < 4 else [4, 5, 6, 7, 12, 13, 14, 15])
+            for k in range(8)]
+
+
 def hsums(b, accs):
     """[hsum8(a) for a in accs], eight at a time as vectors (hsum8_x8); a last group of fewer
     than eight is padded with zero vectors (lanes not read) where it has more than two."""

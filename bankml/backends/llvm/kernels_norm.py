@@ -5,21 +5,28 @@ ggml-cpu/ops.cpp:ggml_compute_forward_rms_norm_f32, per row of K = n.shape[-1]:
     mean  = (float)(sum / K)
     scale = r(1.0f / sqrtf(r(mean + eps)))
     y     = r(x * scale)
-The sum is a serial chain of fadd double (LLVM may not reassociate it without fast-math);
-the scaling loop is elementwise, so LLVM is free to vectorise it. Rows are split over threads.
+The sum is a serial chain of fadd double per row, so one row is bound by the add's latency
+(about 4 cycles an element). When K % 8 == 0 the rows run eight at a time: an 8x8 block of
+squares is transposed so that lane j holds row j, and two <4 x double> accumulators carry the
+eight rows' chains side by side, each still adding its row's squares in column order. The
+scaling loop is elementwise, so LLVM is free to vectorise it. Rows are split over threads.
 """
 from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
 
-from bankml.backends.llvm.common import f32, f64, for_range, i64, intrinsic, new_function, size, thread_range, typed
+from bankml.backends.llvm.common import f32, f64, for_range, i32, i64, intrinsic, new_function, size, thread_range, typed, \
+    v8f32
+from bankml.backends.llvm.kernels_matmul import transpose8
 from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
 from bankml.errors import LoweringError
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
 from bankml.ir.order import RMS_NORM
+
+v4f64 = ir.VectorType(f64, 4)
 
 
 @kernel(Op.RMS_NORM)
@@ -36,20 +43,46 @@ def define_rms_norm(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     eps = f32(float(np.float32(n.params["eps"])))    # ggml's `const float eps`
     sqrt = intrinsic(m, "llvm.sqrt.f32", f32, [f32])
 
-    acc = b.alloca(f64, name="sum")                  # promoted to a register by mem2reg
+    acc = b.alloca(f64, name="sum")                  # promoted to registers by mem2reg
+    accs = [b.alloca(v4f64, name=f"sums{h}") for h in range(2)]
     lo, hi = thread_range(b, rows, ith, nth)
-    with for_range(b, lo, hi, name="row") as r:
+
+    def scale_row(r, total):
         base = b.mul(r, i64(k))
-        b.store(f64(0.0), acc)
-        with for_range(b, 0, k, name="i") as i:
-            x = b.load(b.gep(px, [b.add(base, i)]))
-            b.store(b.fadd(b.load(acc), b.fpext(b.fmul(x, x), f64)), acc)
-        total = b.load(acc, name="sum")
         mean = b.fptrunc(b.fdiv(total, f64(float(k))), f32, name="mean")
         scale = b.fdiv(f32(1.0), b.call(sqrt, [b.fadd(mean, eps)]), name="scale")
         with for_range(b, 0, k, name="j") as j:
             at = b.add(base, j)
             b.store(b.fmul(b.load(b.gep(px, [at])), scale), b.gep(py, [at]))
+
+    first = lo
+    if k % 8 == 0:                                   # eight rows' chains at a time
+        groups = b.sdiv(b.sub(hi, lo), i64(8))
+        with for_range(b, 0, groups, name="rg") as gi:
+            r0 = b.add(lo, b.mul(gi, i64(8)))
+            for a in accs:
+                b.store(ir.Constant(v4f64, [0.0] * 4), a)
+            with for_range(b, 0, k // 8, name="c") as c:
+                sq = []
+                for j in range(8):
+                    at = b.add(b.mul(b.add(r0, i64(j)), i64(k)), b.mul(c, i64(8)))
+                    x = b.load(b.bitcast(b.gep(px, [at]), v8f32.as_pointer()), align=4)
+                    sq.append(b.fmul(x, x))
+                for col in transpose8(b, sq):            # lane j: row r0 + j's square
+                    for h, a in enumerate(accs):
+                        half = b.shuffle_vector(col, col, ir.Constant(ir.VectorType(i32, 4), [4 * h + l for l in range(4)]))
+                        b.store(b.fadd(b.load(a), b.fpext(half, v4f64)), a)
+            sums = [b.load(a) for a in accs]
+            for j in range(8):
+                scale_row(b.add(r0, i64(j)), b.extract_element(sums[j // 4], i32(j % 4)))
+        first = b.add(lo, b.mul(groups, i64(8)))
+    with for_range(b, first, hi, name="row") as r:
+        base = b.mul(r, i64(k))
+        b.store(f64(0.0), acc)
+        with for_range(b, 0, k, name="i") as i:
+            x = b.load(b.gep(px, [b.add(base, i)]))
+            b.store(b.fadd(b.load(acc), b.fpext(b.fmul(x, x), f64)), acc)
+        scale_row(r, b.load(acc, name="sum"))
     b.ret_void()
     return fn
 

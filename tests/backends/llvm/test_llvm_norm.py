@@ -30,12 +30,15 @@ def _engine(g, n):
     return compile_module(m)
 
 
-@pytest.mark.parametrize("shape", [(7, 576), (3, 2048), (1, 576), (5, 4, 128), (2, 9, 64)], ids=str)
+@pytest.mark.parametrize("shape", [(7, 576), (3, 2048), (1, 576), (5, 4, 128), (2, 9, 64), (35, 576), (16, 2048),
+                                   (19, 12)], ids=str)
 def test_rms_norm_bits_equal_reference_for_any_nth(shape):
+    """Eight-row groups (K % 8 == 0) and the rows left over, and the one-row path (K = 12), with
+    magnitudes from 1e-6 to 1e6 in a row."""
     g, n = _node(shape)
     eng = _engine(g, n)
     rng = np.random.default_rng(sum(shape))
-    x = (rng.standard_normal(shape) * rng.choice([0.01, 1, 30], size=shape)).astype(np.float32)
+    x = (rng.standard_normal(shape) * rng.choice([1e-6, 0.01, 1, 30, 1e6], size=shape)).astype(np.float32)
     want = norm.rms_norm(x.reshape(-1, shape[-1]), EPS).reshape(shape)
     for nth in (1, 2, 3):
         out = np.full(shape, np.nan, np.float32)
