@@ -16,8 +16,8 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 
-from bankml.backends.llvm.common import f32, f64, for_range, i32, i64, intrinsic, new_function, size, thread_range, typed, \
-    v8f32
+from bankml.backends.llvm.common import f32, f64, for_range, i32, i64, intrinsic, new_function, size, smin, \
+    thread_range, typed, v8f32
 from bankml.backends.llvm.kernels_matmul import transpose8
 from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
 from bankml.errors import LoweringError
@@ -44,16 +44,27 @@ def define_rms_norm(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     sqrt = intrinsic(m, "llvm.sqrt.f32", f32, [f32])
 
     acc = b.alloca(f64, name="sum")                  # promoted to registers by mem2reg
-    accs = [b.alloca(v4f64, name=f"sums{h}") for h in range(2)]
+    sums8 = b.alloca(ir.ArrayType(v4f64, 2), name="sums")     # rows r0..r0+3, r0+4..r0+7
+    accs = [b.gep(sums8, [i32(0), i32(h)]) for h in range(2)]
     lo, hi = thread_range(b, rows, ith, nth)
 
-    def scale_row(r, total):
+    def scale_row(r, total, vector: bool = False):
         base = b.mul(r, i64(k))
         mean = b.fptrunc(b.fdiv(total, f64(float(k))), f32, name="mean")
         scale = b.fdiv(f32(1.0), b.call(sqrt, [b.fadd(mean, eps)]), name="scale")
-        with for_range(b, 0, k, name="j") as j:
+        if not vector:                               # LLVM vectorises this loop itself
+            with for_range(b, 0, k, name="j") as j:
+                at = b.add(base, j)
+                b.store(b.fmul(b.load(b.gep(px, [at])), scale), b.gep(py, [at]))
+            return
+        sv = b.shuffle_vector(b.insert_element(ir.Constant(v8f32, ir.Undefined), scale, i32(0)),
+                              ir.Constant(v8f32, ir.Undefined), ir.Constant(ir.VectorType(i32, 8), [0] * 8))
+        with for_range(b, 0, k, step=8, name="j") as j:
             at = b.add(base, j)
-            b.store(b.fmul(b.load(b.gep(px, [at])), scale), b.gep(py, [at]))
+            b.store(b.fmul(vload(px, at), sv), b.bitcast(b.gep(py, [at]), v8f32.as_pointer()), align=4)
+
+    def vload(p, at):
+        return b.load(b.bitcast(b.gep(p, [at]), v8f32.as_pointer()), align=4)
 
     first = lo
     if k % 8 == 0:                                   # eight rows' chains at a time
@@ -65,16 +76,15 @@ def define_rms_norm(m: ir.Module, g: Graph, n: Node) -> ir.Function:
             with for_range(b, 0, k // 8, name="c") as c:
                 sq = []
                 for j in range(8):
-                    at = b.add(b.mul(b.add(r0, i64(j)), i64(k)), b.mul(c, i64(8)))
-                    x = b.load(b.bitcast(b.gep(px, [at]), v8f32.as_pointer()), align=4)
+                    x = vload(px, b.add(b.mul(b.add(r0, i64(j)), i64(k)), b.mul(c, i64(8))))
                     sq.append(b.fmul(x, x))
                 for col in transpose8(b, sq):            # lane j: row r0 + j's square
                     for h, a in enumerate(accs):
                         half = b.shuffle_vector(col, col, ir.Constant(ir.VectorType(i32, 4), [4 * h + l for l in range(4)]))
                         b.store(b.fadd(b.load(a), b.fpext(half, v4f64)), a)
-            sums = [b.load(a) for a in accs]
-            for j in range(8):
-                scale_row(b.add(r0, i64(j)), b.extract_element(sums[j // 4], i32(j % 4)))
+            with for_range(b, 0, smin(b, i64(8), b.sub(hi, r0)), name="jr") as jr:    # the eight rows' scaling
+                sums = b.bitcast(accs[0], f64.as_pointer())
+                scale_row(b.add(r0, jr), b.load(b.gep(sums, [jr])), vector=True)
         first = b.add(lo, b.mul(groups, i64(8)))
     with for_range(b, first, hi, name="row") as r:
         base = b.mul(r, i64(k))
@@ -82,7 +92,7 @@ def define_rms_norm(m: ir.Module, g: Graph, n: Node) -> ir.Function:
         with for_range(b, 0, k, name="i") as i:
             x = b.load(b.gep(px, [b.add(base, i)]))
             b.store(b.fadd(b.load(acc), b.fpext(b.fmul(x, x), f64)), acc)
-        scale_row(r, b.load(acc, name="sum"))
+        scale_row(r, b.load(acc, name="sum"), vector=k % 8 == 0)
     b.ret_void()
     return fn
 
