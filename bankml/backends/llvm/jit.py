@@ -36,36 +36,52 @@ def target_machine() -> llvm.TargetMachine:
     return _new_target_machine()
 
 
-def _new_target_machine() -> llvm.TargetMachine:
+@functools.cache
+def _initialise() -> None:
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
     llvm.load_library_permanently(ctypes.util.find_library("m"))     # glibc expf, sincosf, powf, logf
+
+
+def _new_target_machine() -> llvm.TargetMachine:
+    _initialise()
     target = llvm.Target.from_triple(llvm.get_process_triple())
     return target.create_target_machine(cpu=CPU, features=FEATURES, opt=3, reloc="default", codemodel="jitdefault")
+
+
+def module_text(m: ir.Module) -> str:
+    """m's IR text for this target (triple and data layout set)."""
+    tm = target_machine()
+    m.triple = tm.triple
+    m.data_layout = str(tm.target_data)
+    return str(m)
 
 
 def compile_module(m: ir.Module) -> llvm.ExecutionEngine:
     """Parse, verify, optimize (O3, no fast-math) and JIT a module; the object from the disk
     cache when this IR was compiled before (engine._bankml_cache says "hit", "miss" or "off")."""
-    tm = target_machine()
-    m.triple = tm.triple
-    m.data_layout = str(tm.target_data)
-    text = str(m)
+    return compile_text(module_text(m))
+
+
+def compile_text(text: str) -> llvm.ExecutionEngine:
+    """compile_module of module_text's text, in an LLVM context of its own (freed with the engine)."""
     opt = os.environ.get("BANKML_LLVM_OPT", "3") != "0"
     use_cache = compile_cache.enabled()
     key = cache_key(text, opt)
     cached = compile_cache.get(key) if use_cache else None
-    mod = llvm.parse_assembly(text)
+    ctx = llvm.create_context()
+    mod = llvm.parse_assembly(text, context=ctx)
     mod.verify()
+    # an MCJIT engine owns its target machine and destroys it with itself: give it its own
+    tm = _new_target_machine()
     if opt and cached is None:
         run_o3(mod, tm)
-    # an MCJIT engine owns its target machine and destroys it with itself: give it its own
-    eng = llvm.create_mcjit_compiler(mod, _new_target_machine())
+    eng = llvm.create_mcjit_compiler(mod, tm)
     if use_cache:
         # getbuffer: MCJIT loads these bytes instead of running codegen; notify: the object it made
         eng.set_object_cache(lambda _mod, obj: compile_cache.put(key, obj), lambda _mod: cached)
     eng.finalize_object()
-    eng._bankml_module = mod        # keep the module alive with the engine
+    eng._bankml_module, eng._bankml_context = mod, ctx     # alive as long as the engine
     eng._bankml_cache = "off" if not use_cache else "hit" if cached is not None else "miss"
     return eng
 

@@ -24,9 +24,9 @@ def _function_asm(text: str, name: str) -> str:
 def test_graph_asm_is_ymm_with_vfmadd_and_no_zmm():
     m = bankml.load(models.path("smollm2-q4_1"), threads=2)
     g = m.graph(1, 256, 1)
-    mod = llvm_graph.emit(g)[0]
+    glue, kernels = llvm_graph.emit(g)[:2]
     for opt in (False, True):
-        text = jit.asm(mod, optimize=opt)
+        text = "".join(jit.asm(mod, optimize=opt) for mod in (glue, *kernels))
         assert "zmm" not in text
         assert "ymm" in text
         assert re.search(r"vfmadd\d+[ps]s", text)

@@ -119,9 +119,29 @@ def test_graph_named_nodes_and_logits_equal_reference(name, shape, threads):
 def test_layers_share_kernel_functions():
     m = _model("smollm2-q4_1")
     g = m.graph(1, 256, 1)
-    _, _, kernels, _, barriers, n_fns = llvm_graph.emit(g)
-    assert len(kernels) > 300 and n_fns < 25
+    _, modules, _, kernels, _, barriers = llvm_graph.emit(g)
+    assert len(kernels) > 300 and len(modules) < 25
     assert 0 < sum(barriers) < len(kernels)
+
+
+def test_variants_share_kernel_modules_in_the_disk_cache(tmp_path, monkeypatch):
+    """A kernel module's IR text does not name its node, so the small-last graph finds the
+    kernels it shares with small-all (all but the output rows') in the disk cache."""
+    from bankml.runtime import compile_cache
+    monkeypatch.setattr(compile_cache, "jit_dir", lambda: tmp_path)
+    monkeypatch.delenv("BANKML_JIT_CACHE", raising=False)
+    m = _model("smollm2-q4_1")
+    variant = {v.name: v for v in m.variants}
+    all_rows, last_row = (m.generic_graph(variant[name]) for name in ("small-all", "small-last"))
+    before = dict(compile_cache.counts)
+    llvm_graph.compile_graph(all_rows)
+    mid = dict(compile_cache.counts)
+    llvm_graph.compile_graph(last_row)
+    after = compile_cache.counts
+    n_last = 1 + len(llvm_graph.emit(last_row)[1])
+    assert mid["miss"] - before["miss"] == 1 + len(llvm_graph.emit(all_rows)[1])
+    assert after["hit"] - mid["hit"] > 0
+    assert (after["hit"] - mid["hit"]) + (after["miss"] - mid["miss"]) == n_last
 
 
 def test_decode_tiny_kernels_run_on_thread_0_between_fewer_barriers():
