@@ -286,12 +286,9 @@ def emit(g: Graph) -> tuple[ir.Module, list[ir.Module], list[Node], list[Node], 
         with b.if_then(b.or_(b.not_(ser), b.icmp_signed("==", ith, i64(0)))):
             kith, knth = b.select(ser, i64(0), ith), b.select(ser, i64(1), nth)
             fp = b.load(b.gep(table, [i64(0), field(0)]))
-            count = field(2)
-            arities = sorted({r[2] for r in rows})
-            sw = b.switch(count, b.block)                     # patched below
             after = b.append_basic_block("called")
-            sw.default = after
-            for a in arities:
+            sw = b.switch(field(2), after)                   # one call per pointer count
+            for a in sorted({r[2] for r in rows}):
                 case = b.append_basic_block(f"args{a}")
                 sw.add_case(i64(a), case)
                 b.position_at_end(case)
