@@ -257,7 +257,7 @@ def emit(g: Graph) -> tuple[ir.Module, list[ir.Module], list[Node], list[Node], 
     for n in kernels:
         key = kernel_key(g, n)
         if key not in index:
-            km = ir.Module(name=f"bankml_kernel_{len(modules)}")
+            km = ir.Module(name="bankml_kernel")           # no index: the text is the kernel's alone
             registry.define(km, g, n).linkage = "external"
             index[key] = len(modules)
             modules.append(km)
