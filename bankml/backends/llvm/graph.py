@@ -327,7 +327,8 @@ def compile_graph(g: Graph) -> CompiledGraph:
     m, modules, order, kernels, slot, barriers = emit(g)
     texts = [jit.module_text(m)] + [_kernel_text(km) for km in modules]
     t1 = time.perf_counter()
-    engines = [jit.compile_text(t) for t in texts]
+    by_text: dict[str, object] = {}                 # kernels alike but for ignored params: one engine
+    engines = [by_text.get(t) or by_text.setdefault(t, jit.compile_text(t)) for t in texts]
     eng = engines[0]
     addrs = (ctypes.c_void_p * len(modules)).from_address(eng.get_global_value_address(KERNEL_TABLE))
     for j, ke in enumerate(engines[1:]):
