@@ -53,7 +53,7 @@ def main() -> None:
         sys.exit(f"warm runs generated {[w['tokens'] for w in warm]}, the cold run {cold['tokens']}")
     print(f"model {Path(model).name}, threads {a.threads}, prompt {a.prompt!r}")
     print(f"cold cache: first token after {cold['wall_s']:.2f}s (process), {cold['prompt_s']:.2f}s in prefill "
-          f"({cold['entries']} graphs compiled)")
+          f"({cold['entries']} objects compiled: each graph's glue and its distinct kernels)")
     walls = ", ".join(f"{w['wall_s']:.2f}" for w in warm)
     print(f"warm cache: first token after {best['wall_s']:.2f}s (process), {best['prompt_s']:.2f}s in prefill "
           f"(best of {a.reps}: {walls}s)")
