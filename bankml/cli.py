@@ -374,21 +374,22 @@ def compile_cmd(model: str | None, out_dir: str | None, n_ctx: int, n_ubatch: in
     with bankml.load(model, backend="llvm", threads=1, n_ctx=n_ctx, n_ubatch=n_ubatch, cache_type_k=cache_type_k,
                      cache_type_v=cache_type_v) as m:
         out.mkdir(parents=True, exist_ok=True)
-        hits0, t0 = compile_cache.counts["hit"], time.perf_counter()
+        before, t0 = dict(compile_cache.counts), time.perf_counter()
         with click.progressbar(m.variants, label=f"compiling {len(m.variants)} graphs", file=sys.stderr,
                                item_show_func=lambda v: v and v.name) as bar:
             for v in bar:
                 m.prepare(v)
                 (out / f"{v.name}.ir").write_text(dump(m.generic_graph(v)))
         seconds = time.perf_counter() - t0
-        hits = compile_cache.counts["hit"] - hits0
+        hits, misses = (compile_cache.counts[k] - before[k] for k in ("hit", "miss"))
         plan = _plan_json(m)
         plan["compiled"] = {"n_ctx": m.n_ctx, "n_ubatch": m.n_ubatch, "seconds": round(seconds, 3),
                             "variants": [{"name": v.name, "n_tokens": str(v.n_tokens), "n_kv": str(v.n_kv),
                                           "n_outputs": str(v.n_outputs)} for v in m.variants],
                             "jit_cache": str(compile_cache.jit_dir()) if compile_cache.enabled() else None}
         (out / "plan.json").write_text(json.dumps(plan, indent=1) + "\n")
-    click.echo(f"compiled {len(m.variants)} graphs in {seconds:.1f}s ({hits} already in the cache); "
+    click.echo(f"compiled {len(m.variants)} graphs in {seconds:.1f}s ({misses} objects compiled, {hits} loaded "
+               f"from the cache); "
                f"plan and IR in {out}")
 
 

@@ -42,7 +42,8 @@ def test_compile_writes_plan_and_ir_and_the_next_run_compiles_nothing(tmp_path, 
     assert (out / "decode.ir").read_text().startswith("# graph ")
     assert "[T,576]" in (out / "large-all.ir").read_text()
     entries = sorted(p.name for p in (cache / "jit").glob("*.o"))
-    assert len(entries) == 6
+    n = len(entries)                      # each graph's glue and the distinct kernels of all six
+    assert n > 6 and f"({n} objects compiled, " in r.stdout     # graphs that share a kernel load it
 
     cached = bankml(cache, *run_args)
     assert cached.returncode == 0, cached.stderr
@@ -50,12 +51,12 @@ def test_compile_writes_plan_and_ir_and_the_next_run_compiles_nothing(tmp_path, 
     assert sorted(p.name for p in (cache / "jit").glob("*.o")) == entries      # every graph came from the cache
 
     again = bankml(cache, "compile", smollm2, "-o", str(out), "--ctx", "8192")   # n_ctx needs no other code
-    assert again.returncode == 0 and "(6 already in the cache)" in again.stdout, again.stderr
+    assert again.returncode == 0 and "(0 objects compiled, " in again.stdout, again.stderr
 
     listed = bankml(cache, "compile", "--list")
-    assert listed.returncode == 0 and "6 objects" in listed.stdout, listed.stderr
+    assert listed.returncode == 0 and f"{n} objects" in listed.stdout, listed.stderr
     cleared = bankml(cache, "compile", "--clear")
-    assert cleared.returncode == 0 and "removed 6 objects" in cleared.stdout
+    assert cleared.returncode == 0 and f"removed {n} objects" in cleared.stdout
     assert not list((cache / "jit").glob("*.o"))
 
 
