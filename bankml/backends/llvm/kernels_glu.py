@@ -5,9 +5,9 @@ ggml-cpu/vec.cpp:ggml_vec_swiglu_f32 per row of n = gate.shape[-1], as the refer
     8-lane chunks:   y = r( r(g / r(1 + ggml_v_expf(r(0 - g)))) * u )
     the n%8 tail:    y = r( r(g / r(1 + expf(-g))) * u )              # glibc expf
 `v_expf` below is ggml_v_expf(__m256) (ggml-cpu/vec.h, AVX2+FMA branch) on <8 x float>, every
-fmadd/fnmadd one llvm.fma, as bankml/expf.py. SWIGLU takes ggml's `any lane |n| > 126` branch
-(`v_expf_branch`); `v_expf` selects each lane's path instead (lanes are independent, so the
-bits are the same). The flash-attention tiled kernel imports them.
+fmadd/fnmadd one llvm.fma, as bankml/expf.py, with ggml's `any lane |n| > 126` branch
+(`v_expf_branch`); the flash-attention tiled kernel takes its halves (v_expf_fast,
+v_expf_scaled) to branch once for a row of eight vectors.
 """
 from __future__ import annotations
 
@@ -74,14 +74,9 @@ def v_expf_scaled(b: ir.IRBuilder, y: ir.Value, c: ir.Value, parts) -> ir.Value:
     return b.select(d, huge, b.select(c, big, y), name="vexpf")
 
 
-def v_expf(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    """ggml_v_expf on <8 x float>, bit for bit (bankml/expf.py), every lane's path by select."""
-    y, c, parts = v_expf_fast(b, x)
-    return v_expf_scaled(b, y, c, parts)
-
-
 def v_expf_branch(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    """v_expf with ggml's branch: the scaled path only when some lane has |n| > 126."""
+    """ggml_v_expf on <8 x float>, bit for bit (bankml/expf.py), with ggml's branch: the scaled
+    path only when some lane has |n| > 126."""
     y, c, parts = v_expf_fast(b, x)
     any_c = b.icmp_unsigned("!=", b.bitcast(c, ir.IntType(8)), ir.IntType(8)(0))
     fast_block = b.block

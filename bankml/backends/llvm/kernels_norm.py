@@ -18,6 +18,7 @@ from llvmlite import ir
 
 from bankml.backends.llvm.common import f32, f64, for_range, i32, i64, intrinsic, new_function, size, smin, \
     thread_range, typed, v8f32
+from bankml.backends.llvm.kernels_glu import broadcast
 from bankml.backends.llvm.kernels_matmul import transpose8
 from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
 from bankml.errors import LoweringError
@@ -57,8 +58,7 @@ def define_rms_norm(m: ir.Module, g: Graph, n: Node) -> ir.Function:
                 at = b.add(base, j)
                 b.store(b.fmul(b.load(b.gep(px, [at])), scale), b.gep(py, [at]))
             return
-        sv = b.shuffle_vector(b.insert_element(ir.Constant(v8f32, ir.Undefined), scale, i32(0)),
-                              ir.Constant(v8f32, ir.Undefined), ir.Constant(ir.VectorType(i32, 8), [0] * 8))
+        sv = broadcast(b, scale)
         with for_range(b, 0, k, step=8, name="j") as j:
             at = b.add(base, j)
             b.store(b.fmul(vload(px, at), sv), b.bitcast(b.gep(py, [at]), v8f32.as_pointer()), align=4)
