@@ -61,7 +61,7 @@ def main() -> None:
         if a.one_thread:
             cg.part(bufs.table, 0, 1, None, dims, k, k + 1)
         else:
-            be.call(cg.part, bufs, k, k + 1)
+            be.call(cg, bufs, k, k + 1)
         return time.perf_counter() - t0
 
     times = defaultdict(list)
@@ -88,7 +88,7 @@ def main() -> None:
     total = sum(per.values())
     t0 = time.perf_counter()
     for _ in range(a.reps):
-        be.call(cg.fn, bufs)
+        be.call(cg, bufs, 0, len(cg.kernels))
     whole = (time.perf_counter() - t0) / a.reps
     print(f"{path.name} ({a.profile}): {T} tokens after {a.past} ({v.name} graph, n_kv {n_kv}), {a.threads} threads: whole graph {whole * 1e3:.2f} ms, "
           f"kernel by kernel{' (one thread)' if a.one_thread else ''} {total * 1e3:.2f} ms")

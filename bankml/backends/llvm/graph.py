@@ -1,8 +1,8 @@
 """Compile a whole micro-batch Graph into LLVM modules with one entry point:
 
-    void graph(i8** bufs, i64 ith, i64 nth, i8* barrier, i64* dims)
+    void graph_part(i8** bufs, i64 ith, i64 nth, i8* barrier, i64* dims, i64 lo, i64 hi)
 
-It calls every node's kernel in execution order (`for n in g`), with a spin barrier between
+It calls kernels [lo, hi) in execution order (`for n in g`), with a spin barrier between
 kernels where the next one reads what a kernel since the last barrier wrote (read after
 write, on buffers after aliasing: RESHAPE is its input, SET_ROWS is its cache). Kernels are
 deduplicated: nodes with the same op, shapes, dtypes, float order and parameters (tensor
@@ -21,15 +21,12 @@ The backend keeps one CompiledGraph per variant of a model (runner.py: LlvmBacke
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
-import functools
 import math
 import os
 import sys
 import time
 from dataclasses import dataclass, field
 
-from llvmlite import binding as llvm
 from llvmlite import ir
 
 from bankml.backends.llvm import jit, registry
@@ -101,7 +98,6 @@ class CompiledGraph:
     kernels: list[Node]                # nodes with a kernel, in order
     barrier_before: list[bool]         # per kernel node
     engine: list                       # the glue's MCJIT engine, then each kernel module's
-    fn: object                         # ctypes function (bufs, ith, nth, barrier, dims)
     part: object                       # ctypes function (bufs, ith, nth, barrier, dims, lo, hi): kernels [lo, hi)
     n_functions: int
     compile_s: dict = field(default_factory=dict)
@@ -196,12 +192,6 @@ def _merged(blocks: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
-@functools.cache
-def _libc_symbols() -> None:
-    libc = ctypes.CDLL(ctypes.util.find_library("c"))
-    llvm.add_symbol("sched_yield", ctypes.cast(libc.sched_yield, ctypes.c_void_p).value)
-
-
 def _define_barrier(m: ir.Module) -> ir.Function:
     """Counter at byte 0, generation at byte 64: the last thread to arrive resets the counter
     and bumps the generation; the others spin on it: 100 pauses, then sched_yield between
@@ -242,7 +232,7 @@ def _define_barrier(m: ir.Module) -> ir.Function:
 
 
 def emit(g: Graph) -> tuple[ir.Module, list[ir.Module], list[Node], list[Node], dict[int, int], list[bool]]:
-    """The glue module (graph, graph_part, the barrier) and one module per distinct kernel.
+    """The glue module (graph_part, the barrier) and one module per distinct kernel.
     The glue is a loop over a constant plan (per kernel: its module, barrier and serial flags,
     its buffer slots) that calls kernel j through kernel_table[j], which compile_graph fills
     with the compiled kernels' addresses. (One call site per kernel node made a function that
@@ -273,9 +263,7 @@ def emit(g: Graph) -> tuple[ir.Module, list[ir.Module], list[Node], list[Node], 
     plan.global_constant, plan.linkage = True, "internal"
     plan.initializer = ir.Constant(plan.type.pointee, [ir.Constant(rec_t, r + [0] * (width - len(r))) for r in rows])
     i64p = i64.as_pointer()
-    rf, b = new_function(m, "graph_range", ir.FunctionType(void, [i8p.as_pointer(), i64, i64, i8p, i64p, i64, i64]))
-    rf.linkage = "internal"
-    rf.attributes.add("noinline")
+    rf, b = new_function(m, "graph_part", ir.FunctionType(void, [i8p.as_pointer(), i64, i64, i8p, i64p, i64, i64]))
     bufs, ith, nth, bar, dims, lo, hi = rf.args
     with for_range(b, lo, hi, name="k") as k:               # plan[k]: kernel, flags, pointer count, slots
         field = lambda f: b.load(b.gep(plan, [i64(0), k, i64(f)]))                  # noqa: E731
@@ -298,12 +286,6 @@ def emit(g: Graph) -> tuple[ir.Module, list[ir.Module], list[Node], list[Node], 
                 b.branch(after)
             b.position_at_end(after)
     b.ret_void()
-    gf, b = new_function(m, "graph", ir.FunctionType(void, [i8p.as_pointer(), i64, i64, i8p, i64p]))
-    b.call(rf, [*gf.args, i64(0), i64(len(kernels))])
-    b.ret_void()
-    pf, b = new_function(m, "graph_part", rf.type.pointee)      # kernels [lo, hi) only (trace runs)
-    b.call(rf, list(pf.args))
-    b.ret_void()
     return m, modules, order, kernels, slot, barriers
 
 
@@ -322,7 +304,6 @@ def compile_graph(g: Graph) -> CompiledGraph:
     """Emit and JIT one graph: the glue and each kernel module, each from the disk cache when
     its IR was compiled before (by this graph or by another variant that has the kernel).
     (One thread: llvmlite serialises every LLVM call behind one lock.)"""
-    _libc_symbols()
     t0 = time.perf_counter()
     m, modules, order, kernels, slot, barriers = emit(g)
     texts = [jit.module_text(m)] + [_kernel_text(km) for km in modules]
@@ -335,7 +316,6 @@ def compile_graph(g: Graph) -> CompiledGraph:
         addrs[j] = ke.get_function_address(KERNEL_FN)
     t2 = time.perf_counter()
     c = ctypes
-    fn = c.CFUNCTYPE(None, c.c_void_p, c.c_int64, c.c_int64, c.c_void_p, c.c_void_p)(eng.get_function_address("graph"))
     part = c.CFUNCTYPE(None, c.c_void_p, c.c_int64, c.c_int64, c.c_void_p, c.c_void_p, c.c_int64,
                        c.c_int64)(eng.get_function_address("graph_part"))
     n_fns = len(modules)
@@ -343,4 +323,4 @@ def compile_graph(g: Graph) -> CompiledGraph:
     _log(f"llvm: compiled {g.meta.get('n_tokens')}x{g.meta.get('n_kv')} graph: {len(kernels)} kernels, "
          f"{n_fns} functions, {sum(barriers)} barriers, emit {t1 - t0:.2f}s, jit {t2 - t1:.2f}s "
          f"({', '.join(f'{cache.count(c)} {c}' for c in sorted(set(cache)))})")
-    return CompiledGraph(order, slot, kernels, barriers, engines, fn, part, n_fns, {"emit": t1 - t0, "jit": t2 - t1})
+    return CompiledGraph(order, slot, kernels, barriers, engines, part, n_fns, {"emit": t1 - t0, "jit": t2 - t1})

@@ -41,6 +41,9 @@ def _initialise() -> None:
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
     llvm.load_library_permanently(ctypes.util.find_library("m"))     # glibc expf, sincosf, powf, logf
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))                 # the barriers' and the pool's waits
+    for name in ("sched_yield", "syscall"):
+        llvm.add_symbol(name, ctypes.cast(getattr(libc, name), ctypes.c_void_p).value)
 
 
 def _new_target_machine() -> llvm.TargetMachine:

@@ -8,8 +8,9 @@ ggml-cpu/ops.cpp:ggml_compute_forward_rms_norm_f32, per row of K = n.shape[-1]:
 The sum is a serial chain of fadd double per row, so one row is bound by the add's latency
 (about 4 cycles an element). When K % 8 == 0 the rows run eight at a time: an 8x8 block of
 squares is transposed so that lane j holds row j, and two <4 x double> accumulators carry the
-eight rows' chains side by side, each still adding its row's squares in column order. The
-scaling loop is elementwise, so LLVM is free to vectorise it. Rows are split over threads.
+eight rows' chains side by side, each still adding its row's squares in column order; the
+rows left over sum one at a time. With K % 8 == 0 every row scales by explicit 8-lane products;
+otherwise elementwise, which LLVM may vectorise. Rows are split over threads.
 """
 from __future__ import annotations
 

@@ -5,8 +5,8 @@
     out = be.run(g, {"T": 7, "KV": 256, "O": 1}, inputs, caches, trace=None)   # {"logits": ...}
     be.close()                                      # engines, buffers and threads released
 
-Every pool thread calls the native graph function through ctypes (which releases the GIL), so
-Python is not on the per-op path; the calling thread is thread 0. Threads never change the
+The calling thread is thread 0; the pool's workers wait for jobs in native code (pool.py), so
+Python is on neither the per-op path nor the hand-off to the workers. Threads never change the
 bits: every kernel's result is independent of nth. Buffers are planned once per compiled
 graph, for the largest value of each size, in one arena that every compiled graph of the
 backend shares (runs take turns; outputs are copied out); `values` gives this call's sizes (the dims vector
@@ -22,12 +22,13 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import gc
-import queue
+import math
 import threading
 from typing import Callable
 
 import numpy as np
 
+from bankml.backends.llvm.pool import Pool
 from bankml.backends.llvm.graph import ALIGN, CompiledGraph, compile_graph, plan_arena, root
 from bankml.backends.llvm.registry import NO_KERNEL
 from bankml.errors import BankmlError
@@ -39,48 +40,6 @@ from bankml.profiles.portable.attention import cache_dtype
 from bankml.profiles.portable.orders import CACHE_TYPE
 
 _NP = {"f32": np.float32, "F32": np.float32, "f16": np.float16, "i32": np.int32}
-
-
-class _Pool:
-    """nth - 1 daemon threads that each run one job per call; the caller is thread 0."""
-
-    def __init__(self, nth: int):
-        self.nth = nth
-        self.lock = threading.Lock()
-        self.barrier = np.zeros(2 * ALIGN, np.uint8)       # counter at 0, generation at 64
-        self.jobs = [queue.SimpleQueue() for _ in range(nth - 1)]
-        self.done: queue.SimpleQueue = queue.SimpleQueue()
-        self.threads = [threading.Thread(target=self._work, args=(k,), daemon=True, name=f"bankml-llvm-{k}")
-                        for k in range(1, nth)]
-        for t in self.threads:
-            t.start()
-
-    def _work(self, ith: int) -> None:
-        q = self.jobs[ith - 1]
-        bar = self.barrier.ctypes.data
-        while True:
-            job = q.get()
-            if job is None:
-                return
-            fn, args = job
-            try:
-                fn(args[0], ith, self.nth, bar, *args[1:])
-            finally:
-                self.done.put(ith)
-
-    def run(self, fn, bufs, *rest) -> None:
-        with self.lock:
-            for q in self.jobs:
-                q.put((fn, (bufs, *rest)))
-            fn(bufs, 0, self.nth, self.barrier.ctypes.data, *rest)
-            for _ in self.jobs:
-                self.done.get()
-
-    def close(self) -> None:
-        for q in self.jobs:
-            q.put(None)
-        for t in self.threads:
-            t.join()
 
 
 class _Buffers:
@@ -96,7 +55,10 @@ class _Buffers:
         self.inputs: dict[int, tuple[str, np.ndarray]] = {}
         self.leaves: dict[int, object] = {}            # node id -> the array last bound (weights, caches)
         self.aliases: list[tuple[int, int]] = []
-        self.bound = [n for n in cg.order if n.op in (Op.WEIGHT, Op.CACHE)]
+        self.weight_nodes = [n for n in cg.order if n.op is Op.WEIGHT]
+        self.cache_nodes = [(n, (n.params["layer"], n.params["kind"])) for n in cg.order if n.op is Op.CACHE]
+        self.weights_bound = False
+        self.stale = True                               # the aliases' entries need copying from their roots
         self.dims = np.zeros(len(DIM_SLOTS), np.int64)
         self.values: Bindings = {}
         self.in_arena: list[tuple[int, int]] = []       # (table slot, arena offset)
@@ -118,31 +80,42 @@ class _Buffers:
         self.arena, self.base_off = arena, base - arena.ctypes.data
         for s, off in self.in_arena:
             self.table[s] = base + off
+        self.stale = True
 
     def view(self, n: Node) -> np.ndarray:
         """Node n's buffer at this call's sizes."""
         shape = concrete(n.shape, self.values)
         off = self.base_off + self.offsets[n.id]
-        count = int(np.prod(shape))
+        count = math.prod(shape)
         return self.arena[off:off + count * np.dtype(_NP[n.dtype]).itemsize].view(_NP[n.dtype]).reshape(shape)
 
     def bind(self, g: Graph, cg: CompiledGraph, weights, caches, inputs, values: Bindings) -> None:
-        """Point the table at this call's weights, caches and inputs; set the sizes."""
+        """Point the table at the weights (on the first call: a backend's weights never change),
+        this call's caches and inputs; set the sizes. A decode step runs this for every token, so
+        it touches only what can change: the cache arrays (another session's) and the inputs."""
         self.values = dict(values)
         self.dims[:] = [values.get(k, 0) for k in DIM_SLOTS[:-1]] + [int(g.meta.get("llama_threads", 1))]
-        for n in self.bound:
-            a = weights(n.params["tensor"]) if n.op is Op.WEIGHT else caches[(n.params["layer"], n.params["kind"])]
+        if not self.weights_bound:
+            for n in self.weight_nodes:
+                a = self.leaves[n.id] = _checked(n, weights(n.params["tensor"]))
+                self.table[cg.slot[n.id]] = a.ctypes.data
+            self.weights_bound = self.stale = True
+        for n, key in self.cache_nodes:
+            a = caches[key]
             if self.leaves.get(n.id) is not a:
                 self.table[cg.slot[n.id]] = _checked(n, a).ctypes.data
                 self.leaves[n.id] = a
+                self.stale = True
         for i, (name, buf) in self.inputs.items():
             src = np.asarray(inputs[name])
             want = concrete(g[i].shape, values)
             if src.shape != want:
                 raise BankmlError(f"input {name}: shape {src.shape}, the graph wants {want}")
             np.copyto(buf[:src.size], src.reshape(-1), casting="unsafe")
-        for s, r in self.aliases:
-            self.table[s] = self.table[r]
+        if self.stale:
+            for s, r in self.aliases:
+                self.table[s] = self.table[r]
+            self.stale = False
 
 
 def _release_freed_heap() -> None:
@@ -175,7 +148,7 @@ class LlvmBackend:
         self.weights, self.threads, self.gpu = weights, max(1, int(threads)), gpu
         self.compiled: dict[int, tuple[Graph, CompiledGraph, _Buffers]] = {}
         self.arena = np.zeros(0, np.uint8)     # every compiled graph's buffers (one run at a time)
-        self.pool = _Pool(self.threads) if self.threads > 1 else None
+        self.pool = Pool(self.threads) if self.threads > 1 else None
         self.lock = threading.RLock()          # one run at a time: a compiled graph has one set of buffers
 
     def prepare(self, g: Graph) -> float:
@@ -206,13 +179,13 @@ class LlvmBackend:
                 self._run_with_gpu(g, cg, bufs)
             elif trace is None:
                 if cg.kernels:
-                    self.call(cg.fn, bufs)
+                    self.call(cg, bufs, 0, len(cg.kernels))
             else:
                 k = -1
                 for n in cg.order:
                     if n.op not in NO_KERNEL:
                         k += 1
-                        self.call(cg.part, bufs, k, k + 1)
+                        self.call(cg, bufs, k, k + 1)
                     if n.name and n.op not in (Op.WEIGHT, Op.CACHE, Op.INPUT):
                         trace(n, value(g, bufs, n).copy())
             return {k: value(g, bufs, g[i]).copy() for k, i in g.outputs.items()}
@@ -225,13 +198,13 @@ class LlvmBackend:
             self.pool.close()
             self.pool = None
 
-    def call(self, fn, bufs: _Buffers, *rng) -> None:
-        """fn (a compiled graph's fn or part) on the pool, with the sizes bound in bufs."""
+    def call(self, cg: CompiledGraph, bufs: _Buffers, lo: int, hi: int) -> None:
+        """Kernels [lo, hi) of cg (graph_part) on every thread, with the sizes bound in bufs."""
         dims = bufs.dims.ctypes.data
         if self.pool is None:
-            fn(bufs.table, 0, 1, None, dims, *rng)
+            cg.part(bufs.table, 0, 1, None, dims, lo, hi)
         else:
-            self.pool.run(fn, bufs.table, dims, *rng)
+            self.pool.run(cg.part, bufs.table, dims, lo, hi)
 
     def _run_with_gpu(self, g: Graph, cg: CompiledGraph, bufs: _Buffers) -> None:
         """The matvecs the device takes (gpu.takes: decode's Q1_0) on the Vulkan device, the
@@ -243,17 +216,17 @@ class LlvmBackend:
             w, q = g[n.inputs[0]], g[n.inputs[1]]
             K = q.shape[-1]
             if lo < k:
-                self.call(cg.part, bufs, lo, k)
+                self.call(cg, bufs, lo, k)
             off = bufs.base_off + bufs.offsets[q.id]
             act = bufs.arena[off:off + K // 32 * 34].tobytes()
             y = self.gpu.matvec_bytes(w.params["tensor"], self.weights(w.params["tensor"]), act, K)
             if y is None:                                   # shapes the device kernel does not take
-                self.call(cg.part, bufs, k, k + 1)
+                self.call(cg, bufs, k, k + 1)
             else:
                 bufs.view(n)[...] = y.reshape(bufs.view(n).shape)
             lo = k + 1
         if lo < len(cg.kernels):
-            self.call(cg.part, bufs, lo, len(cg.kernels))
+            self.call(cg, bufs, lo, len(cg.kernels))
 
 
 def value(g: Graph, bufs: _Buffers, n: Node) -> np.ndarray:
@@ -265,7 +238,7 @@ def value(g: Graph, bufs: _Buffers, n: Node) -> np.ndarray:
     if n.op is Op.CACHE:
         return bufs.leaves[n.id]
     if n.op is Op.INPUT:
-        return bufs.inputs[n.id][1][:int(np.prod(concrete(n.shape, bufs.values)))].reshape(
+        return bufs.inputs[n.id][1][:math.prod(concrete(n.shape, bufs.values))].reshape(
             concrete(n.shape, bufs.values))
     return bufs.view(n)
 
