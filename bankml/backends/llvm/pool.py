@@ -79,7 +79,8 @@ def module() -> ir.Module:
     st, ith = fn.args
     gen, sleepers = _field(b, st, GEN, i32), _field(b, st, SLEEPERS, i32)
     seen, spins = b.alloca(i32, name="seen"), b.alloca(i64, name="spins")
-    b.store(b.load_atomic(gen, "acquire", 4), seen)
+    b.store(i32(0), seen)           # the state's first generation, not what gen holds when this thread
+    #                                 starts: a job posted before the thread ran would be missed
     b.store(i64(0), spins)
     wait, idle, run, sleep, out = (fn.append_basic_block(s) for s in ("wait", "idle", "run", "sleep", "out"))
     b.branch(wait)

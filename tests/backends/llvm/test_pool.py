@@ -2,6 +2,7 @@
 own ith, jobs after the workers fell asleep still run, an idle pool burns no CPU, close() returns."""
 import ctypes
 import gc
+import threading
 import time
 
 import numpy as np
@@ -93,3 +94,21 @@ def test_a_pool_dropped_without_close_stops_its_workers():
     for t in threads:
         t.join(timeout=10)
     assert not any(t.is_alive() for t in threads) and list(out[:3]) == [1, 1, 1]
+
+
+def test_a_job_posted_before_the_workers_start_still_runs(monkeypatch):
+    """Workers that start after the first job was posted run it (they wait from the state's
+    first generation, not from the one they find when they start)."""
+    eng, part = _counting_part()
+    out, dims = np.zeros(32, np.int64), np.zeros(1, np.int64)
+    table, dp = _job(out, dims)
+    real_start = threading.Thread.start
+    monkeypatch.setattr(threading.Thread, "start", lambda t: real_start(threading.Timer(0.3, real_start, (t,))))
+    pool = Pool(3)
+    monkeypatch.setattr(threading.Thread, "start", real_start)
+    poster = threading.Thread(target=pool.run, args=(part, table, dp, 0, 1), daemon=True)
+    poster.start()
+    poster.join(timeout=20)
+    assert not poster.is_alive(), "the job posted before the workers started never finished"
+    assert list(out[:3]) == [1, 1, 1]
+    pool.close()
