@@ -1,10 +1,13 @@
 """One mul_mat kernel timed on its own, one thread: for comparing kernel changes A/B.
 
-    python bench/kernel.py Q1_0 2048 6144 1 [--reps 200] [--order-cols M]
+    python bench/kernel.py Q1_0 2048 6144 1 [--reps 200] [--cold]
 
 TYPE K N M: weight type name, row length, weight rows, activation columns. Random bytes (the
 speed of a kernel does not depend on the values); prints the median time of one call and
-weight bytes per second, and the calling thread's CPU time (steadier on a busy machine). Not a test: a measuring tool for docs/PERFORMANCE.md.
+weight bytes per second, and the calling thread's CPU time (steadier on a busy machine). --cold:
+each call reads its own copy of the weights from 256 MB of copies (out of every cache, as in a
+graph, where each matrix is read once per forward pass). Not a test: a measuring tool for
+docs/PERFORMANCE.md.
 """
 from __future__ import annotations
 
@@ -46,6 +49,7 @@ def main() -> None:
     ap.add_argument("n", type=int)
     ap.add_argument("m", type=int)
     ap.add_argument("--reps", type=int, default=200)
+    ap.add_argument("--cold", action="store_true", help="weights out of every cache: a copy per call")
     a = ap.parse_args()
     t = next(code for code, wt in WEIGHT_TYPES.items() if wt.name == a.type)
     wt = WEIGHT_TYPES[t]
@@ -70,14 +74,16 @@ def main() -> None:
         xb.reshape(a.m, -1, ACT_BYTES[ggml_type_name(wt.act_type)])[:, :, 0:2] = np.uint8(0)
     if wt.name != "F16":
         wb.reshape(a.n, -1, wt.block_bytes)[:, :, 0:2] = np.array([0.01], np.float16).view(np.uint8)
+    copies = [wb] + [wb.copy() for _ in range((256 << 20) // wb.nbytes if a.cold else 0)]
     out = np.zeros((a.m, a.n), np.float32)
     sizes = {"T": a.m, "O": a.m}
     for _ in range(5):
         jit.call_kernel(kern[0], kern[1], out, [wb, xb], 0, 1, sizes)
     times, cpu = [], []
-    for _ in range(a.reps):
+    for rep in range(a.reps):
+        w = copies[rep % len(copies)]
         t0, c0 = time.perf_counter(), time.thread_time()
-        jit.call_kernel(kern[0], kern[1], out, [wb, xb], 0, 1, sizes)
+        jit.call_kernel(kern[0], kern[1], out, [w, xb], 0, 1, sizes)
         times.append(time.perf_counter() - t0)
         cpu.append(time.thread_time() - c0)
     med = float(np.median(times))

@@ -16,7 +16,8 @@ Loop nest of one thread (rows [lo, hi) of N, a contiguous share; bits never depe
     for each chunk of rows (sized to stay in L2; one chunk when there is one column tile):
         for each column tile (C columns; a last tile of M % C):
             prep(columns)
-            for each group of R rows: tile(rows, columns); leftover rows one at a time
+            for each group of R rows: [prefetch a share of the next chunk (Tiler.prefetch)]
+                tile(rows, columns); leftover rows one at a time
 
 Lane l of a quantized block holds the exact int32 sum of elements 4l..4l+3, made as ggml
 makes it: vpmaddubsw (u8 x s8 -> i16 pairs, never saturating for q8 activations in
@@ -24,13 +25,14 @@ makes it: vpmaddubsw (u8 x s8 -> i16 pairs, never saturating for q8 activations 
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Callable
 
 from llvmlite import ir
 
 from bankml.backends.llvm.common import fma  # noqa: F401 (the tilers import it from here)
-from bankml.backends.llvm.common import dim, f16, f32, for_range, i8, i16, i32, i64, intrinsic, new_function, \
+from bankml.backends.llvm.common import ceil_div, dim, f16, f32, for_range, i8, i16, i32, i64, intrinsic, new_function, \
     size, smin, thread_range, typed, v8f32
 from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
 from bankml.errors import LoweringError
@@ -45,6 +47,7 @@ v16i16, v8i32 = ir.VectorType(i16, 16), ir.VectorType(i32, 8)
 v8f16 = ir.VectorType(f16, 8)
 ACT_BLOCK_BYTES = {Q8_0: 34, Q8_1: 36}           # activation bytes per 32 values
 CHUNK_BYTES = 96 * 1024                          # weight bytes of one row chunk (L2-resident)
+PREFETCH_MAX_COLS = 128                          # Tiler.prefetch: micro-batches of at most this many columns
 
 
 # ---- small vector helpers (shared by the other kernels of this backend) -------------------
@@ -209,12 +212,17 @@ class Tiler:
     tile(b, K, wrows, cols) -> [[value] * C] * R: the finished f32 outputs of the tile.
     chunk(b, K, w0, n, n_max, scratch): optional, per chunk of n (<= n_max) weight rows from w0
     (i8*), before its column tiles; only where the rows run in chunks (several column tiles).
+    prefetch: while a chunk runs, prefetch the next chunk's weights (a share of its cache lines
+    before each tile) when the micro-batch has at most PREFETCH_MAX_COLS columns. Few columns
+    give a chunk too few tiles to hide its first pass over weights fresh from DRAM; F16 (2 bytes
+    a value, the least work per byte) gains there (docs/PERFORMANCE.md, 2026-12-02).
     """
     shape: Callable[[int], tuple[int, int]]
     alloc: Callable
     prep: Callable
     tile: Callable
     chunk: Callable | None = None
+    prefetch: bool = False
 
 
 TILERS: dict[tuple[int, object], Tiler] = {}       # (ggml weight type, FloatOrder) -> Tiler
@@ -223,6 +231,17 @@ TILERS: dict[tuple[int, object], Tiler] = {}       # (ggml weight type, FloatOrd
 def plain_cols(b, K, xrows, scratch):
     """prep for tilers that need nothing per column but the row pointers."""
     return xrows
+
+
+def prefetch_ahead(b, wp, nextp, end, per) -> None:
+    """Prefetch `per` cache lines of wp from *nextp (no further than end) and advance *nextp."""
+    pf = intrinsic(b.module, "llvm.prefetch.p0i8", ir.VoidType(), [ir.PointerType(i8), i32, i32, i32])
+    start = b.load(nextp)
+    with for_range(b, 0, per, name="pf") as k:
+        at = b.add(start, b.mul(k, i64(64)))
+        with b.if_then(b.icmp_signed("<", at, end)):
+            b.call(pf, [b.gep(wp, [at]), i32(0), i32(3), i32(1)])
+    b.store(b.add(start, b.mul(per, i64(64))), nextp)
 
 
 @kernel(Op.MUL_MAT)
@@ -271,8 +290,12 @@ def define_mul_mat(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     scr = tiler.alloc(b, K, max(c for _, c, _, _ in col_tiles))
     lo, hi = thread_range(b, N, ith, nth)
 
+    ahead = None                     # (next byte to prefetch, end, lines per tile) while chunked
+
     def rows(R, rlo, rhi, xrows, cols, m0):
         def emit(r0, nr):
+            if ahead is not None:
+                prefetch_ahead(b, wp, *ahead)
             wrows = [b.gep(wp, [b.mul(b.add(r0, i64(i)), i64(wrb))]) for i in range(nr)]
             res = tiler.tile(b, K, wrows, cols)
             for i in range(nr):
@@ -298,8 +321,18 @@ def define_mul_mat(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     else:
         R = max(r for r, _, _, _ in col_tiles)          # powers of two: chunks cut no row group
         chunk = max(R, CHUNK_BYTES // wrb // R * R)
+        if tiler.prefetch:
+            tiles = functools.reduce(b.add, [count for _, _, count, _ in col_tiles])
+            nextp = alloca(b, i64, i64(0), "prefetch_at")
+            few = b.icmp_signed("<=", M, i64(PREFETCH_MAX_COLS))
         with for_range(b, lo, hi, step=chunk, name="chunk") as r0:
             r1 = smin(b, b.add(r0, i64(chunk)), hi)
+            if tiler.prefetch:        # the next chunk's lines, a share before each tile of this chunk
+                end = b.mul(smin(b, b.add(r1, i64(chunk)), hi), i64(wrb))
+                calls = b.mul(tiles, ceil_div(b, b.sub(r1, r0), i64(R)))
+                per = ceil_div(b, ceil_div(b, b.sub(end, b.mul(r1, i64(wrb))), i64(64)), calls)
+                b.store(b.mul(r1, i64(wrb)), nextp)
+                ahead = (nextp, end, b.select(few, per, i64(0)))
             if tiler.chunk:
                 tiler.chunk(b, K, b.gep(wp, [b.mul(r0, i64(wrb))]), b.sub(r1, r0), chunk, scr)
             columns(r0, r1)

@@ -79,6 +79,6 @@ def _vec_dot(b, K, wrows, xrows):
 
 
 TILERS[(F16, fo.F16_TINYBLAS)] = Tiler(shape=lambda M: (4, 3), alloc=lambda b, K, C: None, prep=plain_cols,
-                                       tile=_tinyblas)
+                                       tile=_tinyblas, prefetch=True)
 TILERS[(F16, fo.F16_VEC_DOT)] = Tiler(shape=lambda M: (1, 1), alloc=lambda b, K, C: None, prep=plain_cols,
                                       tile=_vec_dot)
