@@ -97,6 +97,21 @@ def test_zero_cap_keeps_only_the_last_entry(cache, monkeypatch):
     assert names() == ["b"]
 
 
+def test_puts_list_the_folder_only_when_the_cap_may_be_passed(cache, monkeypatch):
+    """A put lists the folder (a stat per entry) once, then keeps a running total until it
+    passes the cap; over the cap, it lists again and evicts."""
+    listings = []
+    real = compile_cache.entries
+    monkeypatch.setattr(compile_cache, "entries", lambda: listings.append(1) or real())
+    cap_kb(monkeypatch, 250)
+    for k in ("a", "b"):
+        put_at(k, 100 * KB, 1000 if k == "a" else 2000)
+    assert len(listings) == 1
+    compile_cache.put("c", fake_obj(100 * KB))
+    assert len(listings) == 2
+    assert sorted(names()) == ["b", "c"]
+
+
 @pytest.mark.parametrize("value", ["", "lots", "  "])
 def test_bad_or_empty_cap_means_512_mb(monkeypatch, value):
     monkeypatch.setenv("BANKML_JIT_CACHE_MB", value)

@@ -71,20 +71,21 @@ def entry_path(k: str) -> Path:
     return jit_dir() / f"{k}.o"
 
 
-def get(k: str) -> bytes | None:
-    """The object file saved under k, or None (no entry, cache off, or an entry that fails its check)."""
+def get(k: str, count_miss: bool = True) -> bytes | None:
+    """The object file saved under k, or None (no entry, cache off, or an entry that fails its check).
+    count_miss: False where a miss is looked up again under another key (counts: compiles)."""
     if not enabled():
         return None
     try:
         data = entry_path(k).read_bytes()
     except OSError:
-        counts["miss"] += 1
+        counts["miss"] += count_miss
         return None
     head = len(MAGIC) + 32
     obj = data[head:]
     if data[:len(MAGIC)] != MAGIC or hashlib.sha256(obj).digest() != data[len(MAGIC):head] or not obj.startswith(ELF):
         _log(f"jit cache: {entry_path(k)} is corrupt; compiling again")
-        counts["miss"] += 1
+        counts["miss"] += count_miss
         return None
     counts["hit"] += 1
     try:
@@ -109,7 +110,7 @@ def put(k: str, obj: bytes) -> None:
         os.replace(tmp, entry_path(k))
         tmp = None
         counts["put"] += 1
-        _evict(keep=entry_path(k))
+        _evict(keep=entry_path(k), added=len(MAGIC) + 32 + len(obj))
     except OSError as e:
         _log(f"jit cache: cannot save to {d}: {e}")
     finally:
@@ -143,9 +144,20 @@ def entries() -> list[Entry]:
     return sorted(out, key=lambda e: (e.last_used, e.path.name))
 
 
-def _evict(keep: Path) -> None:
-    """Remove least recently used entries, never `keep`, until the folder fits the cap."""
-    cap = cap_bytes()
+# jit folder -> its bytes when this process last listed it, plus the bytes it wrote there since
+_listed_bytes: dict[Path, int] = {}
+
+
+def _evict(keep: Path, added: int) -> None:
+    """Remove least recently used entries, never `keep`, until the folder fits the cap. The
+    folder is listed only when this process's running total (its last listing plus the `added`
+    bytes of each put since) passes the cap: listing thousands of entries on every put cost
+    0.1 s a put. Another process's writes are seen at the next listing."""
+    cap, d = cap_bytes(), jit_dir()
+    known = _listed_bytes.get(d)
+    if known is not None and known + added <= cap:
+        _listed_bytes[d] = known + added
+        return
     found = entries()
     total = sum(e.size for e in found)
     for e in found:
@@ -155,11 +167,13 @@ def _evict(keep: Path) -> None:
             if _unlink(e.path):
                 _log(f"jit cache: evicted {e.path.name} ({e.size} bytes; cap {cap} bytes)")
             total -= e.size
+    _listed_bytes[d] = total
 
 
 def clear() -> int:
     """Remove every entry and every stale tmp file (a live writer's is left alone); how many went."""
     stale = time.time() - STALE_TMP_S
+    _listed_bytes.pop(jit_dir(), None)
     tmps = [p for p in jit_dir().glob(".*.tmp") if _mtime(p) < stale]
     return sum(_unlink(p) for p in [e.path for e in entries()] + tmps)
 

@@ -9,6 +9,7 @@ deduplicated: nodes with the same op, shapes, dtypes, float order and parameters
 and layer names aside) share one function, so 30 layers are one copy of each kernel. Each
 distinct kernel is a module of its own, its function named `kernel`: the same kernel in
 another variant of the model is the same IR text, one disk cache entry (emit, compile_graph).
+A kernel compiled before is loaded by its spec without emitting its IR (kernel_spec, jit.py).
 
 bufs[slot[node id]] is the node's buffer; the runner fills the table (runner.py). Buffer
 reuse must respect the barriers: a buffer whose last reader runs before barrier b may be
@@ -21,6 +22,8 @@ The backend keeps one CompiledGraph per variant of a model (runner.py: LlvmBacke
 from __future__ import annotations
 
 import ctypes
+import dataclasses
+import enum
 import math
 import os
 import sys
@@ -39,7 +42,7 @@ from bankml.backends.llvm import kernels_portable_attention  # noqa: F401  (port
 from bankml.backends.llvm import kernels_portable_matmul  # profile "portable"; its pq8 layout
 from bankml.backends.llvm import kernels_portable_rows  # noqa: F401  (portable QUANTIZE, GET_ROWS)
 from bankml.backends.llvm.common import for_range, i8p, i64, intrinsic, new_function, void
-from bankml.ir.dims import upper
+from bankml.ir.dims import Dim, upper
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
@@ -65,6 +68,34 @@ def kernel_key(g: Graph, n: Node) -> tuple:
     """Nodes with equal keys compile to the same kernel function."""
     srcs = tuple((s.op, s.shape, s.dtype, s.order, _frozen(s.params)) for s in (g[i] for i in n.inputs))
     return n.op, n.shape, n.dtype, n.order, _frozen(n.params), srcs
+
+
+def kernel_spec(g: Graph, n: Node) -> str | None:
+    """What n's kernel IR depends on besides bankml's code, written out in full: the graph's
+    profile and kernel_key's fields (a Dim with its range, an order with every field, each
+    parameter's exact value). None when a value has no exact text (the kernel is then emitted
+    every time). bankml's code is keyed by its files (jit.source_digest): code that changes a
+    kernel's IR at run time (a test patching a module constant) must compile it with
+    jit.compile_module, never through compile_graph, or its object is saved under the spec."""
+    def text(x) -> str:
+        if isinstance(x, Dim):
+            return f"Dim({x.name},{x.lo},{x.hi})"
+        if isinstance(x, enum.Enum):
+            return f"{type(x).__name__}.{x.name}"
+        if isinstance(x, (tuple, list)):
+            return "(" + ",".join(map(text, x)) + ")"
+        if dataclasses.is_dataclass(x) and not isinstance(x, type):
+            return type(x).__name__ + text([getattr(x, f.name) for f in dataclasses.fields(x)])
+        if x is None or isinstance(x, (str, int, float, bool)):
+            return repr(x)
+        raise TypeError(type(x).__name__)
+    def node(x: Node) -> tuple:
+        params = sorted((k, v) for k, v in x.params.items() if k not in _IGNORED_PARAMS)
+        return x.op, x.shape, x.dtype, x.order, params
+    try:
+        return text((g.meta.get("profile", "ggml"), node(n), [node(g[i]) for i in n.inputs]))
+    except TypeError:
+        return None
 
 
 def root(g: Graph, i: int) -> int:
@@ -232,7 +263,20 @@ def _define_barrier(m: ir.Module) -> ir.Function:
 
 
 def emit(g: Graph) -> tuple[ir.Module, list[ir.Module], list[Node], list[Node], dict[int, int], list[bool]]:
-    """The glue module (graph_part, the barrier) and one module per distinct kernel.
+    """The glue module (graph_part, the barrier) and one module per distinct kernel (plan)."""
+    glue, reps, order, kernels, slot, barriers = plan(g)
+    return glue, [kernel_module(g, n) for n in reps], order, kernels, slot, barriers
+
+
+def kernel_module(g: Graph, n: Node) -> ir.Module:
+    """Node n's kernel alone in a module (its text: _kernel_text)."""
+    km = ir.Module(name="bankml_kernel")           # no index: the text is the kernel's alone
+    registry.define(km, g, n).linkage = "external"
+    return km
+
+
+def plan(g: Graph) -> tuple[ir.Module, list[Node], list[Node], list[Node], dict[int, int], list[bool]]:
+    """The glue module and, for each distinct kernel (kernel_key), the first node that has it.
     The glue is a loop over a constant plan (per kernel: its module, barrier and serial flags,
     its buffer slots) that calls kernel j through kernel_table[j], which compile_graph fills
     with the compiled kernels' addresses. (One call site per kernel node made a function that
@@ -243,30 +287,29 @@ def emit(g: Graph) -> tuple[ir.Module, list[ir.Module], list[Node], list[Node], 
     serial = [is_serial(g, n) for n in kernels]
     barriers = plan_barriers(g, kernels, serial)
     index: dict[tuple, int] = {}
-    modules: list[ir.Module] = []
+    reps: list[Node] = []
     for n in kernels:
         key = kernel_key(g, n)
         if key not in index:
-            km = ir.Module(name="bankml_kernel")           # no index: the text is the kernel's alone
-            registry.define(km, g, n).linkage = "external"
-            index[key] = len(modules)
-            modules.append(km)
+            index[key] = len(reps)
+            reps.append(n)
     m = ir.Module(name="bankml_graph")
     barrier = _define_barrier(m)
-    table = ir.GlobalVariable(m, ir.ArrayType(i8p, len(modules)), name=KERNEL_TABLE)
+    table = ir.GlobalVariable(m, ir.ArrayType(i8p, len(reps)), name=KERNEL_TABLE)
     table.initializer = ir.Constant(table.type.pointee, None)     # external: LLVM may not fold the loads
     width = 3 + max(1 + len(n.inputs) for n in kernels)
     rows = [[index[kernel_key(g, n)], int(need) | 2 * int(ser), 1 + len(n.inputs)]
             + [slot[i] for i in (n.id, *n.inputs)] for n, need, ser in zip(kernels, barriers, serial)]
     rec_t = ir.ArrayType(i64, width)
-    plan = ir.GlobalVariable(m, ir.ArrayType(rec_t, len(rows)), name="plan")
-    plan.global_constant, plan.linkage = True, "internal"
-    plan.initializer = ir.Constant(plan.type.pointee, [ir.Constant(rec_t, r + [0] * (width - len(r))) for r in rows])
+    plan_gv = ir.GlobalVariable(m, ir.ArrayType(rec_t, len(rows)), name="plan")
+    plan_gv.global_constant, plan_gv.linkage = True, "internal"
+    plan_gv.initializer = ir.Constant(plan_gv.type.pointee, [ir.Constant(rec_t, r + [0] * (width - len(r)))
+                                                               for r in rows])
     i64p = i64.as_pointer()
     rf, b = new_function(m, "graph_part", ir.FunctionType(void, [i8p.as_pointer(), i64, i64, i8p, i64p, i64, i64]))
     bufs, ith, nth, bar, dims, lo, hi = rf.args
     with for_range(b, lo, hi, name="k") as k:               # plan[k]: kernel, flags, pointer count, slots
-        field = lambda f: b.load(b.gep(plan, [i64(0), k, i64(f)]))                  # noqa: E731
+        field = lambda f: b.load(b.gep(plan_gv, [i64(0), k, i64(f)]))              # noqa: E731
         flags = field(1)
         with b.if_then(b.icmp_signed("!=", b.and_(flags, i64(1)), i64(0))):
             b.call(barrier, [bar, nth])
@@ -286,7 +329,7 @@ def emit(g: Graph) -> tuple[ir.Module, list[ir.Module], list[Node], list[Node], 
                 b.branch(after)
             b.position_at_end(after)
     b.ret_void()
-    return m, modules, order, kernels, slot, barriers
+    return m, reps, order, kernels, slot, barriers
 
 
 def _kernel_text(km: ir.Module) -> str:
@@ -301,26 +344,42 @@ def _kernel_text(km: ir.Module) -> str:
 
 
 def compile_graph(g: Graph) -> CompiledGraph:
-    """Emit and JIT one graph: the glue and each kernel module, each from the disk cache when
-    its IR was compiled before (by this graph or by another variant that has the kernel).
+    """Emit and JIT one graph: the glue and each distinct kernel. A kernel whose spec (its
+    kernel_key in full, with this bankml's source) was compiled before, by this graph or another
+    one, is loaded from the disk cache without emitting its IR; else its module is emitted and
+    compiled, from the disk cache when its IR text was compiled before (a change elsewhere in
+    bankml's code changes every spec, but few texts).
     (One thread: llvmlite serialises every LLVM call behind one lock.)"""
     t0 = time.perf_counter()
-    m, modules, order, kernels, slot, barriers = emit(g)
-    texts = [jit.module_text(m)] + [_kernel_text(km) for km in modules]
-    t1 = time.perf_counter()
-    by_text: dict[str, object] = {}                 # kernels alike but for ignored params: one engine
-    engines = [by_text.get(t) or by_text.setdefault(t, jit.compile_text(t)) for t in texts]
+    m, reps, order, kernels, slot, barriers = plan(g)
+    text = jit.module_text(m)
+    emit_s = time.perf_counter() - t0
+    engines = [jit.compile_text(text)] + [None] * len(reps)
+    by_text: dict[str, list] = {}              # kernels alike but for ignored params: one engine
+    for j, n in enumerate(reps, 1):
+        spec = kernel_spec(g, n)
+        engines[j] = jit.load_cached(spec) if spec is not None else None
+        if engines[j] is None:
+            t = time.perf_counter()
+            text = _kernel_text(kernel_module(g, n))
+            emit_s += time.perf_counter() - t
+            by_text.setdefault(text, []).append((j, spec))
+    for text, users in by_text.items():
+        eng = jit.compile_text(text, also=[spec for _, spec in users if spec is not None])
+        for j, _ in users:
+            engines[j] = eng
     eng = engines[0]
-    addrs = (ctypes.c_void_p * len(modules)).from_address(eng.get_global_value_address(KERNEL_TABLE))
+    addrs = (ctypes.c_void_p * len(reps)).from_address(eng.get_global_value_address(KERNEL_TABLE))
     for j, ke in enumerate(engines[1:]):
         addrs[j] = ke.get_function_address(KERNEL_FN)
     t2 = time.perf_counter()
     c = ctypes
     part = c.CFUNCTYPE(None, c.c_void_p, c.c_int64, c.c_int64, c.c_void_p, c.c_void_p, c.c_int64,
                        c.c_int64)(eng.get_function_address("graph_part"))
-    n_fns = len(modules)
+    n_fns = len(reps)
     cache = [getattr(e, "_bankml_cache", "off") for e in engines]
     _log(f"llvm: compiled {g.meta.get('n_tokens')}x{g.meta.get('n_kv')} graph: {len(kernels)} kernels, "
-         f"{n_fns} functions, {sum(barriers)} barriers, emit {t1 - t0:.2f}s, jit {t2 - t1:.2f}s "
+         f"{n_fns} functions, {sum(barriers)} barriers, emit {emit_s:.2f}s, jit {t2 - t0 - emit_s:.2f}s "
          f"({', '.join(f'{cache.count(c)} {c}' for c in sorted(set(cache)))})")
-    return CompiledGraph(order, slot, kernels, barriers, engines, part, n_fns, {"emit": t1 - t0, "jit": t2 - t1})
+    return CompiledGraph(order, slot, kernels, barriers, engines, part, n_fns,
+                         {"emit": emit_s, "jit": t2 - t0 - emit_s})

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from bankml.backends.llvm.common import f32, fma, for_range, i32, i64, intrinsic, new_function, size, thread_range, typed, v8f32
+from bankml.backends.llvm.common import f32, fma, for_range, i8, i32, i64, intrinsic, new_function, size, \
+    thread_range, typed, v8f32
 from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
 from bankml.errors import LoweringError
 from bankml.ir.graph import Graph
@@ -139,15 +140,18 @@ def define_swiglu(m: ir.Module, g: Graph, n: Node) -> ir.Function:
 # ---- GEGLU (ggml's GELU f16 table) and SCALE -----------------------------------------------
 
 def _gelu_table(m: ir.Module) -> ir.GlobalVariable:
-    """ggml_table_gelu_f16 (bankml/gelu.py) as a constant [65536 x i16] of the module, once."""
+    """ggml_table_gelu_f16 (bankml/gelu.py) as a constant of the module, once: its 65,536 f16
+    bit patterns as one little-endian byte string (an IR array of 65,536 i16 constants took
+    0.2 s to build and print per kernel, and as long again to free)."""
     name = "ggml_table_gelu_f16"
     if name in m.globals:
         return m.globals[name]
     from bankml.gelu import gelu_table_f16
-    t = ir.ArrayType(ir.IntType(16), 1 << 16)
+    data = gelu_table_f16().astype("<f2").tobytes()
+    t = ir.ArrayType(i8, len(data))
     gv = ir.GlobalVariable(m, t, name=name)
-    gv.global_constant, gv.linkage = True, "internal"
-    gv.initializer = ir.Constant(t, [int(v) for v in gelu_table_f16().view("uint16")])
+    gv.global_constant, gv.linkage, gv.align = True, "internal", 64
+    gv.initializer = ir.Constant(t, bytearray(data))
     return gv
 
 
@@ -174,7 +178,7 @@ def define_geglu(m: ir.Module, g: Graph, n: Node) -> ir.Function:
 
     def emit(b, x, u):
         idx = b.zext(b.bitcast(b.fptrunc(x, ir.HalfType()), ir.IntType(16)), i64)
-        h = b.load(b.gep(table, [i64(0), idx]))
+        h = b.load(b.gep(b.bitcast(table, ir.IntType(16).as_pointer()), [idx]))
         t = b.fpext(b.bitcast(h, ir.HalfType()), f32)
         y = b.fmul(b.select(b.fcmp_ordered(">=", x, f32(10.0)), x, t), u)
         return b.select(b.fcmp_ordered("<=", x, f32(-10.0)), f32(0.0), y)

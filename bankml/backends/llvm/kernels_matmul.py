@@ -32,8 +32,8 @@ from typing import Callable
 from llvmlite import ir
 
 from bankml.backends.llvm.common import fma  # noqa: F401 (the tilers import it from here)
-from bankml.backends.llvm.common import ceil_div, dim, f16, f32, for_range, i8, i16, i32, i64, intrinsic, new_function, \
-    size, smin, thread_range, typed, v8f32
+from bankml.backends.llvm.common import ceil_div, dim, f16, f32, for_range, i8, i16, i32, i64, intrinsic, \
+    new_function, size, smin, thread_range, typed, v8f32
 from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
 from bankml.errors import LoweringError
 from bankml.ir.dims import prod_range

@@ -204,3 +204,64 @@ def test_model_logits_from_cached_graphs_are_the_same_bits(gqa_path, cache, o3_c
     second = logits()
     assert len(o3_calls) == n_o3
     assert np.array_equal(first.view(np.uint32), second.view(np.uint32))
+
+
+@pytest.fixture
+def defines(monkeypatch):
+    """How many kernel functions were emitted (registry.define calls)."""
+    from bankml.backends.llvm import graph as llvm_graph
+    calls = []
+    real = llvm_graph.registry.define
+
+    def counted(m, g, n):
+        calls.append(n.op)
+        return real(m, g, n)
+    monkeypatch.setattr(llvm_graph.registry, "define", counted)
+    return calls
+
+
+def _gqa_logits(path):
+    import bankml
+    with bankml.load(path, backend="llvm", threads=2, n_ctx=256) as m:      # nothing compiled in memory
+        s = m.session()
+        rows = s.prefill([1, 5, 9, 3], outputs="all")
+        return np.concatenate([rows, s.decode(11)[None]])
+
+
+def test_a_kernel_compiled_before_is_loaded_by_its_spec_without_emitting_ir(gqa_path, cache, o3_calls, defines):
+    first = _gqa_logits(gqa_path)
+    assert defines, "the first load emits every kernel"
+    n_o3, n_defines = len(o3_calls), len(defines)
+    second = _gqa_logits(gqa_path)
+    assert len(defines) == n_defines and len(o3_calls) == n_o3
+    assert np.array_equal(first.view(np.uint32), second.view(np.uint32))
+
+
+def test_a_code_change_emits_the_kernels_again_but_compiles_none(gqa_path, cache, o3_calls, defines, monkeypatch):
+    first = _gqa_logits(gqa_path)
+    n_o3, n_defines = len(o3_calls), len(defines)
+    monkeypatch.setattr(jit, "source_digest", lambda: "another bankml")
+    second = _gqa_logits(gqa_path)
+    assert len(defines) == 2 * n_defines             # every spec is new: the IR is emitted again,
+    assert len(o3_calls) == n_o3                     # and found by its text
+    assert np.array_equal(first.view(np.uint32), second.view(np.uint32))
+
+
+def test_kernel_spec_writes_out_dim_ranges_and_exact_values():
+    from bankml.backends.llvm.graph import kernel_spec
+    from bankml.ir.dims import Dim
+    from bankml.ir.graph import Graph
+    from bankml.ir.node import Node
+    from bankml.ir.ops import Op
+    from bankml.ir.order import SCALE
+
+    def spec(rows, scale):
+        g = Graph()
+        g.add(Node(0, Op.INPUT, (), (rows, 64), "f32", params={"input": "x"}))
+        g.add(Node(1, Op.SCALE, (0,), (rows, 64), "f32", order=SCALE, params={"scale": scale}))
+        return kernel_spec(g, g[1])
+
+    assert spec(Dim("T", 2, 63), 0.5) != spec(Dim("T", 2, 64), 0.5) != spec(7, 0.5)
+    assert spec(7, 0.1) != spec(7, 0.1 + 1e-17 * 2)
+    assert spec(7, 0.1) == spec(7, 0.1)
+    assert spec(7, np.float32(0.5)) is None          # no exact text: emitted every time
