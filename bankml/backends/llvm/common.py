@@ -39,6 +39,12 @@ def fma(b: ir.IRBuilder, x, y, z):
     return b.call(intrinsic(b.module, name, t, [t, t, t]), [x, y, z])
 
 
+def opaque(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """x through an empty inline asm: the same value, which LLVM cannot see is a constant (a loop
+    up to it is not unrolled in full, where that only costs compile time)."""
+    return b.call(ir.InlineAsm(ir.FunctionType(x.type, [x.type]), "", "=r,0"), [x])
+
+
 def typed(b: ir.IRBuilder, p, t: ir.Type):
     return b.bitcast(p, t.as_pointer())
 

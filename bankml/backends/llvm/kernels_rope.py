@@ -20,8 +20,8 @@ import math
 import numpy as np
 from llvmlite import ir
 
-from bankml.backends.llvm.common import (dim, f32, fma, for_range, i32, i64, intrinsic, new_function, thread_range,
-                                         typed, void)
+from bankml.backends.llvm.common import (dim, f32, fma, for_range, i32, i64, intrinsic, new_function, opaque,
+                                         thread_range, typed, void)
 from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
 from bankml.errors import LoweringError
 from bankml.ir.graph import Graph
@@ -113,8 +113,8 @@ def define_rope(m: ir.Module, g: Graph, n: Node) -> ir.Function:
             b.store(b.fmul(b.load(cv), mscale), b.gep(cos_c, [k]))
             b.store(b.fmul(b.load(sv), mscale), b.gep(sin_c, [k]))
             b.store(b.fmul(te, theta_scale), theta_p)
-        with for_range(b, 0, H, name="h") as h:
-            base = b.mul(b.add(b.mul(t, i64(H)), h), i64(hd))
+        with for_range(b, 0, opaque(b, i64(H)), name="h") as h:   # not unrolled: SmolLM2's 9 heads
+            base = b.mul(b.add(b.mul(t, i64(H)), h), i64(hd))      # compiled in 0.14 s unrolled, 0.03 s not
             with for_range(b, 0, half, name="k") as k:                  # rotate_pairs
                 if neox:
                     i0, i1 = b.add(base, k), b.add(base, b.add(k, i64(half)))
