@@ -78,12 +78,12 @@ def main() -> None:
     out = np.zeros((a.m, a.n), np.float32)
     sizes = {"T": a.m, "O": a.m}
     for _ in range(5):
-        jit.call_kernel(kern[0], kern[1], out, [wb, xb], 0, 1, sizes)
+        jit.call_kernel(kern[0], kern[1], out, [wb, xb], 0, 1, sizes, arg=a.n)
     times, cpu = [], []
     for rep in range(a.reps):
         w = copies[rep % len(copies)]
         t0, c0 = time.perf_counter(), time.thread_time()
-        jit.call_kernel(kern[0], kern[1], out, [w, xb], 0, 1, sizes)
+        jit.call_kernel(kern[0], kern[1], out, [w, xb], 0, 1, sizes, arg=a.n)
         times.append(time.perf_counter() - t0)
         cpu.append(time.thread_time() - c0)
     med = float(np.median(times))

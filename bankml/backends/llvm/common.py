@@ -16,6 +16,7 @@ f16, f32, f64 = ir.HalfType(), ir.FloatType(), ir.DoubleType()
 void = ir.VoidType()
 i8p = i8.as_pointer()
 v8f32 = ir.VectorType(f32, 8)
+KERNEL_ARG = len(DIM_SLOTS)        # dims[KERNEL_ARG]: the call's kernel argument (kernel_arg), after the sizes
 
 
 def new_function(m: ir.Module, name: str, ftype: ir.FunctionType) -> tuple[ir.Function, ir.IRBuilder]:
@@ -109,6 +110,12 @@ def size(b: ir.IRBuilder, dims, shape) -> ir.Value:
     if out is None:
         return i64(const)
     return out if const == 1 else b.mul(out, i64(const))
+
+
+def kernel_arg(b: ir.IRBuilder, dims) -> ir.Value:
+    """This call's kernel argument (registry.kernel_arg: a size the kernel takes at run time, so
+    that kernels that differ only in it are one IR text, compiled once)."""
+    return b.load(b.gep(dims, [i64(KERNEL_ARG)]), name="kernel_arg")
 
 
 def llama_threads(b: ir.IRBuilder, dims) -> ir.Value:

@@ -41,7 +41,7 @@ from bankml.backends.llvm import kernels_portable  # noqa: F401  (the portable p
 from bankml.backends.llvm import kernels_portable_attention  # noqa: F401  (portable FLASH_ATTN)
 from bankml.backends.llvm import kernels_portable_matmul  # profile "portable"; its pq8 layout
 from bankml.backends.llvm import kernels_portable_rows  # noqa: F401  (portable QUANTIZE, GET_ROWS)
-from bankml.backends.llvm.common import for_range, i8p, i64, intrinsic, new_function, void
+from bankml.backends.llvm.common import KERNEL_ARG, for_range, i8p, i64, intrinsic, new_function, void
 from bankml.ir.dims import Dim, upper
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
@@ -278,7 +278,7 @@ def kernel_module(g: Graph, n: Node) -> ir.Module:
 def plan(g: Graph) -> tuple[ir.Module, list[Node], list[Node], list[Node], dict[int, int], list[bool]]:
     """The glue module and, for each distinct kernel (kernel_key), the first node that has it.
     The glue is a loop over a constant plan (per kernel: its module, barrier and serial flags,
-    its buffer slots) that calls kernel j through kernel_table[j], which compile_graph fills
+    its kernel argument, its buffer slots) that calls kernel j through kernel_table[j], which compile_graph fills
     with the compiled kernels' addresses. (One call site per kernel node made a function that
     took O3 0.85 s of SmolLM2's 2.3 s; the loop takes 0.01 s.)"""
     order = list(g)
@@ -297,8 +297,8 @@ def plan(g: Graph) -> tuple[ir.Module, list[Node], list[Node], list[Node], dict[
     barrier = _define_barrier(m)
     table = ir.GlobalVariable(m, ir.ArrayType(i8p, len(reps)), name=KERNEL_TABLE)
     table.initializer = ir.Constant(table.type.pointee, None)     # external: LLVM may not fold the loads
-    width = 3 + max(1 + len(n.inputs) for n in kernels)
-    rows = [[index[kernel_key(g, n)], int(need) | 2 * int(ser), 1 + len(n.inputs)]
+    width = 4 + max(1 + len(n.inputs) for n in kernels)
+    rows = [[index[kernel_key(g, n)], int(need) | 2 * int(ser), 1 + len(n.inputs), registry.kernel_arg(g, n)]
             + [slot[i] for i in (n.id, *n.inputs)] for n, need, ser in zip(kernels, barriers, serial)]
     rec_t = ir.ArrayType(i64, width)
     plan_gv = ir.GlobalVariable(m, ir.ArrayType(rec_t, len(rows)), name="plan")
@@ -307,9 +307,13 @@ def plan(g: Graph) -> tuple[ir.Module, list[Node], list[Node], list[Node], dict[
                                                                for r in rows])
     i64p = i64.as_pointer()
     rf, b = new_function(m, "graph_part", ir.FunctionType(void, [i8p.as_pointer(), i64, i64, i8p, i64p, i64, i64]))
-    bufs, ith, nth, bar, dims, lo, hi = rf.args
-    with for_range(b, lo, hi, name="k") as k:               # plan[k]: kernel, flags, pointer count, slots
+    bufs, ith, nth, bar, sizes, lo, hi = rf.args
+    dims = b.alloca(i64, KERNEL_ARG + 1, name="dims")       # the sizes, then each call's kernel argument
+    for j in range(KERNEL_ARG):
+        b.store(b.load(b.gep(sizes, [i64(j)])), b.gep(dims, [i64(j)]))
+    with for_range(b, lo, hi, name="k") as k:               # plan[k]: kernel, flags, pointer count, arg, slots
         field = lambda f: b.load(b.gep(plan_gv, [i64(0), k, i64(f)]))              # noqa: E731
+        b.store(field(3), b.gep(dims, [i64(KERNEL_ARG)]))
         flags = field(1)
         with b.if_then(b.icmp_signed("!=", b.and_(flags, i64(1)), i64(0))):
             b.call(barrier, [bar, nth])
@@ -323,7 +327,7 @@ def plan(g: Graph) -> tuple[ir.Module, list[Node], list[Node], list[Node], dict[
                 case = b.append_basic_block(f"args{a}")
                 sw.add_case(i64(a), case)
                 b.position_at_end(case)
-                ptrs = [b.load(b.gep(bufs, [field(3 + j)])) for j in range(a)]
+                ptrs = [b.load(b.gep(bufs, [field(4 + j)])) for j in range(a)]
                 ft = ir.FunctionType(void, [i8p] * a + [i64, i64, i64p])
                 b.call(b.bitcast(fp, ft.as_pointer()), [*ptrs, kith, knth, dims])
                 b.branch(after)

@@ -164,12 +164,14 @@ def pointer(a: np.ndarray) -> ctypes.c_void_p:
 
 
 def call_kernel(eng: llvm.ExecutionEngine, name: str, out: np.ndarray, ins: list[np.ndarray],
-                ith: int = 0, nth: int = 1, sizes: dict | None = None, llama_threads: int = 1) -> None:
+                ith: int = 0, nth: int = 1, sizes: dict | None = None, llama_threads: int = 1,
+                arg: int = 0) -> None:
     """Call one kernel of the contract in registry.py on numpy buffers (tests and debugging);
-    sizes: the values of a generic node's Dims ({"T": 7, "KV": 256})."""
+    sizes: the values of a generic node's Dims ({"T": 7, "KV": 256}); arg: its kernel argument
+    (registry.kernel_arg)."""
     from bankml.ir.dims import DIM_SLOTS
     sizes = {**(sizes or {}), "llama_threads": llama_threads}
-    dims = np.array([sizes.get(k, 0) for k in DIM_SLOTS], np.int64)
+    dims = np.array([sizes.get(k, 0) for k in DIM_SLOTS] + [arg], np.int64)
     n_ptr = 1 + len(ins)
     proto = ctypes.CFUNCTYPE(None, *([ctypes.c_void_p] * n_ptr), ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
     fn = proto(eng.get_function_address(name))

@@ -33,8 +33,8 @@ from llvmlite import ir
 
 from bankml.backends.llvm.common import fma  # noqa: F401 (the tilers import it from here)
 from bankml.backends.llvm.common import ceil_div, dim, f16, f32, for_range, i8, i16, i32, i64, intrinsic, \
-    new_function, size, smin, thread_range, typed, v8f32
-from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
+    kernel_arg, new_function, size, smin, thread_range, typed, v8f32
+from bankml.backends.llvm.registry import KERNEL_ARGS, kernel, kernel_name, kernel_type
 from bankml.errors import LoweringError
 from bankml.ir.dims import prod_range
 from bankml.ir.graph import Graph
@@ -244,6 +244,9 @@ def prefetch_ahead(b, wp, nextp, end, per) -> None:
     b.store(b.add(start, b.mul(per, i64(64))), nextp)
 
 
+KERNEL_ARGS[Op.MUL_MAT] = lambda g, n: g[n.inputs[0]].shape[0]          # the weight's rows, N
+
+
 @kernel(Op.MUL_MAT)
 def define_mul_mat(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     w, xq = g[n.inputs[0]], g[n.inputs[1]]
@@ -288,7 +291,8 @@ def define_mul_mat(m: ir.Module, g: Graph, n: Node) -> ir.Function:
                 col_tiles.append((tiler.shape(c)[0], c, count, first))
                 first = b.add(first, b.mul(count, i64(c)))
     scr = tiler.alloc(b, K, max(c for _, c, _, _ in col_tiles))
-    lo, hi = thread_range(b, N, ith, nth)
+    rows_n = kernel_arg(b, dims)     # N, at run time: one kernel text for every row count of a K
+    lo, hi = thread_range(b, rows_n, ith, nth)
 
     ahead = None                     # (next byte to prefetch, end, lines per tile) while chunked
 
@@ -300,7 +304,7 @@ def define_mul_mat(m: ir.Module, g: Graph, n: Node) -> ir.Function:
             res = tiler.tile(b, K, wrows, cols)
             for i in range(nr):
                 for j, v in enumerate(res[i]):
-                    b.store(v, b.gep(yp, [b.add(b.mul(b.add(m0, i64(j)), i64(N)), b.add(r0, i64(i)))]))
+                    b.store(v, b.gep(yp, [b.add(b.mul(b.add(m0, i64(j)), rows_n), b.add(r0, i64(i)))]))
 
         groups = b.sdiv(b.sub(rhi, rlo), i64(R)) if R > 1 else b.sub(rhi, rlo)
         with for_range(b, 0, groups, name="rg") as gi:

@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from bankml.backends.llvm.common import f32, for_range, i8, i16, i32, i64, intrinsic, new_function, size, \
-    smin, thread_range, typed
+from bankml.backends.llvm.common import f32, for_range, i8, i16, i32, i64, intrinsic, kernel_arg, new_function, \
+    size, smin, thread_range, typed
 from bankml.backends.llvm.kernels_matmul import CHUNK_BYTES, alloca, at, block_loop, fma, hsum8, load_h, madd, \
     maddubs, scratch, splat, v16i16, v32i8, v8i32, zero8
 from bankml.backends.llvm.registry import kernel_name, kernel_type
@@ -480,7 +480,7 @@ def _tile(b, chain, wtype, K, wrow, xrows, scr=None):
 def define_mul_mat_kquant(m: ir.Module, g, n) -> ir.Function:
     w, xq = g[n.inputs[0]], g[n.inputs[1]]
     wtype = int(w.params["ggml_type"])
-    N, K = w.shape
+    K = w.shape[1]
     if xq.op is not Op.QUANTIZE or int(xq.params["type"]) != Q8_K:
         raise LoweringError(f"mul_mat {n.name}: {WEIGHT_TYPES[wtype].name} wants q8_K activations")
     if K % 256 or (wtype, n.order) not in ((Q4_K, fo.Q4_K_REPACK), (Q4_K, fo.Q4_K_MUL_MAT), (Q6_K, fo.Q6_K_MUL_MAT)):
@@ -492,7 +492,8 @@ def define_mul_mat_kquant(m: ir.Module, g, n) -> ir.Function:
     out, wp, xp, ith, nth, dims = fn.args
     yp = typed(b, out, f32)
     M = size(b, dims, n.shape[:-1])
-    lo, hi = thread_range(b, N, ith, nth)
+    rows_n = kernel_arg(b, dims)     # N, at run time: one kernel text for every row count of a K
+    lo, hi = thread_range(b, rows_n, ith, nth)
 
     chunk = max(1, CHUNK_BYTES // wrb)
 
@@ -517,7 +518,7 @@ def define_mul_mat_kquant(m: ir.Module, g, n) -> ir.Function:
                     with for_range(b, r0, r1, name="row") as r:
                         res = _tile(b, chain, wtype, K, b.gep(wp, [b.mul(r, i64(wrb))]), xrows, scr)
                         for j, v in enumerate(res):
-                            b.store(v, b.gep(yp, [b.add(b.mul(b.add(c, i64(j)), i64(N)), r)]))
+                            b.store(v, b.gep(yp, [b.add(b.mul(b.add(c, i64(j)), rows_n), r)]))
 
     if n.order is fo.Q4_K_REPACK:
         split = b.sub(M, b.srem(M, i64(GEMM_COLS)))           # gemm below, gemv from here

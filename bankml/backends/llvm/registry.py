@@ -13,6 +13,10 @@ Signature of every kernel function (name: f"k{n.id}_{n.op.value}", linkage inter
 - Sizes may be symbolic (bankml.ir.dims.Dim: T, KV, O, KVS): their values of this call are
   dims[Dim.slot] (common.dim / common.size read them), and dims[4], the last slot, is llama.cpp's thread count.
   A buffer holds the node's shape at these values; the runner allocates it for the largest.
+- dims[5] (common.KERNEL_ARG) is the node's kernel argument, kernel_arg(g, n) (0 for most ops):
+  a size the kernel reads at run time although it is fixed, so that kernels that differ only
+  in it are one IR text, compiled once (mul_mat: the weight's rows; SmolLM2's Q, K/V and
+  gate/up projections share one kernel). The glue sets it per call (graph.py).
 - Buffers are contiguous, row-major in node.shape (numpy order):
     f32 nodes: float;   f16 nodes (the K/V cache, the KQ mask): half;   i32 inputs (tokens, pos,
     out_ids): i32;   WEIGHT: the GGUF tensor bytes, rows of row_bytes;   QUANTIZE output: the ggml
@@ -49,6 +53,15 @@ Emitter = Callable[[ir.Module, Graph, Node], ir.Function]
 KERNELS: dict[Op, Emitter] = {}
 PROFILE_KERNELS: dict[str, dict[Op, Emitter]] = {"ggml": KERNELS, "portable": {}}
 NO_KERNEL = frozenset({Op.INPUT, Op.WEIGHT, Op.CACHE, Op.RESHAPE})
+
+
+KERNEL_ARGS: dict[Op, Callable[[Graph, Node], int]] = {}
+
+
+def kernel_arg(g: Graph, n: Node) -> int:
+    """Node n's kernel argument, dims[common.KERNEL_ARG] of its calls (0 where its op has none)."""
+    f = KERNEL_ARGS.get(n.op)
+    return int(f(g, n)) if f else 0
 
 
 def kernel(op: Op, profile: str = "ggml"):

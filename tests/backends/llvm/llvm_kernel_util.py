@@ -29,5 +29,5 @@ def run_kernel(g: Graph, n: Node, out, ins, nth: int, sizes: dict | None = None,
     node's Dim values."""
     eng, name = kernel or compile_kernel(g, n)
     for ith in range(nth):
-        jit.call_kernel(eng, name, out, ins, ith, nth, sizes)
+        jit.call_kernel(eng, name, out, ins, ith, nth, sizes, arg=registry.kernel_arg(g, n))
     return out

@@ -187,3 +187,20 @@ def test_a_backend_compiles_a_graph_once():
     finally:
         be.close()
     assert be.compiled == {} and be.pool is None
+
+
+def test_mul_mats_that_differ_only_in_weight_rows_are_one_kernel_text():
+    """A mul_mat takes its weight's row count at run time (registry.kernel_arg, set per call by
+    the glue): SmolLM2's Q and O (576 rows), K/V (192) and gate/up (1536) projections, all of
+    K = 576 and one weight type, are one IR text, compiled once."""
+    m = _model("smollm2-q4_1")
+    g = m.generic_graph({v.name: v for v in m.variants}["small-all"])
+    _, reps, *_ = llvm_graph.plan(g)
+    texts, rows = {}, {}
+    for n in (n for n in reps if n.op is Op.MUL_MAT):
+        w = g[n.inputs[0]]
+        key = (w.shape[1], w.params["ggml_type"])
+        texts.setdefault(key, set()).add(llvm_graph._kernel_text(llvm_graph.kernel_module(g, n)))
+        rows.setdefault(key, set()).add(w.shape[0])
+    key = next(k for k in rows if k[0] == 576 and len(rows[k]) > 1)
+    assert rows[key] == {192, 576, 1536} and len(texts[key]) == 1
