@@ -112,6 +112,12 @@ def size(b: ir.IRBuilder, dims, shape) -> ir.Value:
     return out if const == 1 else b.mul(out, i64(const))
 
 
+def prefetch(b: ir.IRBuilder, p: ir.Value, locality: int) -> None:
+    """Prefetch the cache line at p (i8*) for reading (llvm.prefetch: locality 0-3, data)."""
+    fn = intrinsic(b.module, "llvm.prefetch.p0i8", void, [i8p, i32, i32, i32])
+    b.call(fn, [p, i32(0), i32(locality), i32(1)])
+
+
 def kernel_arg(b: ir.IRBuilder, dims) -> ir.Value:
     """This call's kernel argument (registry.kernel_arg: a size the kernel takes at run time, so
     that kernels that differ only in it are one IR text, compiled once)."""

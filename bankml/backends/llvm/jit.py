@@ -72,10 +72,15 @@ def compile_module(m: ir.Module) -> llvm.ExecutionEngine:
     return compile_text(module_text(m))
 
 
+def _optimize() -> bool:
+    """Whether the O3 pipeline runs (BANKML_LLVM_OPT=0: it does not; objects are cached apart)."""
+    return os.environ.get("BANKML_LLVM_OPT", "3") != "0"
+
+
 def compile_text(text: str, also: Sequence[str] = ()) -> llvm.ExecutionEngine:
     """compile_module of module_text's text, in an LLVM context of its own (freed with the engine).
     also: specs (load_cached) under which the object is saved too."""
-    opt = os.environ.get("BANKML_LLVM_OPT", "3") != "0"
+    opt = _optimize()
     use_cache = compile_cache.enabled()
     key = cache_key(text, opt)
     keys = [key] + [spec_key(s, opt) for s in also]
@@ -104,7 +109,7 @@ def load_cached(spec: str) -> llvm.ExecutionEngine | None:
     object into an engine of an empty module, so the kernel's IR is never emitted or parsed."""
     if not compile_cache.enabled():
         return None
-    obj = compile_cache.get(spec_key(spec, os.environ.get("BANKML_LLVM_OPT", "3") != "0"), count_miss=False)
+    obj = compile_cache.get(spec_key(spec, _optimize()), count_miss=False)
     if obj is None:
         return None
     ctx = llvm.create_context()

@@ -33,7 +33,7 @@ from llvmlite import ir
 
 from bankml.backends.llvm.common import fma  # noqa: F401 (the tilers import it from here)
 from bankml.backends.llvm.common import ceil_div, dim, f16, f32, for_range, i8, i16, i32, i64, intrinsic, \
-    kernel_arg, new_function, size, smin, thread_range, typed, v8f32
+    kernel_arg, new_function, prefetch, size, smin, thread_range, typed, v8f32
 from bankml.backends.llvm.registry import KERNEL_ARGS, kernel, kernel_name, kernel_type
 from bankml.errors import LoweringError
 from bankml.ir.dims import prod_range
@@ -235,12 +235,11 @@ def plain_cols(b, K, xrows, scratch):
 
 def prefetch_ahead(b, wp, nextp, end, per) -> None:
     """Prefetch `per` cache lines of wp from *nextp (no further than end) and advance *nextp."""
-    pf = intrinsic(b.module, "llvm.prefetch.p0i8", ir.VoidType(), [ir.PointerType(i8), i32, i32, i32])
     start = b.load(nextp)
     with for_range(b, 0, per, name="pf") as k:
         at = b.add(start, b.mul(k, i64(64)))
         with b.if_then(b.icmp_signed("<", at, end)):
-            b.call(pf, [b.gep(wp, [at]), i32(0), i32(3), i32(1)])
+            prefetch(b, b.gep(wp, [at]), 3)
     b.store(b.add(start, b.mul(per, i64(64))), nextp)
 
 

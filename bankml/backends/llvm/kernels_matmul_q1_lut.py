@@ -38,7 +38,7 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 
-from bankml.backends.llvm.common import f16, f32, for_range, i8, i16, i32, i64, intrinsic
+from bankml.backends.llvm.common import f16, f32, for_range, i8, i16, i32, i64, intrinsic, prefetch
 from bankml.backends.llvm.kernels_matmul import at, block_loop, fma, madd, scratch, splat, v16i16, v32i8, zero8
 
 ROWS = 16                       # weight rows of one lookup tile
@@ -232,9 +232,8 @@ def scale_words(b, wrows, wb, order):
 def prefetch_lines(b, base, start, nbytes: int):
     """Prefetch (read, low locality, data) the cache lines of base[start : start + nbytes], one
     per 64 bytes: the lookup decodes stream their weights from DRAM."""
-    prefetch = intrinsic(b.module, "llvm.prefetch.p0i8", ir.VoidType(), [ir.PointerType(i8), i32, i32, i32])
     for o in range(0, nbytes, 64):
-        b.call(prefetch, [b.gep(base, [b.add(start, i64(o))]), i32(0), i32(1), i32(1)])
+        prefetch(b, b.gep(base, [b.add(start, i64(o))]), 1)
 
 
 def _combo_step(b, K, wrows, d, tbl, bits, wds, c, ib, acc):
