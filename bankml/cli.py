@@ -91,7 +91,7 @@ def cache_line(kv, hp, n_ctx: int) -> str:
 def info(model: str, n_ctx: int, cache_type_k: str, cache_type_v: str) -> None:
     """What plan() decides for MODEL: architecture, types, shapes, the K/V cache's size, or why it is refused."""
     from bankml.gguf import read_gguf
-    from bankml.gguf.plan import plan
+    from bankml.arch.plan import plan
     from bankml.gguf.reader import ggml_type_name
     from bankml.quants.kv_cache import KvCacheTypes
     f = read_gguf(model)
@@ -363,15 +363,15 @@ def compile_cmd(model: str | None, out_dir: str | None, n_ctx: int, n_ubatch: in
     compiles again (any thread count); the code lands in the compiled-code cache."""
     import bankml
     from bankml.ir.printer import dump
-    from bankml.runtime import compile_cache
+    from bankml.backends.llvm import jit_cache
     if list_cache or clear_cache:
         return _cache_cmd(list_cache, clear_cache)
     if model is None:
         raise click.UsageError("give a MODEL to compile, or --list / --clear")
     if n_ctx < 1 or n_ubatch < 1:
         raise click.BadParameter("--ctx and --ubatch must be >= 1")
-    out = Path(out_dir) if out_dir else compile_cache.compiled_dir(model, bankml.__version__)
-    before = dict(compile_cache.counts)
+    out = Path(out_dir) if out_dir else jit_cache.compiled_dir(model, bankml.__version__)
+    before = dict(jit_cache.counts)
     # two threads: the thread pool's code (one object, any thread count above one) is cached too
     with bankml.load(model, backend="llvm", threads=2, n_ctx=n_ctx, n_ubatch=n_ubatch, cache_type_k=cache_type_k,
                      cache_type_v=cache_type_v) as m:
@@ -383,12 +383,12 @@ def compile_cmd(model: str | None, out_dir: str | None, n_ctx: int, n_ubatch: in
                 m.prepare(v)
                 (out / f"{v.name}.ir").write_text(dump(m.generic_graph(v)))
         seconds = time.perf_counter() - t0
-        hits, misses = (compile_cache.counts[k] - before[k] for k in ("hit", "miss"))
+        hits, misses = (jit_cache.counts[k] - before[k] for k in ("hit", "miss"))
         plan = _plan_json(m)
         plan["compiled"] = {"n_ctx": m.n_ctx, "n_ubatch": m.n_ubatch, "seconds": round(seconds, 3),
                             "variants": [{"name": v.name, "n_tokens": str(v.n_tokens), "n_kv": str(v.n_kv),
                                           "n_outputs": str(v.n_outputs)} for v in m.variants],
-                            "jit_cache": str(compile_cache.jit_dir()) if compile_cache.enabled() else None}
+                            "jit_cache": str(jit_cache.jit_dir()) if jit_cache.enabled() else None}
         (out / "plan.json").write_text(json.dumps(plan, indent=1) + "\n")
     click.echo(f"compiled {len(m.variants)} graphs in {seconds:.1f}s ({misses} objects compiled, {hits} loaded "
                f"from the cache); "
@@ -397,17 +397,17 @@ def compile_cmd(model: str | None, out_dir: str | None, n_ctx: int, n_ubatch: in
 
 def _cache_cmd(list_cache: bool, clear_cache: bool) -> None:
     """compile --list / --clear: the compiled-code cache's entries (least recently used first)."""
-    from bankml.runtime import compile_cache
+    from bankml.backends.llvm import jit_cache
     if list_cache:
-        entries = compile_cache.entries()
+        entries = jit_cache.entries()
         for e in entries:
             used = time.strftime("%Y-%m-%d %H:%M", time.localtime(e.last_used))
             click.echo(f"{e.path.name}  {e.size / 2**20:7.1f} MiB  last used {used}")
         total = sum(e.size for e in entries)
-        click.echo(f"{len(entries)} objects, {total / 2**20:.1f} MiB in {compile_cache.jit_dir()} "
-                   f"(cap {compile_cache.cap_bytes() / 2**20:.0f} MiB)")
+        click.echo(f"{len(entries)} objects, {total / 2**20:.1f} MiB in {jit_cache.jit_dir()} "
+                   f"(cap {jit_cache.cap_bytes() / 2**20:.0f} MiB)")
     if clear_cache:
-        click.echo(f"removed {compile_cache.clear()} objects from {compile_cache.jit_dir()}")
+        click.echo(f"removed {jit_cache.clear()} objects from {jit_cache.jit_dir()}")
 
 
 def _plan_json(m) -> dict:
@@ -427,7 +427,8 @@ def _plan_json(m) -> dict:
 
 def _spirv(model: str) -> None:
     """`ir --spirv`: the Q1_0 x q8_0 matvec module (one for every shape: rows and K are push constants)."""
-    from bankml.backends.spirv import disassemble, q1_matvec
+    from bankml.backends.spirv import disassemble
+    from bankml.backends.spirv.q1 import matvec as q1_matvec
     from bankml.gguf import read_gguf
     from bankml.quants import Q1_0
     shapes: dict[tuple[int, int], int] = {}
@@ -451,7 +452,8 @@ def _generate(m, sess, ids: list[int], n_predict: int, params, seed: int, echo: 
     """Prefill ids into sess (after the cells it holds), sample until -n, the end-of-generation token
     or a full context; stream text as it comes. Timings leave out native compile time."""
     from bankml.runtime.generate import generate
-    from bankml.runtime.tokenizer import StreamDecoder, tokenizer_for
+    from bankml.tokenizer import tokenizer_for
+    from bankml.tokenizer.vocab import StreamDecoder
     room = m.n_ctx - sess.n_past - len(ids)       # tokens that still fit in the context after the prompt
     n = room if n_predict < 0 else min(n_predict, room)
     out, pieces = [], []

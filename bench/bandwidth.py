@@ -19,7 +19,7 @@ import numpy as np
 from llvmlite import ir
 
 from bankml.backends.llvm import jit
-from bankml.backends.llvm.common import f32, for_range, i8, i64, new_function, v8f32
+from bankml.backends.llvm.emit.core import f32, for_range, i8, i64, new_function, v8f32
 
 
 def _read_kernel():

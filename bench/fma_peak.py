@@ -17,7 +17,7 @@ import time
 from llvmlite import ir
 
 from bankml.backends.llvm import jit
-from bankml.backends.llvm.common import fma, for_range, i64, new_function
+from bankml.backends.llvm.emit.core import fma, for_range, i64, new_function
 
 CHAINS = 12
 v8 = ir.VectorType(ir.FloatType(), 8)

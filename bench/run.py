@@ -73,7 +73,7 @@ import numpy as np
 import bankml
 from bankml.oracle.build import build
 from bankml.oracle.paths import bin_dir
-from bankml.runtime import compile_cache
+from bankml.backends.llvm import jit_cache
 from bankml.testing import models
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -173,8 +173,8 @@ def fresh_prompt(path: Path, backend: str, threads: int, lengths: list[int], see
         t0 = time.perf_counter()
         s.prefill(ids, outputs="last")
         seconds[n] = time.perf_counter() - t0
-    return {"seconds": seconds, "startup_s": startup, "compiled": compile_cache.counts["miss"],
-            "cache_on": compile_cache.enabled()}
+    return {"seconds": seconds, "startup_s": startup, "compiled": jit_cache.counts["miss"],
+            "cache_on": jit_cache.enabled()}
 
 
 def long_decode(path: Path, backend: str, threads: int, n: int, seed: int) -> dict:
@@ -194,8 +194,8 @@ def long_decode(path: Path, backend: str, threads: int, n: int, seed: int) -> di
         steps.append(time.perf_counter() - t0)
     slowest = int(np.argmax(steps))
     return {"tok_s": n / sum(steps), "median_s": float(np.median(steps)), "slowest_s": steps[slowest],
-            "slowest_step": slowest + 1, "compiled": compile_cache.counts["miss"],
-            "cache_on": compile_cache.enabled()}
+            "slowest_step": slowest + 1, "compiled": jit_cache.counts["miss"],
+            "cache_on": jit_cache.enabled()}
 
 
 def bankml_child(path: Path, a: argparse.Namespace, test: str, n: int | str = 0, env: dict | None = None) -> dict:

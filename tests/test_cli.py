@@ -101,7 +101,7 @@ def test_run_default_model_json_greedy_equals_generate_on_the_templated_prompt()
     import bankml as bk
     from bankml.runtime.default_model import default_model_path
     from bankml.runtime.generate import GREEDY, generate
-    from bankml.runtime.tokenizer import tokenizer_for
+    from bankml.tokenizer import tokenizer_for
     r = bankml("run", "-p", QUESTION, "--system", "You are terse.", "-n", "8", "--temp", "0", "--json")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
@@ -142,7 +142,7 @@ def test_model_without_chat_template_completes_raw(monkeypatch, smollm2):
 
 
 def test_n_minus_one_stops_at_the_end_of_generation_token(smollm2):
-    from bankml.runtime.tokenizer import tokenizer_for
+    from bankml.tokenizer import tokenizer_for
     r = invoke("run", str(models.path("smollm2-q4_1")), "-p", "Say hi.", "--system", "You are terse.",
                "--temp", "0", "--json")
     assert r.exit_code == 0, r.output

@@ -66,11 +66,11 @@ def test_compile_writes_plan_and_ir_and_the_next_run_compiles_nothing(tmp_path, 
 
 def test_compile_default_folder_is_keyed_by_model_and_version(tmp_path, smollm2, monkeypatch):
     import bankml as bk
-    from bankml.runtime import compile_cache
+    from bankml.backends.llvm import jit_cache
     r = bankml(tmp_path, "compile", smollm2, "--ctx", "256")
     assert r.returncode == 0, r.stderr
     monkeypatch.setenv("BANKML_CACHE", str(tmp_path))
-    want = compile_cache.compiled_dir(smollm2, bk.__version__)
+    want = jit_cache.compiled_dir(smollm2, bk.__version__)
     assert want.parent == tmp_path / "compiled" and want.name.endswith("-" + bk.__version__)
     assert (want / "plan.json").exists() and str(want) in r.stdout
 

@@ -1,4 +1,4 @@
-"""bankml.expf.ggml_v_expf against ggml's own, through the exported ggml_vec_soft_max_f32 (max = 0)."""
+"""bankml.numerics.expf.ggml_v_expf against ggml's own, through the exported ggml_vec_soft_max_f32 (max = 0)."""
 from __future__ import annotations
 
 import numpy as np
@@ -6,7 +6,7 @@ import pytest
 
 from fractions import Fraction
 
-from bankml.expf import fma, ggml_v_expf
+from bankml.numerics.expf import fma, ggml_v_expf
 
 
 def _inputs() -> np.ndarray:

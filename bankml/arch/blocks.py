@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from bankml.gguf.plan import Plan
+from bankml.arch.plan import Plan
 from bankml.gguf.reader import ggml_type_name
 from bankml.ir import order as fo
 from bankml.ir.graph import Graph

@@ -11,7 +11,7 @@ to arrays of this call's shapes; caches maps (layer, "k" | "v") to the session's
 [kv_size, n_head_kv, head_dim], or q8_0/q4_0 block bytes uint8 [kv_size, row_bytes]), which run
 writes in place; weights(name) is a tensor's bytes. run returns the graph's outputs
 by key ({"logits": f32 [rows, n_vocab]}); trace(node, value) sees every named node. gpu is
-the model's device (runtime/gpu.py: `takes(g, n)` says which nodes it runs), or None.
+the model's device (backends/spirv/device.py: `takes(g, n)` says which nodes it runs), or None.
 """
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ class Backend(Protocol):
 
 def open_backend(name: str, weights: Callable[[str], np.ndarray], threads: int = 1, gpu=None) -> Backend:
     if name == "llvm":
-        from bankml.backends.llvm.runner import LlvmBackend
+        from bankml.backends.llvm.backend import LlvmBackend
         return LlvmBackend(weights, threads, gpu)
     if name == "reference":
         from bankml.backends.reference.run import ReferenceBackend

@@ -1,5 +1,4 @@
-"""GGUF: bankml's own guarded reader and the header-only plan (what to build, or a refusal)."""
-from bankml.gguf.plan import HParams, Plan, plan
+"""GGUF: bankml's own guarded reader (every count checked against the bytes left)."""
 from bankml.gguf.reader import GGUFFile, TensorInfo, ggml_type_name, read_gguf
 
-__all__ = ["GGUFFile", "HParams", "Plan", "TensorInfo", "ggml_type_name", "plan", "read_gguf"]
+__all__ = ["GGUFFile", "TensorInfo", "ggml_type_name", "read_gguf"]

@@ -62,6 +62,10 @@ Q5_1_DOT = FloatOrder("ggml_vec_dot_q5_1_q8_1", lanes=8, fold="hsum8", fma=True,
 # one lane per output holds the exact int32 sum of a whole block; acc = fma(float(sum), r(wd*ad), acc)
 Q4_0_REPACK = FloatOrder("ggml_gemv_q4_0_8x8_q8_0", fma=True, f16_at=("act_d",))
 
+# every order a mul_mat of a weight can carry (passes/choose_matmul_kernel.py picks one)
+MUL_MAT_ORDERS = (F16_VEC_DOT, F16_TINYBLAS, Q8_0_DOT, Q4_1_DOT, Q1_0_DOT, Q2_0_DOT, Q4_0_DOT, Q5_0_DOT, Q5_1_DOT,
+                  Q4_0_REPACK)
+
 # ---- elementwise and row ops -------------------------------------------------------------
 # ggml-cpu/ops.cpp:ggml_compute_forward_rms_norm_f32: sequential f64 sum of f32 squares
 RMS_NORM = FloatOrder("ggml_compute_forward_rms_norm_f32", acc="f64")
@@ -72,7 +76,7 @@ ROPE = FloatOrder("ggml_compute_forward_rope_flt", fma=True)
 # ggml-cpu/vec.cpp:ggml_vec_swiglu_f32: ggml_v_expf on 8-lane chunks, glibc expf tail
 SWIGLU = FloatOrder("ggml_vec_swiglu_f32", lanes=8, expf="ggml_v_expf+glibc_tail")
 # ggml-cpu/vec.h:ggml_vec_geglu_f32 with GGML_GELU_FP16 (defined in vec.h): per element
-#   x <= -10: 0;  x >= 10: r(x*g);  else r(f32(ggml_table_gelu_f16[f16(x)]) * g)   (bankml/gelu.py)
+#   x <= -10: 0;  x >= 10: r(x*g);  else r(f32(ggml_table_gelu_f16[f16(x)]) * g)   (bankml/numerics/gelu.py)
 GEGLU = FloatOrder("ggml_vec_geglu_f32", f16_at=("src0",))
 # ggml-cpu/ops.cpp:ggml_compute_forward_scale_f32 (bias 0) -> ggml_vec_scale_f32: r(x*s)
 SCALE = FloatOrder("ggml_vec_scale_f32")
@@ -104,6 +108,7 @@ Q6_K_MUL_MAT = FloatOrder("ggml_vec_dot_q6_K_q8_K|tiled<8", lanes=8, fold="hsum8
 # repack.cpp q4_K_8x8_q8_K (rows % 8 == 0): ggml_gemm_q4_K_8x8_q8_K per group of 4 columns,
 # ggml_gemv_q4_K_8x8_q8_K for the rest (arch/x86/repack.cpp)
 Q4_K_REPACK = FloatOrder("ggml_gemm_q4_K_8x8_q8_K|gemv", fma=True)
+MUL_MAT_ORDERS += (Q4_K_MUL_MAT, Q6_K_MUL_MAT, Q4_K_REPACK)
 
 # one_chunk over a quantized cache: the only kernel ggml runs when K or V is not f16 (no tiled, no
 # split-KV). A q8_0/q4_0 K: Q through quantize_row_q8_0, K.Q by the K type's vec_dot (one 8-lane fma

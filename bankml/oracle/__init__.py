@@ -8,7 +8,6 @@ Each call runs bankml-oracle (harness.c) in a subprocess over llama.cpp's C API.
 """
 from __future__ import annotations
 
-import os
 import struct
 import subprocess
 import tempfile

@@ -20,7 +20,7 @@ from jinja2 import TemplateError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from bankml.errors import BankmlError
-from bankml.runtime.tokenizer import tokenizer_for
+from bankml.tokenizer import tokenizer_for
 
 
 class ChatTemplateError(BankmlError):

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Iterator, Sequence
 
 from bankml.runtime.sampler import GREEDY, LLAMA_DEFAULT_SEED, Sampler, SamplerParams
-from bankml.runtime.tokenizer import tokenizer_for
+from bankml.tokenizer import tokenizer_for
 
 __all__ = ["generate", "GREEDY", "SamplerParams"]
 

@@ -22,12 +22,12 @@ from bankml.arch import registry
 from bankml.backends import BACKENDS, open_backend
 from bankml.errors import BankmlError
 from bankml.gguf import read_gguf
-from bankml.gguf.plan import plan as make_plan
+from bankml.arch.plan import plan as make_plan
 from bankml.ir.graph import Graph
 from bankml.passes.pipeline import run_passes
 from bankml.passes.variants import Variant, choose_variant, variants
 from bankml.quants.kv_cache import KvCacheTypes
-from bankml.runtime import compile_cache
+from bankml.backends.llvm import jit_cache
 
 if TYPE_CHECKING:
     from bankml.runtime.session import Session
@@ -78,7 +78,7 @@ class Model:
         self._ready: set[str] = set()               # variants the backend has prepared
         self._prepare_lock = threading.Lock()
         self._weights: dict[str, np.ndarray] = {}
-        from bankml.runtime.gpu import for_setting
+        from bankml.backends.spirv.device import for_setting
         self.device = for_setting(gpu)              # a ModelGpu (decode's Q1_0 matvecs), or None
         self.runner = open_backend(backend, self.weight, threads, self.device)
 
@@ -116,13 +116,13 @@ class Model:
     def _prepare(self, v: Variant) -> float:
         if v.name in self._ready:
             return 0.0
-        t0, misses = time.perf_counter(), compile_cache.counts["miss"]
+        t0, misses = time.perf_counter(), jit_cache.counts["miss"]
         self.runner.prepare(self.generic_graph(v))
         seconds = time.perf_counter() - t0
         if self.backend == "llvm":
             self.compile_seconds += seconds
-            if compile_cache.counts["miss"] > misses or not compile_cache.enabled():
-                why = "first use; cached afterwards" if compile_cache.enabled() else "BANKML_JIT_CACHE is off"
+            if jit_cache.counts["miss"] > misses or not jit_cache.enabled():
+                why = "first use; cached afterwards" if jit_cache.enabled() else "BANKML_JIT_CACHE is off"
                 print(f"bankml: compiled the {v.name} graph of {self.path.name} in {seconds:.1f} s ({why})",
                       file=sys.stderr, flush=True)
         self._ready.add(v.name)
@@ -202,7 +202,7 @@ class Model:
         return Session(self)
 
     def tokenize(self, text: str, add_special: bool = True, parse_special: bool = True) -> list[int]:
-        from bankml.runtime.tokenizer import tokenizer_for
+        from bankml.tokenizer import tokenizer_for
         return tokenizer_for(self).encode(text, add_special=add_special, parse_special=parse_special)
 
     # ---- lifetime ----

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from bankml.runtime.sampler import LLAMA_DEFAULT_SEED, Sampler, SamplerParams
-from bankml.runtime.tokenizer import tokenizer_for
+from bankml.tokenizer import tokenizer_for
 from bankml.server import checkpoints as ckpt
 from bankml.server.slots import Slot, prefix_state
 

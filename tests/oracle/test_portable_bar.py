@@ -1,6 +1,6 @@
 """The portable profile's measured bar against llama.cpp, kept as bounds (docs/PORTABLE.md).
 
-bankml.profiles.portable.bar.measure on the llvm backend for the three models of the doc's
+bankml.testing.portable_bar.measure on the llvm backend for the three models of the doc's
 table, at a reduced size: 250 positions and 5 prompts x 64 greedy tokens (the issue's full bar,
 1,000 positions and 20 prompts x 64 tokens, is in the doc). Why reduced: the full bar of the
 three took 4.3 to 9.3 minutes in total on the shared 2-core machine (SmolLM2 F16 alone 2 to 8
@@ -16,14 +16,14 @@ from __future__ import annotations
 
 import pytest
 
-from bankml.profiles.portable.bar import measure
+from bankml.testing.portable_bar import measure
 from bankml.testing import models
 
 pytestmark = [pytest.mark.oracle, pytest.mark.slow]
 
 SIZES = dict(positions=250, prompts=5, tokens=64)
 # measured 2026-12-01 with
-# `python -m bankml.profiles.portable.bar MODEL --positions 250 --prompts 5 --tokens 64` (llvm, 2 threads):
+# `python -m bankml.testing.portable_bar MODEL --positions 250 --prompts 5 --tokens 64` (llvm, 2 threads):
 # max |Δ|, top-1 agreement, greedy agreement, prompts whose whole generation agrees
 MEASURED = {
     "smollm2-q4_1": (2.9875254034996033, 0.928, 0.315625, 0),

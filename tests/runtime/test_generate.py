@@ -87,5 +87,5 @@ def test_stops_at_stop_string(model):
 
 
 def model_text(model, ids):
-    from bankml.runtime.tokenizer import tokenizer_for
+    from bankml.tokenizer import tokenizer_for
     return tokenizer_for(model).decode(ids)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import bankml
-from bankml.backends.llvm import runner
+from bankml.backends.llvm import backend as runner
 from bankml.testing import models
 
 

@@ -7,7 +7,8 @@ import random
 import numpy as np
 import pytest
 
-from bankml.runtime.sampler import GREEDY, MT19937, Candidates, Sampler, SamplerParams, partial_sort, top_k
+from bankml.runtime.sampler import GREEDY, MT19937, Candidates, Sampler, SamplerParams, top_k
+from bankml.numerics.stdsort import partial_sort
 
 
 def test_mt19937_matches_std_reference_values():

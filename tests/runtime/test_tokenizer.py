@@ -11,7 +11,9 @@ import pytest
 
 from bankml import oracle
 from bankml.oracle.paths import source_dir
-from bankml.runtime.tokenizer import StreamDecoder, cpt_flags, tokenizer_for
+from bankml.tokenizer import tokenizer_for
+from bankml.tokenizer.bpe import cpt_flags
+from bankml.tokenizer.vocab import StreamDecoder
 from bankml.testing import models
 
 CORPUS = json.loads((Path(__file__).parents[1] / "data" / "tokenizer_corpus.json").read_text("utf-8"))

@@ -15,8 +15,8 @@ import pytest
 
 from bankml import oracle
 from bankml.oracle.vocab import Vocab
-from bankml.runtime.tokenizer import tokenizer_for, vocab_refusal
-from bankml.runtime.tokenizer_spm import A_BYTE, SpmTokenizer
+from bankml.tokenizer import tokenizer_for, vocab_refusal
+from bankml.tokenizer.spm import A_BYTE, SpmTokenizer
 from bankml.testing import models
 
 CORPUS = json.loads((Path(__file__).parents[1] / "data" / "tokenizer_corpus.json").read_text("utf-8"))

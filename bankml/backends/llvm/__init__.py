@@ -7,6 +7,6 @@ and run natively on a thread pool, bit-identical to the reference backend.
 
 registry.py holds the kernel contract; graph.py compiles graphs; runner.py runs them.
 """
-from bankml.backends.llvm.runner import LlvmBackend, run
+from bankml.backends.llvm.backend import LlvmBackend, run
 
 __all__ = ["LlvmBackend", "run"]

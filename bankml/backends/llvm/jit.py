@@ -7,7 +7,7 @@ The target is the ggml variant we match (haswell), whatever the host has: genera
 not use AVX-512 even on machines that have it. No fast-math anywhere: LLVM may then neither
 contract a*b+c nor reassociate a sum.
 
-Compiled objects are kept on disk (bankml/runtime/compile_cache.py), keyed by the sha256 of the
+Compiled objects are kept on disk (bankml/backends/llvm/jit_cache.py), keyed by the sha256 of the
 module's IR text, CPU, FEATURES, the optimization level, llvmlite/LLVM and bankml versions: on
 a hit the O3 pipeline and codegen are skipped and MCJIT loads the saved object through its
 object cache (llvmlite's ExecutionEngine.set_object_cache). A graph's kernel is saved under a
@@ -30,7 +30,8 @@ import numpy as np
 from llvmlite import binding as llvm
 from llvmlite import ir
 
-from bankml.runtime import compile_cache
+from bankml._version import __version__
+from bankml.backends.llvm import jit_cache
 
 CPU = "haswell"
 FEATURES = "+avx,+avx2,+fma,+f16c,+bmi,+bmi2,+popcnt,+sse4.2,-avx512f,-avx512vl,-avx512bw,-avx512dq,-avx512cd"
@@ -81,12 +82,12 @@ def compile_text(text: str, also: Sequence[str] = ()) -> llvm.ExecutionEngine:
     """compile_module of module_text's text, in an LLVM context of its own (freed with the engine).
     also: specs (load_cached) under which the object is saved too."""
     opt = _optimize()
-    use_cache = compile_cache.enabled()
+    use_cache = jit_cache.enabled()
     key = cache_key(text, opt)
     keys = [key] + [spec_key(s, opt) for s in also]
-    cached = compile_cache.get(key) if use_cache else None
+    cached = jit_cache.get(key) if use_cache else None
     for k in keys[1:] if cached is not None else ():
-        compile_cache.put(k, cached)
+        jit_cache.put(k, cached)
     ctx = llvm.create_context()
     mod = llvm.parse_assembly(text, context=ctx)
     mod.verify()
@@ -97,7 +98,7 @@ def compile_text(text: str, also: Sequence[str] = ()) -> llvm.ExecutionEngine:
     eng = llvm.create_mcjit_compiler(mod, tm)
     if use_cache:
         # getbuffer: MCJIT loads these bytes instead of running codegen; notify: the object it made
-        eng.set_object_cache(lambda _mod, obj: [compile_cache.put(k, obj) for k in keys], lambda _mod: cached)
+        eng.set_object_cache(lambda _mod, obj: [jit_cache.put(k, obj) for k in keys], lambda _mod: cached)
     eng.finalize_object()
     eng._bankml_module, eng._bankml_context = mod, ctx     # alive as long as the engine
     eng._bankml_cache = "off" if not use_cache else "hit" if cached is not None else "miss"
@@ -107,9 +108,9 @@ def compile_text(text: str, also: Sequence[str] = ()) -> llvm.ExecutionEngine:
 def load_cached(spec: str) -> llvm.ExecutionEngine | None:
     """An engine with the object saved under spec (compile_text's also), or None: MCJIT loads the
     object into an engine of an empty module, so the kernel's IR is never emitted or parsed."""
-    if not compile_cache.enabled():
+    if not jit_cache.enabled():
         return None
-    obj = compile_cache.get(spec_key(spec, _optimize()), count_miss=False)
+    obj = jit_cache.get(spec_key(spec, _optimize()), count_miss=False)
     if obj is None:
         return None
     ctx = llvm.create_context()
@@ -140,8 +141,7 @@ def source_digest() -> str:
 
 def cache_key(text: str, opt: bool = True) -> str:
     """The disk cache key of a module's IR text (triple and data layout set) for this target."""
-    from bankml import __version__
-    return compile_cache.key(text, CPU, FEATURES, f"O{3 if opt else 0}", f"llvmlite {llvmlite.__version__}",
+    return jit_cache.key(text, CPU, FEATURES, f"O{3 if opt else 0}", f"llvmlite {llvmlite.__version__}",
                              "llvm " + ".".join(map(str, llvm.llvm_version_info)), f"bankml {__version__}")
 
 

@@ -26,7 +26,7 @@ import numpy as np
 from llvmlite import ir
 
 from bankml.backends.llvm import jit
-from bankml.backends.llvm.common import i8p, i32, i64, intrinsic, new_function, void
+from bankml.backends.llvm.emit.core import i8p, i32, i64, intrinsic, new_function, void
 
 SPIN_PAUSES = 100
 SPIN_YIELDS = 20000                # then the futex: a few ms of sched_yield when the core is otherwise idle

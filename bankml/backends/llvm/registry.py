@@ -34,9 +34,10 @@ Signature of every kernel function (name: f"k{n.id}_{n.op.value}", linkage inter
 - Float order comes from n.order (FloatOrder) exactly as the reference backend reads it:
   `llvm.fma.*` where it says fma, plain fmul/fadd otherwise, never a fast-math flag.
 
-Profiles: a graph whose g.meta["profile"] is "portable" takes its kernels from a second table,
-filled by `@kernel(op, profile="portable")` (kernels_portable*.py); its bits are the numpy
-spec's (bankml/profiles/portable/), not ggml's.
+Kernels register by (profile, op, float order) in one table (bankml/backends/registry.py):
+`@kernel(Op.FLASH_ATTN, order=FA_TILED)`, `@kernel(Op.RMS_NORM, order=po.RMS_NORM, profile="portable")`
+(ggml/ and portable/ hold them; importing those packages registers every kernel). `define` looks a
+node up by its graph's profile, its op and its order; a node whose order has no kernel is refused.
 """
 from __future__ import annotations
 
@@ -44,14 +45,13 @@ from typing import Callable
 
 from llvmlite import ir
 
-from bankml.errors import LoweringError
+from bankml.backends.registry import KernelTable, Orders
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
 
 Emitter = Callable[[ir.Module, Graph, Node], ir.Function]
-KERNELS: dict[Op, Emitter] = {}
-PROFILE_KERNELS: dict[str, dict[Op, Emitter]] = {"ggml": KERNELS, "portable": {}}
+KERNELS = KernelTable("llvm")
 NO_KERNEL = frozenset({Op.INPUT, Op.WEIGHT, Op.CACHE, Op.RESHAPE})
 
 
@@ -64,11 +64,9 @@ def kernel_arg(g: Graph, n: Node) -> int:
     return int(f(g, n)) if f else 0
 
 
-def kernel(op: Op, profile: str = "ggml"):
-    def register(fn):
-        PROFILE_KERNELS[profile][op] = fn
-        return fn
-    return register
+def kernel(op: Op, order: Orders = None, profile: str = "ggml"):
+    """Decorator: the emitter of op's kernel in these float orders (registry.KernelTable.register)."""
+    return KERNELS.register(op, order, profile)
 
 
 def kernel_name(n: Node) -> str:
@@ -86,8 +84,4 @@ def define(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     name = kernel_name(n)
     if name in m.globals:
         return m.globals[name]
-    profile = g.meta.get("profile", "ggml")
-    fn = PROFILE_KERNELS[profile].get(n.op)
-    if fn is None:
-        raise LoweringError(f"no llvm kernel for {n.op.value} ({n.name or n.id}) in profile {profile}")
-    return fn(m, g, n)
+    return KERNELS.lookup(g, n)(m, g, n)

@@ -21,11 +21,11 @@ from __future__ import annotations
 import numpy as np
 
 from bankml.errors import LoweringError
-from bankml.expf import ggml_v_expf
-from bankml.floats import fma
-from bankml.floats import f16, f32x8_reduce, hsum8
+from bankml.numerics.expf import ggml_v_expf
+from bankml.numerics.floats import fma
+from bankml.numerics.floats import f16, f32x8_reduce, hsum8
 from bankml.ir.order import FA_REFERENCE, FA_SPLIT, FA_TILED, FloatOrder
-from bankml.libm import expf
+from bankml.numerics.libm import expf
 
 f32, f64 = np.float32, np.float64
 NEG_INF = f32(-np.inf)

@@ -28,7 +28,7 @@ import numpy as np
 
 from bankml.backends.reference.attention import NEG_INF, _f32, _kq_vec_dot_f16, _normalise, _online_f16
 from bankml.errors import LoweringError
-from bankml.floats import f16, fma, hsum8
+from bankml.numerics.floats import f16, fma, hsum8
 from bankml.ir.order import FA_REFERENCE_QK, FA_REFERENCE_QKV, FA_REFERENCE_QV, FloatOrder
 from bankml.quants import q4_0, q8_0
 from bankml.quants.activation import quantize_q8_0, to_bytes

@@ -11,10 +11,10 @@ from __future__ import annotations
 import numpy as np
 
 from bankml.errors import LoweringError
-from bankml.expf import ggml_v_expf
-from bankml import gelu
+from bankml.numerics.expf import ggml_v_expf
+from bankml.numerics import gelu
 from bankml.ir.order import ELEMENTWISE, GEGLU, SCALE, SWIGLU, FloatOrder
-from bankml.libm import expf
+from bankml.numerics.libm import expf
 
 f32 = np.float32
 
@@ -44,7 +44,7 @@ def add(a: np.ndarray, b: np.ndarray, order: FloatOrder = ELEMENTWISE) -> np.nda
 
 
 def geglu(gate: np.ndarray, up: np.ndarray, order: FloatOrder = GEGLU) -> np.ndarray:
-    """gelu(gate) * up (ggml_vec_geglu_f32 with GGML_GELU_FP16, bankml/gelu.py): the gate rounded
+    """gelu(gate) * up (ggml_vec_geglu_f32 with GGML_GELU_FP16, bankml/numerics/gelu.py): the gate rounded
     to f16 indexes ggml's GELU table; gates <= -10 give 0 and gates >= 10 give r(gate*up)."""
     _check(order, GEGLU, "geglu")
     return gelu.geglu(gate, up)

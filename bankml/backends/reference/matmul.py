@@ -24,7 +24,7 @@ import os
 import numpy as np
 
 from bankml.errors import LoweringError
-from bankml.floats import f16, f32x8_reduce, hsum8
+from bankml.numerics.floats import f16, f32x8_reduce, hsum8
 from bankml.ir.order import FloatOrder
 from bankml.quants import (F16, Q1_0, Q2_0, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0, Q8_1, Q8_K,
                            WEIGHT_TYPES)

@@ -32,7 +32,7 @@ from __future__ import annotations
 import numpy as np
 
 from bankml.errors import LoweringError
-from bankml.floats import fma, hsum8
+from bankml.numerics.floats import fma, hsum8
 from bankml.ir import order as fo
 from bankml.quants import Q4_K, Q6_K, WEIGHT_TYPES
 from bankml.quants.q8_k import Q8KAct, quantize_q8_k

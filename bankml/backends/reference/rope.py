@@ -20,9 +20,9 @@ import math
 import numpy as np
 
 from bankml.errors import LoweringError
-from bankml.floats import fma
+from bankml.numerics.floats import fma
 from bankml.ir.order import ROPE, FloatOrder
-from bankml.libm import logf, powf, sincosf
+from bankml.numerics.libm import logf, powf, sincosf
 
 f32 = np.float32
 

@@ -1,6 +1,6 @@
 """A small Vulkan runner (PyPI `vulkan`, cffi): devices, buffers, one dispatch per Q1_0 matvec.
 
-    dev = open_device(0)                        # or select_device() in device_check.py
+    dev = open_device(0)                        # or select_device() in backends/spirv/q1/device_check.py
     mv = Q1Matvec(dev).upload(w_raw, rows, k)   # raw Q1_0 rows (rows * k/128 * 18 bytes)
     y = mv.run(act_raw)                         # raw q8_0 row (k/32 * 34 bytes) -> np.float32[rows]
 
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bankml.backends.spirv import q1_matvec
+from bankml.backends.spirv.q1 import matvec as q1_matvec
 from bankml.errors import BankmlError
 
 

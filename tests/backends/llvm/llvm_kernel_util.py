@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from bankml.backends.llvm import graph as _graph  # noqa: F401  (registers every kernel)
+from bankml.backends.llvm import compile as _graph  # noqa: F401  (registers every kernel)
 from bankml.backends.llvm import jit, registry
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node

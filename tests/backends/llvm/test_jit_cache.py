@@ -1,4 +1,4 @@
-"""The disk cache of compiled objects (jit.compile_module, runtime/compile_cache.py): a hit
+"""The disk cache of compiled objects (jit.compile_module, backends/llvm/jit_cache.py): a hit
 skips O3 and codegen and gives the same bits; a bad entry is recompiled, never a crash."""
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 from llvmlite import ir
 
 from bankml.backends.llvm import jit
-from bankml.runtime import compile_cache
+from bankml.backends.llvm import jit_cache
 from bankml.testing import models
 
 f32, i64 = ir.FloatType(), ir.IntType(64)
@@ -107,7 +107,7 @@ def test_hit_loads_no_codegen_object(cache, monkeypatch):
     """On a hit MCJIT takes the saved object: nothing is handed back to be saved again."""
     jit.compile_module(dot_module())
     saved = []
-    monkeypatch.setattr(compile_cache, "put", lambda k, obj: saved.append(k))
+    monkeypatch.setattr(jit_cache, "put", lambda k, obj: saved.append(k))
     assert jit.compile_module(dot_module())._bankml_cache == "hit" and saved == []
 
 
@@ -116,7 +116,7 @@ def test_corrupt_entry_is_recompiled_and_rewritten(cache, o3_calls, damage):
     want = bits(run_dot(jit.compile_module(dot_module())))
     (entry,) = cache.glob("*.o")
     data = entry.read_bytes()
-    head = len(compile_cache.MAGIC) + 32
+    head = len(jit_cache.MAGIC) + 32
     if damage == "truncated":
         entry.write_bytes(data[:len(data) // 2])
     elif damage == "flipped_bit":
@@ -128,11 +128,11 @@ def test_corrupt_entry_is_recompiled_and_rewritten(cache, o3_calls, damage):
     else:                               # a well-formed entry of something that is not an object file
         import hashlib
         obj = b"not an object" * 10
-        entry.write_bytes(compile_cache.MAGIC + hashlib.sha256(obj).digest() + obj)
+        entry.write_bytes(jit_cache.MAGIC + hashlib.sha256(obj).digest() + obj)
     eng = jit.compile_module(dot_module())
     assert eng._bankml_cache == "miss" and len(o3_calls) == 2
     assert bits(run_dot(eng)) == want
-    assert compile_cache.get(entry.stem) is not None and entry.read_bytes()[head:].startswith(b"\x7fELF")
+    assert jit_cache.get(entry.stem) is not None and entry.read_bytes()[head:].startswith(b"\x7fELF")
     assert jit.compile_module(dot_module())._bankml_cache == "hit"
 
 
@@ -162,7 +162,7 @@ def test_key_changes_with_opt_level_and_ir():
     assert jit.cache_key(text, True) == jit.cache_key(text, True)
     assert jit.cache_key(text, True) != jit.cache_key(text, False)
     assert jit.cache_key(text + " ", True) != jit.cache_key(text, True)
-    assert compile_cache.key("ab", "c") != compile_cache.key("a", "bc")
+    assert jit_cache.key("ab", "c") != jit_cache.key("a", "bc")
 
 
 def test_opt_level_0_is_cached_apart(cache, o3_calls, monkeypatch):
@@ -209,7 +209,7 @@ def test_model_logits_from_cached_graphs_are_the_same_bits(gqa_path, cache, o3_c
 @pytest.fixture
 def defines(monkeypatch):
     """How many kernel functions were emitted (registry.define calls)."""
-    from bankml.backends.llvm import graph as llvm_graph
+    from bankml.backends.llvm import compile as llvm_graph
     calls = []
     real = llvm_graph.registry.define
 
@@ -248,7 +248,7 @@ def test_a_code_change_emits_the_kernels_again_but_compiles_none(gqa_path, cache
 
 
 def test_kernel_spec_writes_out_dim_ranges_and_exact_values():
-    from bankml.backends.llvm.graph import kernel_spec
+    from bankml.backends.llvm.compile import kernel_spec
     from bankml.ir.dims import Dim
     from bankml.ir.graph import Graph
     from bankml.ir.node import Node

@@ -7,7 +7,7 @@ import re
 from llvmlite import ir
 
 import bankml
-from bankml.backends.llvm import graph as llvm_graph
+from bankml.backends.llvm import compile as llvm_graph
 from bankml.backends.llvm import jit, registry
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node

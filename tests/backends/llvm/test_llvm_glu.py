@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 from llvmlite import ir
 
-from bankml.backends.llvm import kernels_glu
-from bankml.backends.llvm.common import for_range, i8, i64, new_function, typed, v8f32
+from bankml.backends.llvm.ggml import glu as kernels_glu
+from bankml.backends.llvm.emit.core import for_range, i8, i64, new_function, typed, v8f32
 from bankml.backends.llvm.jit import call_kernel, compile_module
 from bankml.backends.llvm.registry import define, kernel_name
 from bankml.backends.reference.glu import geglu, scale, swiglu
-from bankml.expf import ggml_v_expf
+from bankml.numerics.expf import ggml_v_expf
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import bankml
-from bankml.backends.llvm import graph as llvm_graph
+from bankml.backends.llvm import compile as llvm_graph
 from bankml.backends.llvm import jit
 from bankml.backends.llvm import registry
 from bankml.backends.llvm import LlvmBackend
@@ -128,17 +128,17 @@ def test_layers_share_kernel_functions():
 def test_variants_share_kernel_modules_in_the_disk_cache(tmp_path, monkeypatch):
     """A kernel module's IR text does not name its node, so the small-last graph finds the
     kernels it shares with small-all (all but the output rows') in the disk cache."""
-    from bankml.runtime import compile_cache
-    monkeypatch.setattr(compile_cache, "jit_dir", lambda: tmp_path)
+    from bankml.backends.llvm import jit_cache
+    monkeypatch.setattr(jit_cache, "jit_dir", lambda: tmp_path)
     monkeypatch.delenv("BANKML_JIT_CACHE", raising=False)
     m = _model("smollm2-q4_1")
     variant = {v.name: v for v in m.variants}
     all_rows, last_row = (m.generic_graph(variant[name]) for name in ("small-all", "small-last"))
-    before = dict(compile_cache.counts)
+    before = dict(jit_cache.counts)
     llvm_graph.compile_graph(all_rows)
-    mid = dict(compile_cache.counts)
+    mid = dict(jit_cache.counts)
     llvm_graph.compile_graph(last_row)
-    after = compile_cache.counts
+    after = jit_cache.counts
     def texts(g):                                       # the glue and each distinct kernel text
         glue, kernels = llvm_graph.emit(g)[:2]
         return {jit.module_text(glue)} | {llvm_graph._kernel_text(k) for k in kernels}

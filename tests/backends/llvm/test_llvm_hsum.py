@@ -1,4 +1,4 @@
-"""hsum8_x8 (the eight hsum8 of a 1x8 quantized tile as vector adds, kernels_matmul.py) and
+"""hsum8_x8 (the eight hsum8 of a 1x8 quantized tile as vector adds, backends/llvm/ggml/matmul/tiling.py) and
 hsums (groups of eight, a short last group padded) equal hsum8 of each vector and ggml's
 hsum_float_8 order, bit for bit: random f32 of many magnitudes
 (so that any other order of the adds would round differently), signed zeros and infinities."""
@@ -10,8 +10,8 @@ import numpy as np
 from llvmlite import ir
 
 from bankml.backends.llvm import jit
-from bankml.backends.llvm.common import f32, i64, new_function
-from bankml.backends.llvm.kernels_matmul import hsum8, hsum8_x8, hsums
+from bankml.backends.llvm.emit.core import f32, i64, new_function
+from bankml.backends.llvm.emit.simd import hsum8, hsum8_x8, hsums
 
 V8 = ir.VectorType(f32, 8)
 

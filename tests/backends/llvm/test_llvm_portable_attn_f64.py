@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bankml.backends.llvm import kernels_portable_attention as kp
-from bankml.backends.llvm import portable_f64
+from bankml.backends.llvm.portable import attention as kp
+from bankml.backends.llvm.portable import f64 as portable_f64
 from bankml.profiles.portable import quant
 from tests.backends.llvm import test_llvm_portable_ops as ops
 

@@ -1,4 +1,4 @@
-"""The portable mul_mat's f64 group sums (bankml/backends/llvm/portable_f64.py): four weight
+"""The portable mul_mat's f64 group sums (bankml/backends/llvm/portable/f64.py): four weight
 rows against one column, a group summed in f64 only where that is provably exact, else the
 exact i64 / i512 path. Each case equals the numpy spec's bits, and a kernel whose exact path
 writes a marker instead shows which path each four rows took: exponent spreads exactly at the
@@ -16,8 +16,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from llvm_kernel_util import compile_kernel, run_kernel  # noqa: E402
 from test_llvm_portable_matmul import _graph, bits, pq8, weights  # noqa: E402
 
-from bankml.backends.llvm import kernels_portable_matmul as kpm  # noqa: E402
-from bankml.backends.llvm import portable_f64  # noqa: E402
+from bankml.backends.llvm.portable import matmul as kpm  # noqa: E402
+from bankml.backends.llvm.portable import f64 as portable_f64  # noqa: E402
 from bankml.profiles.portable import arith, quant  # noqa: E402
 from bankml.quants import Q1_0, Q2_0, Q4_1, Q8_0, WEIGHT_TYPES  # noqa: E402
 

@@ -18,8 +18,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from llvm_kernel_util import compile_kernel, graph_of, run_kernel  # noqa: E402
 
 from bankml.backends.llvm import jit  # noqa: E402
-from bankml.backends.llvm.common import f32, for_range, i32, i64, new_function, void  # noqa: E402
-from bankml.backends.llvm.portable_exact import define_round_wide, round_i64, round_terms  # noqa: E402
+from bankml.backends.llvm.emit.core import f32, for_range, i32, i64, new_function, void  # noqa: E402
+from bankml.backends.llvm.portable.exact import define_round_wide, round_i64, round_terms  # noqa: E402
 from bankml.gguf import read_gguf  # noqa: E402
 from bankml.ir.dims import Dim  # noqa: E402
 from bankml.ir.node import Node  # noqa: E402
@@ -38,7 +38,7 @@ N_ROWS = 37
 
 
 def pq8(a: quant.ActBlocks) -> np.ndarray:
-    """The pq8 bytes (kernels_portable_matmul.py) of the spec's activation blocks."""
+    """The pq8 bytes (backends/llvm/portable/matmul.py) of the spec's activation blocks."""
     T, K = a.q.shape
     out = np.zeros((T, K // 32, 36), np.uint8)
     out[:, :, :32] = a.q.reshape(T, -1, 32).view(np.uint8)

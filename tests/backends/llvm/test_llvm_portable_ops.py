@@ -1,5 +1,5 @@
-"""The llvm kernels of the portable profile (kernels_portable.py, kernels_portable_attention.py,
-portable_math.py) against the numpy spec (bankml/profiles/portable/), bit for bit, on edge cases, for thread splits 1, 2, 3."""
+"""The llvm kernels of the portable profile (backends/llvm/portable/ops.py, backends/llvm/portable/attention.py,
+backends/llvm/portable/funcs.py) against the numpy spec (bankml/profiles/portable/), bit for bit, on edge cases, for thread splits 1, 2, 3."""
 from __future__ import annotations
 
 import ctypes
@@ -9,8 +9,8 @@ import pytest
 from llvmlite import ir
 
 from bankml.backends.llvm import jit
-from bankml.backends.llvm import portable_math as pm
-from bankml.backends.llvm.common import f32, for_range, i8p, i64, new_function, typed, v8f32
+from bankml.backends.llvm.portable import funcs as pm
+from bankml.backends.llvm.emit.core import f32, for_range, i8p, i64, new_function, typed, v8f32
 from bankml.errors import LoweringError
 from bankml.ir.dims import Dim
 from bankml.ir.node import Node

@@ -1,4 +1,4 @@
-"""The portable Q1_0 decode mat-vec by table lookups (kernels_portable_q1_lut.py) gives the numpy
+"""The portable Q1_0 decode mat-vec by table lookups (backends/llvm/portable/q1_lut.py) gives the numpy
 spec's bits (bankml/profiles/portable/quant.py: mul_mat): 1, 2 and 3 threads, K from one group
 plus a last group of one 128-block to 6,144, row counts that are not a multiple of 16 (the last
 rows take the four-row and one-row paths). A kernel whose exact path writes a marker instead
@@ -18,8 +18,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_llvm_portable_f64 import MARK, run as run_decode  # noqa: E402
 from test_llvm_portable_matmul import _graph, bits, weights  # noqa: E402
 
-from bankml.backends.llvm import kernels_portable_matmul as kpm, portable_f64, registry  # noqa: E402
-from bankml.backends.llvm.kernels_portable_q1_lut import ROWS  # noqa: E402
+from bankml.backends.llvm.portable import matmul as kpm, f64 as portable_f64  # noqa: E402
+from bankml.backends.llvm import registry
+from bankml.backends.llvm.portable.q1_lut import ROWS  # noqa: E402
 from bankml.profiles.portable import quant  # noqa: E402
 from bankml.quants import Q1_0  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""The Q1_0 mat-vec by table lookups (kernels_matmul_q1_lut.py) equals the reference backend bit
+"""The Q1_0 mat-vec by table lookups (backends/llvm/ggml/matmul/q1_lut.py) equals the reference backend bit
 for bit: one activation column, row counts with and without a tail of fewer than 16 rows, K from
 one 128-block to 6,144, 1, 2 and 3 threads, and activations at the ends of the tables' range."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from llvm_kernel_util import compile_kernel, graph_of, run_kernel  # noqa: E402
 
 from bankml.backends.llvm import registry  # noqa: E402
-from bankml.backends.llvm.kernels_matmul_q1_lut import ROWS  # noqa: E402
+from bankml.backends.llvm.ggml.matmul.q1_lut import ROWS  # noqa: E402
 from bankml.backends.reference.matmul import mul_mat, quantize_activation  # noqa: E402
 from bankml.ir.dims import Dim  # noqa: E402
 from bankml.ir.node import Node  # noqa: E402

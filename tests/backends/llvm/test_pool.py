@@ -9,7 +9,7 @@ import numpy as np
 from llvmlite import ir
 
 from bankml.backends.llvm import jit
-from bankml.backends.llvm.common import i8p, i64, new_function, void
+from bankml.backends.llvm.emit.core import i8p, i64, new_function, void
 from bankml.backends.llvm.pool import SPIN_YIELDS, Pool
 
 PART = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,

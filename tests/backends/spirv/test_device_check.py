@@ -8,7 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from bankml.backends.spirv import device_check, runtime
+from bankml.backends.spirv.q1 import device_check
+from bankml.backends.spirv import runtime
 from bankml.errors import BankmlError
 
 

@@ -15,7 +15,7 @@ import pytest
 
 import bankml
 from bankml.backends.spirv import builder as B
-from bankml.backends.spirv import portable_kernels as PK
+from bankml.backends.spirv.portable import kernels as PK
 from bankml.backends.spirv import runtime
 from bankml.gguf.reader import read_gguf
 from bankml.ir.ops import Op
@@ -457,12 +457,12 @@ def test_the_ops_of_a_decode_step_give_the_spec_bits(device_kern, name):
 
 # ---- the on-device check
 def test_lavapipe_passes_the_portable_on_device_check(kern):
-    from bankml.backends.spirv import portable_check
+    from bankml.backends.spirv.portable import check as portable_check
     portable_check.check_device(kern)
 
 
 def test_a_device_that_differs_in_one_bit_is_refused_in_one_line(device_kern):
-    from bankml.backends.spirv import portable_check
+    from bankml.backends.spirv.portable import check as portable_check
 
     class OffByOneUlp:
         d = device_kern.d

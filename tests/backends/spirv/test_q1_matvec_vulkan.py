@@ -6,7 +6,8 @@ import ctypes
 import numpy as np
 import pytest
 
-from bankml.backends.spirv import device_check, reference, runtime
+from bankml.backends.spirv.q1 import device_check, reference
+from bankml.backends.spirv import runtime
 
 CASES = device_check.oracle_cases()
 

@@ -5,7 +5,7 @@ from fractions import Fraction
 
 import numpy as np
 
-from bankml.backends.spirv import reference
+from bankml.backends.spirv.q1 import reference
 
 
 def _exact_fma(a, b, c) -> np.float32:

@@ -11,11 +11,12 @@ import pytest
 
 import bankml
 import bankml.oracle
-from bankml.backends.spirv import device_check, runtime
+from bankml.backends.spirv.q1 import device_check
+from bankml.backends.spirv import runtime
 from bankml.ir.ops import Op
 from bankml.quants import Q1_0
 from bankml.quants.activation import quantize_q8_0
-from bankml.runtime import gpu
+from bankml.backends.spirv import device as gpu
 from bankml.testing import models
 
 N_PROMPT, N_DECODE = 8, 64

@@ -6,7 +6,7 @@ import re
 import pytest
 
 from bankml.backends.spirv import builder as B
-from bankml.backends.spirv import q1_matvec
+from bankml.backends.spirv.q1 import matvec as q1_matvec
 
 MODES = [(rte, dp, v) for v in q1_matvec.VARIANTS for rte in (True, False) for dp in (True, False)]
 

@@ -1,0 +1,400 @@
+"""The llvm FLASH_ATTN kernel of the portable profile (docs/PORTABLE.md): attention.attention of
+bankml/profiles/portable/ per (query row, head) (K/V head h // (H/Hkv)), step for step with the
+emitters of backends/llvm/portable/funcs.py, so its bits are the reference backend's
+(backends/reference/portable.py) for every thread count. q is quantized per 32 as
+quant.quantize_act (32 lanes; the codes by portable.rows.nearest_quotient), each score the exact integer dot of the codes times both scales
+rounded once: eight cells at a time in f64 (_scores8: vpmaddubsw dots, exact products and sums
+while the q blocks' exponent spread is within portable.f64.limit, one f64 -> f32 conversion),
+else (spread past the limit, a nonzero score below 2^-126 or from 2^127 up) per cell
+portable.exact.round_shifted (_exact_score, the alignment made once per q row); scale and mask on
+8 lanes; softmax over the n_kv cells in a stack buffer (eight -inf scores, masked cells, skip
+the exp: each is +0, and the sum's lanes add +0), then per block of 32 cells the power-of-two
+scale, exact int32 sums and one rounding, blocks added in cell order (a block whose weights are
+all 0 adds -0.0: skipped). A block whose 32 softmax values are all +0 (masked cells) reads only
+its V scales: w = +0 * s_v is +-0, or NaN (the row NaN) where s_v is inf or NaN.
+
+Threads split (query row, head) pairs; no result depends on the split. The K/V cache rows are
+SET_ROWS's (backends/llvm/portable/ops.py): per (cell, K/V head) 2 bytes of f16 scale, then D int8 codes.
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+
+from bankml.backends.llvm.portable import f64 as pf
+from bankml.backends.llvm.portable import funcs as pm
+from bankml.backends.llvm.emit.simd import psign, sums_us8
+from bankml.backends.llvm.portable.ops import NEG0, _check, _load, _vload, _vstore
+from bankml.backends.llvm.portable.rows import lane_sums, nearest_quotient
+from bankml.backends.llvm.portable.exact import room, round_shifted
+from bankml.backends.llvm.emit.core import (dim, f16, f32, f64, for_range, i1, i8, i16, i32, i64, intrinsic,
+    new_function, thread_range, typed, v8f32)
+from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
+from bankml.errors import LoweringError
+from bankml.ir.graph import Graph
+from bankml.ir.node import Node
+from bankml.ir.ops import Op
+from bankml.profiles.portable import orders as po
+from bankml.profiles.portable.quant import QK
+
+v8i32 = ir.VectorType(i32, 8)
+
+TERM_BITS = 34            # a score's term per block: |dot| < 2^19, m <= 15, |k scale significand| < 2^11
+
+
+def _vector(b: ir.IRBuilder, xs: list, t: ir.VectorType) -> ir.Value:
+    v = ir.Constant(t, ir.Undefined)
+    for lane, x in enumerate(xs):
+        v = b.insert_element(v, x, i32(lane))
+    return v
+
+
+def _any8(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
+    """i1: any lane of an <8 x i1> is set."""
+    return b.icmp_unsigned("!=", b.bitcast(v, ir.IntType(8)), ir.IntType(8)(0))
+
+
+def _all_lanes(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
+    """i1: every lane of an <n x i1> is set."""
+    n = v.type.count
+    return b.icmp_unsigned("==", b.bitcast(v, ir.IntType(n)), ir.IntType(n)((1 << n) - 1))
+
+
+def _all8(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
+    """i1: every lane of an <8 x i1> is set."""
+    return b.icmp_unsigned("==", b.bitcast(v, ir.IntType(8)), ir.IntType(8)(255))
+
+
+def _act_scale(b: ir.IRBuilder, amax: ir.Value):
+    """quant.act_scale of a finite amax >= 0: (m, e) as i64."""
+    u = b.zext(pm.bits(b, amax), i64)
+    c = b.or_(b.and_(u, i64(0x7FFFFF)), i64(0x800000))
+    p = b.sub(b.and_(b.lshr(u, i64(23)), i64(255)), i64(127))
+    d13 = 127 << 13
+    m1 = b.udiv(b.add(c, i64(d13 - 1)), i64(d13))
+    m2 = b.udiv(b.add(c, i64(2 * d13 - 1)), i64(2 * d13))
+    small = b.icmp_signed("<=", m1, i64(15))
+    zero = b.fcmp_ordered("==", amax, f32(0.0))
+    m = b.select(zero, i64(0), b.select(small, m1, m2))
+    e = b.select(zero, i64(0), b.select(small, b.sub(p, i64(10)), b.sub(p, i64(9))))
+    return m, e
+
+
+def _pow2(b: ir.IRBuilder, e: ir.Value) -> ir.Value:
+    """2^e as f64 for an i64 e in the normal range."""
+    return b.bitcast(b.shl(b.add(e, i64(1023)), i64(52)), f64)
+
+
+def _f16_parts(b: ir.IRBuilder, h: ir.Value):
+    """quant.f16_parts of f16 bits h (i16): (signed significand i64, exponent i32, bad i1)."""
+    u = b.zext(h, i64)
+    e5, m10 = b.and_(b.lshr(u, i64(10)), i64(31)), b.and_(u, i64(1023))
+    sub_ = b.icmp_signed("==", e5, i64(0))
+    sig = b.select(sub_, m10, b.or_(m10, i64(1024)))
+    ex = b.select(sub_, i64(-24), b.sub(e5, i64(25)))
+    sig = b.select(b.icmp_unsigned("!=", b.and_(u, i64(0x8000)), i64(0)), b.sub(i64(0), sig), sig)
+    return sig, b.trunc(ex, i32), b.icmp_signed("==", e5, i64(31))
+
+
+class _Var:
+    """A mutable local (an alloca that mem2reg makes a register)."""
+
+    def __init__(self, b: ir.IRBuilder, t: ir.Type, init, entry: ir.IRBuilder):
+        entry.position_at_start(b.function.entry_basic_block)
+        self.b, self.p = b, entry.alloca(t)
+        b.store(init, self.p)
+
+    def get(self):
+        return self.b.load(self.p)
+
+    def set(self, x) -> None:
+        self.b.store(x, self.p)
+
+
+@kernel(Op.FLASH_ATTN, order=po.FLASH_ATTN, profile="portable")
+def define_flash_attn(m: ir.Module, g: Graph, n: Node) -> ir.Function:
+    _check(n, po.FLASH_ATTN)
+    qn, kn, vn, mn = (g[i] for i in n.inputs)
+    M, H, D = qn.shape
+    Hkv, n_kv = kn.shape[1], mn.shape[1]
+    if (kn.dtype, vn.dtype) != (po.CACHE_TYPE, po.CACHE_TYPE) or D % QK or D > 256 or H % Hkv \
+            or tuple(kn.shape[1:]) != (Hkv, D) or tuple(vn.shape[1:]) != (Hkv, D) or mn.dtype != "f16":
+        raise LoweringError(f"llvm portable profile: flash_attn {n.name or n.id}: q{qn.shape} k {kn.dtype}{kn.shape} "
+                            f"v {vn.dtype}{vn.shape} mask {mn.dtype}{mn.shape} do not fit")
+    nsub, R, grp = D // QK, 2 + D, H // Hkv
+    scale = f32(float(np.float32(n.params["scale"])))
+    fn, b = new_function(m, kernel_name(n), kernel_type(n))
+    out, q, k, v, mask, ith, nth, dims = fn.args
+    pq, pout, pmask = typed(b, q, f32), typed(b, out, f32), typed(b, mask, f16)
+    nkv = dim(b, dims, n_kv)
+    entry = ir.IRBuilder()
+    qcodes = b.alloca(i8, size=D, name="qcodes")
+    scores = b.alloca(f32, size=nkv, name="scores")
+    sums = b.alloca(i32, size=D, name="sums")
+    raw_slot = b.alloca(ir.ArrayType(f32, 8), name="raw8")
+    need_slot = b.alloca(ir.ArrayType(i8, 8), name="need8")
+    v32i8, v32i32 = ir.VectorType(i8, QK), ir.VectorType(i32, QK)
+    lo, hi = thread_range(b, b.mul(dim(b, dims, M), i64(H)), ith, nth)
+    with for_range(b, lo, hi, name="task") as task:
+        mrow, h = b.sdiv(task, i64(H)), b.srem(task, i64(H))
+        hk = b.sdiv(h, i64(grp))
+        qbase = b.mul(task, i64(D))
+        # 1. q in blocks of 32 (quant.quantize_act)
+        badq = i1(0)
+        ms, es = [], []
+        v32f32, v32f64, v32i64 = ir.VectorType(f32, QK), ir.VectorType(f64, QK), ir.VectorType(i64, QK)
+        for sb in range(nsub):         # 32 lanes: the same steps per value as the scalar spec
+            x = _load(b, pq, b.add(qbase, i64(sb * QK)), v32f32)
+            a = pm.fabs(b, x)
+            fin = b.fcmp_ordered("<", a, pm.const(v32f32, float("inf")))
+            blk_bad = b.not_(_all_lanes(b, fin))
+            abits = b.select(fin, pm.bits(b, a), pm.const(v32i32, 0))           # |x| bits order as |x|
+            umax = intrinsic(m, "llvm.vector.reduce.umax.v32i32", i32, [v32i32])
+            amax = b.bitcast(b.call(umax, [abits]), f32)
+            mq, eq = _act_scale(b, b.select(blk_bad, f32(0.0), amax))
+            inv = _pow2(b, b.sub(i64(0), eq))
+            div = b.sitofp(b.select(b.icmp_signed("==", mq, i64(0)), i64(1), mq), f64)
+            zero_codes = b.or_(blk_bad, b.icmp_signed("==", mq, i64(0)))
+            y = nearest_quotient(b, b.fmul(b.fpext(x, v32f64), pm.splat(b, inv, v32f64)), div)  # x 2^-e / m
+            y = b.select(b.fcmp_ordered(">", y, pm.const(v32f64, 127.0)), pm.const(v32f64, 127.0), y)
+            y = b.select(b.fcmp_ordered("<", y, pm.const(v32f64, -127.0)), pm.const(v32f64, -127.0), y)
+            ya = b.and_(b.bitcast(y, v32i64), pm.const(v32i64, (1 << 63) - 1))
+            finy = b.icmp_unsigned("<", ya, pm.const(v32i64, 0x7FF0000000000000))
+            ok = b.and_(finy, pm.splat(b, b.not_(zero_codes), ir.VectorType(i1, QK)))
+            code = b.select(ok, b.fptosi(y, v32i8), pm.const(v32i8, 0))
+            b.store(code, b.bitcast(b.gep(qcodes, [i64(sb * QK)]), v32i8.as_pointer()), align=1)
+            badq = b.or_(badq, blk_bad)
+            ms.append(mq)
+            es.append(eq)
+        # the exact score's alignment: the least exponent of the nonzero blocks, and the spread
+        big = i64(1 << 40)
+        emin = big
+        for mq, eq in zip(ms, es):
+            emin = b.select(b.and_(b.icmp_signed("!=", mq, i64(0)), b.icmp_signed("<", eq, emin)), eq, emin)
+        emin = b.select(b.icmp_signed("==", emin, big), i64(0), emin)
+        shifts, spread = [], i64(0)
+        for mq, eq in zip(ms, es):
+            sh = b.select(b.icmp_signed("!=", mq, i64(0)), b.sub(eq, emin), i64(0))
+            shifts.append(sh)
+            spread = b.select(b.icmp_signed(">", sh, spread), sh, spread)
+        fits = b.icmp_signed("<=", spread, i64(room(TERM_BITS, nsub)))
+        vn32 = ir.VectorType(i32, nsub)
+        sh_v = _vector(b, [b.trunc(sh, i32) for sh in shifts], vn32)
+        ae_v = _vector(b, [b.trunc(eq, i32) for eq in es], vn32)
+        emin32 = b.trunc(emin, i32)
+        qv = [b.sext(b.load(b.bitcast(b.gep(qcodes, [i64(sb * QK)]), v32i8.as_pointer()), align=1), v32i32)
+              for sb in range(nsub)]
+        red = intrinsic(m, "llvm.vector.reduce.add.v32i32", i32, [v32i32])
+        # 2. scores: exact q.k rounded once, * scale, + mask; their max and any NaN
+        # eight cells at a time: lane-wise running max (a tie of +-0 picks either: no bit
+        # depends on the max's zero sign) and any NaN, folded after the cells
+        v8i1, v8i8 = ir.VectorType(i1, 8), ir.VectorType(i8, 8)
+        vmx, vnan = _Var(b, v8f32, pm.const(v8f32, float("-inf")), entry), _Var(b, v8i1, pm.const(v8i1, 0), entry)
+        kv_mask_row = b.mul(mrow, nkv)
+        # a masked cell's score is -inf (NaN with a bad scale) whenever r(score * scale) is
+        # finite, which holds for every K row when |score| < 2^(emax + 42) (|dot| < 2^19,
+        # m < 2^4, |k| < 2^16, nsub <= 8) and |scale| < 2^(scale_e + 1) stay below 2^128
+        scale_e = int(np.frexp(np.float32(n.params["scale"]))[1]) - 1
+        bounded = b.icmp_signed("<", b.add(emin, spread), i64(128 - 43 - scale_e - 1))
+        qf = [b.fmul(b.sitofp(mq, f64), _pow2(b, eq)) for mq, eq in zip(ms, es)]    # m * 2^e, 0 for m = 0
+        f64_row = b.icmp_signed("<=", spread, i64(pf.limit(TERM_BITS, nsub)))
+        qb = [b.load(b.bitcast(b.gep(qcodes, [i64(sb * QK)]), v32i8.as_pointer()), align=1) for sb in range(nsub)]
+        scale8, ninf8 = pm.splat(b, scale, v8f32), pm.const(v8f32, float("-inf"))
+        with for_range(b, 0, nkv, 8, name="j8") as j8:
+            rows = [b.gep(k, [b.mul(b.add(b.mul(b.add(j8, i64(c)), i64(Hkv)), hk), i64(R))]) for c in range(8)]
+            words = ir.Constant(pf.v8i16, [0] * 8)                     # the eight K scales' f16 bits
+            for c, row in enumerate(rows):
+                words = b.insert_element(words, b.load(b.bitcast(row, i16.as_pointer()), align=1), i32(c))
+            mk = pm.canon(b, b.fpext(_vload(b, pmask, b.add(kv_mask_row, j8), ir.VectorType(f16, 8)), v8f32))
+            kbad = b.icmp_unsigned("==", b.and_(words, pm.const(pf.v8i16, 0x7C00)), pm.const(pf.v8i16, 0x7C00))
+            bad = b.or_(pm.splat(b, badq, v8i1), kbad)
+            masked = b.and_(pm.splat(b, bounded, v8i1), b.fcmp_ordered("==", mk, ninf8))
+            with b.if_then(b.not_(_all8(b, masked))):                  # eight masked cells: no dots
+                raw8, need8 = _scores8(b, rows, words, qb, qf, f64_row, nsub)
+                need8 = b.and_(need8, b.not_(masked))
+                b.store(raw8, b.bitcast(raw_slot, v8f32.as_pointer()), align=4)
+                with b.if_then(_any8(b, need8), likely=False):
+                    b.store(b.zext(need8, v8i8), b.bitcast(need_slot, v8i8.as_pointer()), align=1)
+                    with for_range(b, 0, 8, name="jc") as jc:
+                        with b.if_then(b.icmp_unsigned("!=", b.load(b.gep(need_slot, [i32(0), jc])), i8(0))):
+                            krow = b.gep(k, [b.mul(b.add(b.mul(b.add(j8, jc), i64(Hkv)), hk), i64(R))])
+                            ks, kx, _ = _f16_parts(b, b.load(b.bitcast(krow, i16.as_pointer()), align=1))
+                            b.store(_exact_score(b, krow, qv, ms, ks, kx, sh_v, emin32, fits, ae_v, nsub, red),
+                                    b.gep(raw_slot, [i32(0), jc]))
+            score = b.load(b.bitcast(raw_slot, v8f32.as_pointer()), align=4)
+            sc = pm.add(b, pm.mul(b, pm.with_bits(b, bad, pm.QNAN, score), scale8), mk)
+            sc = b.select(masked, pm.with_bits(b, bad, pm.QNAN, ninf8), sc)
+            _vstore(b, sc, scores, j8)
+            cur = vmx.get()
+            vmx.set(b.select(b.fcmp_ordered(">", sc, cur), sc, cur))
+            vnan.set(b.or_(vnan.get(), pm.is_nan(b, sc)))
+        lanes = vmx.get()
+        mx_all = b.extract_element(lanes, i32(0))
+        for lane in range(1, 8):
+            x = b.extract_element(lanes, i32(lane))
+            mx_all = b.select(b.fcmp_ordered(">", x, mx_all), x, mx_all)
+        mx = _Var(b, f32, mx_all, entry)
+        anynan = _Var(b, i1, _any8(b, vnan.get()), entry)
+        obase = qbase
+        rownan = _Var(b, i1, anynan.get(), entry)
+        neg0 = pm.const(v8f32, NEG0)
+        with for_range(b, 0, D, 8, name="o") as o:
+            _vstore(b, neg0, pout, b.add(obase, o))
+        with b.if_then(b.not_(anynan.get())):
+            # 3. softmax (funcs.softmax): e = exp(x - max), one recip of the tree8 sum, products
+            minf = b.fcmp_ordered("==", mx.get(), f32(float("-inf")))
+            mxs = pm.splat(b, b.select(minf, f32(0.0), mx.get()), v8f32)
+            lanes = _Var(b, v8f32, neg0, entry)
+            zero8 = pm.const(v8f32, 0.0)
+            with for_range(b, 0, nkv, 8, name="e") as j:
+                x = _vload(b, scores, j)
+                # eight -inf scores (masked cells): exp(-inf - max) is +0 (x - max is -inf for
+                # any max but NaN, and a NaN max skips the softmax), so no exp is needed
+                with b.if_else(_all8(b, b.fcmp_ordered("==", x, ninf8))) as (masked8, live8):
+                    with masked8:
+                        _vstore(b, zero8, scores, j)
+                        lanes.set(pm.add(b, lanes.get(), zero8))
+                    with live8:
+                        e = pm.exp(b, pm.sub(b, x, mxs))
+                        _vstore(b, e, scores, j)
+                        lanes.set(pm.add(b, lanes.get(), e))
+            r = pm.recip(b, pm.tree(b, lanes.get()))
+            # 4. values: w = r(p * s_v), 2^E per 32 cells, exact integer block sums, blocks in order
+            with for_range(b, 0, b.sdiv(nkv, i64(QK)), name="blk") as blk:
+                # a block of 32 zero weights p (masked cells, or none live): w = +0 * s_v is +-0
+                # (no block sum) or NaN where s_v is inf or NaN, so only the V scales are read
+                zero8f = pm.const(v8f32, 0.0)
+                zeros = [_all8(b, b.fcmp_ordered("==", _vload(b, scores, b.add(b.mul(blk, i64(QK)), i64(c8))), zero8f))
+                         for c8 in range(0, QK, 8)]
+                with b.if_else(b.or_(minf, b.and_(b.and_(zeros[0], zeros[1]), b.and_(zeros[2], zeros[3])))) \
+                        as (zero_blk, live_blk):
+                    with zero_blk:
+                        bad = pm.const(v8i1, 0)
+                        for c8 in range(0, QK, 8):
+                            words = ir.Constant(pf.v8i16, [0] * 8)
+                            for c in range(8):
+                                j = b.add(b.mul(blk, i64(QK)), i64(c8 + c))
+                                vrow = b.gep(v, [b.mul(b.add(b.mul(j, i64(Hkv)), hk), i64(R))])
+                                words = b.insert_element(words, b.load(b.bitcast(vrow, i16.as_pointer()), align=1),
+                                                         i32(c))
+                            exps = b.and_(words, pm.const(pf.v8i16, 0x7C00))
+                            bad = b.or_(bad, b.icmp_unsigned("==", exps, pm.const(pf.v8i16, 0x7C00)))
+                        with b.if_then(_any8(b, bad)):
+                            rownan.set(i1(1))
+                    with live_blk:
+                        vamax = _Var(b, v8f32, pm.const(v8f32, 0.0), entry)  # |w| lane-wise: max in any order
+                        wnan, winf = _Var(b, v8i1, pm.const(v8i1, 0), entry), _Var(b, v8i1, pm.const(v8i1, 0), entry)
+                        r8 = pm.splat(b, r, v8f32)
+                        with for_range(b, 0, QK, 8, name="w") as jj:
+                            j = b.add(b.mul(blk, i64(QK)), jj)
+                            svw = ir.Constant(ir.VectorType(f16, 8), ir.Undefined)
+                            for c in range(8):
+                                vrow = b.gep(v, [b.mul(b.add(b.mul(b.add(j, i64(c)), i64(Hkv)), hk), i64(R))])
+                                sv = b.load(b.bitcast(vrow, f16.as_pointer()), align=1)
+                                svw = b.insert_element(svw, sv, i32(c))
+                            p = b.select(pm.splat(b, minf, v8i1), zero8f, pm.mul(b, _vload(b, scores, j), r8))
+                            w = pm.mul(b, p, pm.canon(b, b.fpext(svw, v8f32)))
+                            _vstore(b, w, scores, j)
+                            a = pm.fabs(b, w)
+                            cur = vamax.get()
+                            vamax.set(b.select(b.fcmp_ordered(">", a, cur), a, cur))
+                            wnan.set(b.or_(wnan.get(), pm.is_nan(b, w)))
+                            winf.set(b.or_(winf.get(), b.fcmp_ordered("==", a, pm.const(v8f32, float("inf")))))
+                        lanes8 = vamax.get()
+                        amax = _Var(b, f32, b.extract_element(lanes8, i32(0)), entry)
+                        for lane in range(1, 8):
+                            x, cur = b.extract_element(lanes8, i32(lane)), amax.get()
+                            amax.set(b.select(b.fcmp_ordered(">", x, cur), x, cur))
+                        wnan, winf = _any8(b, wnan.get()), _any8(b, winf.get())
+                        with b.if_then(wnan):
+                            rownan.set(i1(1))
+                        nonzero = b.fcmp_ordered(">", amax.get(), f32(0.0))
+                        with b.if_else(winf) as (then, otherwise):
+                            with then:       # the spec's W*v of an infinite w is NaN, cast to int64's least value
+                                ninf = pm.const(v8f32, float("-inf"))
+                                with for_range(b, 0, D, 8, name="oi") as o:
+                                    at = b.add(obase, o)
+                                    _vstore(b, pm.add(b, _vload(b, pout, at), ninf), pout, at)
+                            with otherwise:
+                                with b.if_then(b.and_(nonzero, b.not_(wnan))):
+                                    _value_block(b, pout, obase, scores, sums, v, blk, amax.get(), hk, Hkv, R, D)
+        with b.if_then(rownan.get()):
+            nan = pm.const(v8f32, float("nan"))
+            with for_range(b, 0, D, 8, name="on") as o:
+                _vstore(b, pm.canon(b, nan), pout, b.add(obase, o))
+    b.ret_void()
+    return fn
+
+
+def _scores8(b, rows: list, words, qb: list, qf: list, f64_row, nsub: int):
+    """The scores of eight cells (their K rows, one K/V head; words their scales' f16 bits) in
+    f64 (portable.f64's argument): each sub-block's exact integer dot (vpmaddubsw lanes), times
+    the q block's scale m * 2^e, summed over the sub-blocks, times the K row's f16 scale: every
+    product and sum exact when the q blocks' exponent spread is within
+    portable.f64.limit(TERM_BITS, nsub) (f64_row), and one f64 -> f32 conversion rounds it once
+    as round_exact does, +0 for an exact zero. Returns <8 x f32> the scores and <8 x i1> true
+    where the exact path must give the cell's score instead (f64_row false, or a nonzero |score|
+    below 2^-126 or at least 2^127). A bad K scale gives NaN or inf here; its cell is NaN
+    either way (the caller's bad select)."""
+    acc = None
+    for sb in range(nsub):
+        lanes = []
+        for row in rows:
+            kc = b.load(b.bitcast(b.gep(row, [i64(2 + sb * QK)]), qb[sb].type.as_pointer()), align=1)
+            lanes.append(sums_us8(b, psign(b, kc, kc), psign(b, qb[sb], kc)))     # pair sums < 2^15
+        t = b.fmul(b.sitofp(lane_sums(b, lanes), pf.v8f64), pm.splat(b, qf[sb], pf.v8f64))
+        acc = t if acc is None else b.fadd(acc, t)
+    s = b.fmul(acc, pf.f16_values(b, words))
+    v8i64 = ir.VectorType(i64, 8)
+    a = b.bitcast(b.and_(b.bitcast(s, v8i64), pm.const(v8i64, (1 << 63) - 1)), pf.v8f64)       # |s|
+    tiny = b.and_(b.fcmp_ordered("<", a, pm.const(pf.v8f64, pf.TINY)), b.fcmp_ordered("!=", a, pm.const(pf.v8f64, 0.0)))
+    need = b.or_(b.or_(tiny, b.fcmp_ordered(">=", a, pm.const(pf.v8f64, 2.0 ** 127))),
+                 pm.splat(b, b.not_(f64_row), ir.VectorType(i1, 8)))
+    r = b.fadd(b.fptrunc(s, v8f32), pm.const(v8f32, 0.0))
+    return r, need
+
+
+def _exact_score(b, krow, qv: list, ms: list, ks, kx, sh_v, emin32, fits, ae_v, nsub: int, red):
+    """The cell's score by the exact path: q block sb . k block sb times both scales'
+    significands, the terms aligned once (portable.exact.round_shifted)."""
+    terms = []
+    for sb in range(nsub):
+        kc = b.sext(b.load(b.bitcast(b.gep(krow, [i64(2 + sb * QK)]), ir.VectorType(i8, QK).as_pointer()), align=1),
+                    qv[sb].type)
+        dot = b.sext(b.call(red, [b.mul(kc, qv[sb])]), i64)                      # |.| < 2^19
+        terms.append(b.mul(b.mul(dot, ms[sb]), ks))                             # |.| < 2^34
+    kxv = pm.splat(b, kx, ae_v.type)
+    return round_shifted(b, _vector(b, terms, ir.VectorType(i64, nsub)), sh_v, b.add(emin32, kx), fits,
+                         b.add(ae_v, kxv))
+
+
+def _value_block(b, pout, obase, w_at, sums, v, blk, amax, hk, Hkv: int, R: int, D: int) -> None:
+    """One block of 32 cells with max |w| = amax > 0 (finite): E, W_j = rint(w_j / 2^E), the
+    exact sums Σ W_j v_j (int32), r(2^E * sum) (-0.0 for 0) added into the output row."""
+    v8i8 = ir.VectorType(i8, 8)
+    u = b.zext(pm.bits(b, amax), i64)
+    c = b.or_(b.and_(u, i64(0x7FFFFF)), i64(0x800000))
+    p = b.sub(b.and_(b.lshr(u, i64(23)), i64(255)), i64(127))
+    E = b.select(b.icmp_signed("<=", c, i64(127 << 17)), b.sub(p, i64(6)), b.sub(p, i64(5)))
+    inv = _pow2(b, b.sub(i64(0), E))
+    zero8 = pm.const(v8i32, 0)
+    with for_range(b, 0, D, 8, name="z") as o:
+        _vstore(b, zero8, sums, o)
+    with for_range(b, 0, QK, name="wc") as jj:
+        j = b.add(b.mul(blk, i64(QK)), jj)
+        w = b.fpext(b.load(b.gep(w_at, [j])), f64)
+        W = b.fptosi(pm.roundeven(b, b.fmul(w, inv)), i32)                          # exact, |W| <= 127
+        with b.if_then(b.icmp_signed("!=", W, i32(0))):
+            vcodes = b.gep(v, [b.add(b.mul(b.add(b.mul(j, i64(Hkv)), hk), i64(R)), i64(2))])
+            Wv = pm.splat(b, W, v8i32)
+            with for_range(b, 0, D, 8, name="acc") as o:
+                vc = b.sext(_vload(b, vcodes, o, v8i8), v8i32)
+                _vstore(b, b.add(_vload(b, sums, o, v8i32), b.mul(Wv, vc)), sums, o)
+    E8 = pm.splat(b, b.trunc(E, i32), v8i32)
+    neg0 = pm.const(v8f32, NEG0)
+    with for_range(b, 0, D, 8, name="r") as o:
+        s = _vload(b, sums, o, v8i32)
+        r = pm.scale2(b, b.sitofp(s, v8f32), E8)
+        r = b.select(b.icmp_signed("==", s, zero8), neg0, r)
+        at = b.add(obase, o)
+        _vstore(b, pm.add(b, _vload(b, pout, at), r), pout, at)

@@ -1,0 +1,610 @@
+"""The portable profile's kernels as SPIR-V: matvec (F16, Q8_0, Q4_1, Q1_0, Q2_0), RMSNorm,
+softmax and the int8-cache attention of one decode step, bit for bit the numpy spec
+(bankml/profiles/portable/; docs/spirv.md, "The portable kernels").
+
+Every float step is portable.emit's (NoContraction, flush and NaN by bit tests), every exact sum
+is integer (int64, a 384-bit accumulator where int64 is too narrow). The host quantizes
+activations with the spec (quant.quantize_act) and uploads them in this layout:
+
+    codes   the int8 codes, K bytes per row (u32 words)
+    info    2 u32 per block of 32: m | bad << 8, e (two's complement)
+    tables  f32[192]: exp's 2^(j/64), recip's seeds, rsqrt's seeds (tables.py)
+
+    k = PortableKernels(runtime.open_device(0))
+    y = k.matvec(w_raw, wtype, quant.quantize_act(x[None]))      # f32[rows]
+    y = k.rmsnorm(x, w, eps); y = k.softmax(x)                     # rows of the last axis
+    y = k.attention(q, k_rows, v_rows, mask, scale)                # one decode step, [H, D]
+    y = k.attention_rows(q, k_rows, v_rows, masks, scale)          # M query rows, [M, H, D]
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from bankml.backends.spirv import builder as B
+from bankml.backends.spirv.portable.emit import EXP, QNAN, SIGN, Emit
+from bankml.errors import BankmlError
+from bankml.profiles.portable import quant
+from bankml.profiles.portable.tables import exp_table, recip_table, rsqrt_table
+from bankml.quants import F16, Q1_0, Q2_0, Q4_1, Q8_0, WEIGHT_TYPES
+
+LOCAL = 64
+MATVEC_TYPES = (F16, Q8_0, Q4_1, Q1_0, Q2_0)
+_F32 = np.float32
+
+
+def tables_bytes() -> bytes:
+    return np.concatenate([exp_table(), recip_table(), rsqrt_table()]).astype("<f4").tobytes()
+
+
+def act_buffers(a: quant.ActBlocks) -> tuple[bytes, bytes]:
+    """(codes, info) of quantized activations (all rows, in order)."""
+    info = np.empty(a.m.shape + (2,), "<u4")
+    info[..., 0] = a.m.astype(np.uint32) | (a.bad.astype(np.uint32) << 8)
+    info[..., 1] = a.e.astype(np.int64).astype(np.uint32)
+    return np.ascontiguousarray(a.q, np.int8).tobytes(), info.tobytes()
+
+
+# ---- module scaffolding
+class _Module:
+    def __init__(self, local: int = LOCAL, flushing: bool = False, rte: bool = True):
+        """rte: declare RoundingModeRTE 32 (where the device offers it, as q1.matvec does)."""
+        self.flushing, self.rte = flushing, rte
+        self.m = m = B.Module()
+        m.caps += [B.CAP_SHADER, B.CAP_INT64] + [B.CAP_RTE] * rte
+        self.nbuf = 0
+        self.bufs: list[int] = []
+        self.local = local
+
+    def buffer(self, name: str, elem: int | None = None, writable: bool = False) -> int:
+        m = self.m
+        arr = m.id()
+        m.globals.append(B.inst("TypeRuntimeArray", arr, m.u32 if elem is None else elem))
+        m.decorate(arr, B.DEC_ARRAY_STRIDE, 4)
+        st = m.struct(f"{name}_t", [arr])
+        v = m.variable(B.SC_STORAGE_BUFFER, st, name)
+        m.decorate(v, B.DEC_DESCRIPTOR_SET, 0)
+        m.decorate(v, B.DEC_BINDING, self.nbuf)
+        if not writable:
+            m.decorate(v, B.DEC_NON_WRITABLE)
+        self.nbuf += 1
+        return v
+
+    def start(self, push: list[str]) -> tuple[Emit, list[int], int]:
+        """The entry point: (emitter, push constant values, global invocation x)."""
+        m = self.m
+        pc = m.variable(B.SC_PUSH_CONSTANT, m.struct("params_t", [m.u32] * len(push)), "params")
+        uvec3 = m.type("TypeVector", m.u32, 3)
+        gid_v = m.variable(B.SC_INPUT, uvec3, "gl_GlobalInvocationID")
+        m.decorate(gid_v, B.DEC_BUILTIN, B.BUILTIN_GLOBAL_ID)
+        f = B.Function(m, "main", (self.local, 1, 1))
+        if self.rte:
+            m.modes.append(B.inst("ExecutionMode", f.fid, B.MODE_RTE, 32))
+        e = Emit(m, f, getattr(self, "tables", None), self.flushing)
+        gid3 = f.load(uvec3, gid_v)
+        gid = f.op("CompositeExtract", m.u32, gid3, 0, name="gid")
+        self.gid_y = f.op("CompositeExtract", m.u32, gid3, 1, name="gid_y")
+        vals = [f.load(m.u32, f.chain(B.SC_PUSH_CONSTANT, m.u32, pc, e.c(i)), name=n) for i, n in enumerate(push)]
+        return e, vals, gid
+
+
+def _word(e: Emit, buf: int, byte_off: int) -> int:
+    f = e.f
+    p = f.chain(B.SC_STORAGE_BUFFER, e.m.u32, buf, e.c(0), f.u("ShiftRightLogical", byte_off, e.c(2)))
+    return f.load(e.m.u32, p)
+
+
+def _u8(e: Emit, buf: int, off: int) -> int:
+    shift = e.u("ShiftLeftLogical", e.u("BitwiseAnd", off, e.c(3)), e.c(3))
+    return e.u("BitFieldUExtract", _word(e, buf, off), shift, e.c(8))
+
+
+def _s8(e: Emit, buf: int, off: int) -> int:
+    return e.u("BitFieldSExtract", _u8(e, buf, off), e.c(0), e.c(8))
+
+
+def _u16(e: Emit, buf: int, off: int) -> int:
+    """Little-endian u16 at an even byte offset."""
+    shift = e.u("ShiftLeftLogical", e.u("BitwiseAnd", off, e.c(2)), e.c(3))
+    return e.u("BitFieldUExtract", _word(e, buf, off), shift, e.c(16))
+
+
+def _f32_at(e: Emit, buf: int, idx: int) -> int:
+    return e.canon(e.f.load(e.m.f32, e.f.chain(B.SC_STORAGE_BUFFER, e.m.f32, buf, e.c(0), idx)))
+
+
+def _store(e: Emit, buf: int, idx: int, v: int) -> None:
+    e.f.store(e.f.chain(B.SC_STORAGE_BUFFER, e.m.f32, buf, e.c(0), idx), v)
+
+
+def _f16_parts(e: Emit, h: int) -> tuple[int, int, int]:
+    """quant.f16_parts: (signed significand, exponent (i32), bad) of an f16's bits."""
+    e5 = e.u("BitFieldUExtract", h, e.c(10), e.c(5))
+    m10 = e.u("BitwiseAnd", h, e.c(1023))
+    sub = e.b("IEqual", e5, e.c(0))
+    sig = e.sel(sub, m10, e.u("BitwiseOr", m10, e.c(1024)))
+    sig = e.sel(e.b("INotEqual", e.u("BitwiseAnd", h, e.c(0x8000)), e.c(0)), e.u("ISub", e.c(0), sig), sig)
+    x = e.sel(sub, e.c(-24), e.u("ISub", e5, e.c(25)))
+    return sig, x, e.b("IEqual", e5, e.c(31))
+
+
+def _f16_to_f32(e: Emit, h: int) -> int:
+    """An f16's value as f32, exactly (integer significand times a power of two)."""
+    sig, x, bad = _f16_parts(e, h)
+    mag = e.f.op("ConvertSToF", e.m.f32, sig)
+    v = e.scale2(mag, x)
+    special = e.u("BitwiseOr", e.u("ShiftLeftLogical", e.u("BitwiseAnd", h, e.c(0x8000)), e.c(16)),
+                  e.sel(e.b("IEqual", e.u("BitwiseAnd", h, e.c(1023)), e.c(0)), e.c(EXP), e.c(QNAN)))
+    neg_zero = e.b("IEqual", h, e.c(0x8000))
+    out = e.sel(bad, special, e.bits(v))
+    return e.flt(e.sel(neg_zero, e.c(SIGN), out))
+
+
+def _fold(e: Emit, n: int, value, name: str) -> int:
+    """arith.fold_sum of value(i) for i < n: 8 lanes (i mod 8, index order, from -0.0; missing
+    elements -0.0), then the balanced tree."""
+    f, m = e.f, e.m
+    neg0 = e.flt(e.c(SIGN))
+    lanes = [e.var(m.f32, f"{name}.l{l}", neg0) for l in range(8)]
+    chunks = e.u("ShiftRightLogical", e.u("IAdd", n, e.c(7)), e.c(3))
+    with f.loop(chunks, name) as c:
+        for l in range(8):
+            i = e.u("IAdd", e.u("ShiftLeftLogical", c, e.c(3)), e.c(l))
+            ok = e.b("ULessThan", i, n)
+            v = f.select(m.f32, ok, value(e.sel(ok, i, e.c(0))), neg0)
+            f.store(lanes[l], e.fadd(f.load(m.f32, lanes[l]), v))
+    vals = [f.load(m.f32, v) for v in lanes]
+    while len(vals) > 1:
+        vals = [e.fadd(vals[i], vals[i + 1]) for i in range(0, len(vals), 2)]
+    return vals[0]
+
+
+def _is_nan(e: Emit, x: int) -> int:
+    return e.b("UGreaterThan", e.u("BitwiseAnd", e.bits(x), e.c(0x7FFFFFFF)), e.c(EXP))
+
+
+# ---- matvec
+def _decode(e: Emit, wtype: int, wbuf: int, rb: int, j: int):
+    """Sub-block j (32 weights) of the row at byte rb: (weight(i) -> (int64 q, bad), ws, wx, bad,
+    (ms, mx) for Q4_1)."""
+    if wtype == F16:
+        def weight(i):
+            elem = e.u("IAdd", e.u("ShiftLeftLogical", j, e.c(5)), i)
+            h = _u16(e, wbuf, e.u("IAdd", rb, e.u("ShiftLeftLogical", elem, e.c(1))))
+            sig, x, bad = _f16_parts(e, h)
+            return e.w("ShiftLeftLogical", e.sext64(sig), e.zext64(e.u("IAdd", x, e.c(24)))), bad
+        return weight, e.c(1), e.c(-24), e._false(), None
+    if wtype == Q8_0:
+        base = e.u("IAdd", rb, e.u("IMul", j, e.c(34)))
+        ws, wx, bad = _f16_parts(e, _u16(e, wbuf, base))
+        return (lambda i: (e.sext64(_s8(e, wbuf, e.u("IAdd", base, e.u("IAdd", i, e.c(2))))), None)), ws, wx, bad, None
+    if wtype == Q4_1:
+        base = e.u("IAdd", rb, e.u("IMul", j, e.c(20)))
+        ws, wx, bad = _f16_parts(e, _u16(e, wbuf, base))
+        ms, mx, mbad = _f16_parts(e, _u16(e, wbuf, e.u("IAdd", base, e.c(2))))
+
+        def weight(i):
+            byte = _u8(e, wbuf, e.u("IAdd", base, e.u("IAdd", e.u("BitwiseAnd", i, e.c(15)), e.c(4))))
+            sh = e.u("ShiftLeftLogical", e.u("ShiftRightLogical", i, e.c(4)), e.c(2))
+            return e.zext64(e.u("BitFieldUExtract", byte, sh, e.c(4))), None
+        return weight, ws, wx, e.b("LogicalOr", bad, mbad), (ms, mx)
+    if wtype == Q1_0:
+        base = e.u("IAdd", rb, e.u("IMul", e.u("ShiftRightLogical", j, e.c(2)), e.c(18)))
+        ws, wx, bad = _f16_parts(e, _u16(e, wbuf, base))
+
+        def weight(i):
+            t = e.u("IAdd", e.u("ShiftLeftLogical", e.u("BitwiseAnd", j, e.c(3)), e.c(5)), i)
+            byte = _u8(e, wbuf, e.u("IAdd", base, e.u("IAdd", e.u("ShiftRightLogical", t, e.c(3)), e.c(2))))
+            bit = e.u("BitFieldUExtract", byte, e.u("BitwiseAnd", t, e.c(7)), e.c(1))
+            return e.sext64(e.sel(e.b("IEqual", bit, e.c(1)), e.c(1), e.c(-1))), None
+        return weight, ws, wx, bad, None
+    if wtype == Q2_0:
+        base = e.u("IAdd", rb, e.u("IMul", e.u("ShiftRightLogical", j, e.c(1)), e.c(18)))
+        ws, wx, bad = _f16_parts(e, _u16(e, wbuf, base))
+
+        def weight(i):
+            t = e.u("IAdd", e.u("ShiftLeftLogical", e.u("BitwiseAnd", j, e.c(1)), e.c(5)), i)
+            byte = _u8(e, wbuf, e.u("IAdd", base, e.u("IAdd", e.u("ShiftRightLogical", t, e.c(2)), e.c(2))))
+            code = e.u("BitFieldUExtract", byte, e.u("ShiftLeftLogical", e.u("BitwiseAnd", t, e.c(3)), e.c(1)), e.c(2))
+            return e.sext64(e.u("ISub", code, e.c(1))), None
+        return weight, ws, wx, bad, None
+    raise BankmlError(f"portable SPIR-V matvec: no kernel for weight type {wtype}")
+
+
+@functools.cache
+def emit_matvec(wtype: int, flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
+    """y[t, r] = quant.group_dot(weight row r, activation row t): one invocation per (row, t)
+    (workgroups of 64 rows, y = t). Bindings: 0 weights (raw GGUF rows), 1 codes, 2 info,
+    3 y f32[T, rows]. Push: rows, K/32, row bytes."""
+    k = _Module(flushing=flushing, rte=rte)
+    m = k.m
+    wbuf, cbuf, ibuf = k.buffer("weights"), k.buffer("codes"), k.buffer("info")
+    obuf = k.buffer("y", m.f32, writable=True)
+    e, (rows, nsub, row_bytes), row = k.start(["rows", "nsub", "row_bytes"])
+    f = e.f
+    u32, u64 = m.u32, e.u64
+    valid = e.b("ULessThan", row, rows)
+    ngroups = e.sel(valid, e.u("ShiftRightLogical", e.u("IAdd", nsub, e.c(7)), e.c(3)), e.c(0))
+    rb = e.u("IMul", row, row_bytes, name="rowbase")
+    t_row = e.u("IMul", k.gid_y, nsub, name="act_block0")       # the activation row's first block
+    P, X = e.terms()
+    y = e.var(m.f32, "y", e.fc(0.0))
+    with f.loop(ngroups, "g") as g:
+        j0 = e.u("ShiftLeftLogical", g, e.c(3))
+        left = e.u("ISub", nsub, j0)
+        nj = e.sel(e.b("ULessThan", left, e.c(8)), left, e.c(8))
+        cnt = e.var(u32, "cnt", e.c(0))
+        bad = e.var(u32, "bad", e.c(0))
+        with f.loop(nj, "j") as jj:
+            j = e.u("IAdd", j0, jj)
+            ab = e.u("IAdd", t_row, j)
+            info0 = _word(e, ibuf, e.u("ShiftLeftLogical", ab, e.c(3)))
+            ae = _word(e, ibuf, e.u("IAdd", e.u("ShiftLeftLogical", ab, e.c(3)), e.c(4)))
+            am = e.u("BitwiseAnd", info0, e.c(0xFF))
+            abad = e.b("INotEqual", e.u("ShiftRightLogical", info0, e.c(8)), e.c(0))
+            weight, ws, wx, wbad, mins = _decode(e, wtype, wbuf, rb, j)
+            dot = e.var(u64, "dot", e.c64(0))
+            csum = e.var(u32, "csum", e.c(0))
+            ebad = e.var(u32, "ebad", e.c(0))
+            with f.loop(e.c(32), "i") as i:
+                a = _s8(e, cbuf, e.u("IAdd", e.u("ShiftLeftLogical", ab, e.c(5)), i))
+                q, qbad = weight(i)
+                f.store(dot, e.w("IAdd", f.load(u64, dot), e.w("IMul", q, e.sext64(a))))
+                if mins is not None:
+                    f.store(csum, e.u("IAdd", f.load(u32, csum), a))
+                if qbad is not None:
+                    f.store(ebad, e.sel(qbad, e.c(1), f.load(u32, ebad)))
+            amw = e.zext64(am)
+            t = f.load(u32, cnt)
+            e.put_term(P, X, t, e.w("IMul", e.w("IMul", amw, e.sext64(ws)), f.load(u64, dot)), e.u("IAdd", ae, wx))
+            t = e.u("IAdd", t, e.c(1))
+            if mins is not None:
+                ms, mx = mins
+                e.put_term(P, X, t, e.w("IMul", e.w("IMul", amw, e.sext64(ms)), e.sext64(f.load(u32, csum))),
+                           e.u("IAdd", ae, mx))
+                t = e.u("IAdd", t, e.c(1))
+            f.store(cnt, t)
+            anybad = e.b("LogicalOr", e.b("LogicalOr", abad, wbad), e.b("INotEqual", f.load(u32, ebad), e.c(0)))
+            f.store(bad, e.sel(anybad, e.c(1), f.load(u32, bad)))
+        r = e.round_terms(P, X, f.load(u32, cnt))
+        r = e.flt(e.sel(e.b("INotEqual", f.load(u32, bad), e.c(0)), e.c(QNAN), r))
+        first = e.b("IEqual", g, e.c(0))
+        f.store(y, f.select(m.f32, first, r, e.fadd(f.load(m.f32, y), r)))
+    with f.if_then(valid, "store"):
+        _store(e, obuf, e.u("IAdd", e.u("IMul", k.gid_y, rows), row), f.load(m.f32, y))
+    f.end()
+    return tuple(m.words())
+
+
+# ---- rmsnorm, softmax
+@functools.cache
+def emit_rmsnorm(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
+    """funcs.rmsnorm over rows of n: one invocation per row.
+    Bindings: 0 x f32[rows*n], 1 w f32[n], 2 tables, 3 y. Push: rows, n, r(1/n) bits, eps bits."""
+    k = _Module(flushing=flushing, rte=rte)
+    m = k.m
+    xbuf, wbuf = k.buffer("x", m.f32), k.buffer("w", m.f32)
+    k.tables = k.buffer("tables", m.f32)
+    obuf = k.buffer("y", m.f32, writable=True)
+    e, (rows, n, inv_n, eps), row = k.start(["rows", "n", "inv_n", "eps"])
+    f = e.f
+    valid = e.b("ULessThan", row, rows)
+    nn = e.sel(valid, n, e.c(0))
+    base = e.u("IMul", row, n)
+
+    def sq(i):
+        x = _f32_at(e, xbuf, e.u("IAdd", base, i))
+        return e.fmul(x, x)
+    s = _fold(e, nn, sq, "sumsq")
+    r = e.rsqrt(e.fadd(e.fmul(s, e.flt(inv_n)), e.flt(eps)))
+    with f.loop(nn, "out") as i:
+        y = e.fmul(_f32_at(e, xbuf, e.u("IAdd", base, i)), r)
+        _store(e, obuf, e.u("IAdd", base, i), e.fmul(y, _f32_at(e, wbuf, i)))
+    f.end()
+    return tuple(m.words())
+
+
+def _softmax_row(e: Emit, n: int, read, write) -> int:
+    """funcs.softmax of read(i), i < n, into write(i, v); returns the row's NaN flag (bool)."""
+    f, m = e.f, e.m
+    ninf = e.flt(e.c(0xFF800000))
+    mx = e.var(m.f32, "mx", ninf)
+    nan = e.var(m.u32, "rownan", e.c(0))
+    with f.loop(n, "max") as i:
+        v = read(i)
+        f.store(nan, e.sel(_is_nan(e, v), e.c(1), f.load(m.u32, nan)))
+        f.store(mx, f.select(m.f32, e.b("FOrdGreaterThan", v, f.load(m.f32, mx)), v, f.load(m.f32, mx)))
+    mxv = f.load(m.f32, mx)
+    allninf = e.b("IEqual", e.bits(mxv), e.c(0xFF800000))
+    m0 = f.select(m.f32, allninf, e.fc(0.0), mxv)
+
+    def ex(i):
+        v = e.exp(e.fsub(read(i), m0))
+        write(i, v)
+        return v
+    r = e.recip(_fold(e, n, ex, "sum"))
+    isnan = e.b("INotEqual", f.load(m.u32, nan), e.c(0))
+    with f.loop(n, "scale") as i:
+        y = e.fmul(read(i, raw=True), r)
+        y = e.sel(allninf, e.c(0), e.bits(y))
+        write(i, e.flt(e.sel(isnan, e.c(QNAN), y)))
+    return isnan
+
+
+@functools.cache
+def emit_softmax(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
+    """funcs.softmax over rows of n: one invocation per row.
+    Bindings: 0 x f32[rows*n], 1 tables, 2 y. Push: rows, n."""
+    k = _Module(flushing=flushing, rte=rte)
+    m = k.m
+    xbuf = k.buffer("x", m.f32)
+    k.tables = k.buffer("tables", m.f32)
+    obuf = k.buffer("y", m.f32, writable=True)
+    e, (rows, n), row = k.start(["rows", "n"])
+    valid = e.b("ULessThan", row, rows)
+    nn = e.sel(valid, n, e.c(0))
+    base = e.u("IMul", row, n)
+
+    def read(i, raw=False):
+        return _f32_at(e, obuf if raw else xbuf, e.u("IAdd", base, i))
+    _softmax_row(e, nn, read, lambda i, v: _store(e, obuf, e.u("IAdd", base, i), v))
+    e.f.end()
+    return tuple(m.words())
+
+
+@functools.cache
+def emit_unary(fn: str, flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
+    """y[i] = funcs.<fn>(x[i]) for fn in exp, recip, rsqrt (the functions the kernels use; for
+    their own tests). Bindings: 0 x, 1 tables, 2 y. Push: n."""
+    if fn not in ("exp", "recip", "rsqrt"):
+        raise BankmlError(f"portable SPIR-V: no unary kernel {fn!r}")
+    k = _Module(flushing=flushing, rte=rte)
+    m = k.m
+    xbuf = k.buffer("x", m.f32)
+    k.tables = k.buffer("tables", m.f32)
+    obuf = k.buffer("y", m.f32, writable=True)
+    e, (n,), i = k.start(["n"])
+    with e.f.if_then(e.b("ULessThan", i, n), "valid"):
+        _store(e, obuf, i, getattr(e, fn)(_f32_at(e, xbuf, i)))
+    e.f.end()
+    return tuple(m.words())
+
+
+@functools.cache
+def emit_binary(op: str, flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
+    """y[i] = arith.<op>(a[i], b[i]) for op in add, sub, mul: the f32 steps alone (for their
+    tests). Bindings: 0 a, 1 b, 2 y. Push: n."""
+    if op not in ("add", "sub", "mul"):
+        raise BankmlError(f"portable SPIR-V: no binary kernel {op!r}")
+    k = _Module(flushing=flushing, rte=rte)
+    m = k.m
+    abuf, bbuf = k.buffer("a", m.f32), k.buffer("b", m.f32)
+    obuf = k.buffer("y", m.f32, writable=True)
+    e, (n,), i = k.start(["n"])
+    with e.f.if_then(e.b("ULessThan", i, n), "valid"):
+        _store(e, obuf, i, getattr(e, "f" + op)(_f32_at(e, abuf, i), _f32_at(e, bbuf, i)))
+    e.f.end()
+    return tuple(m.words())
+
+
+# ---- attention of one decode step
+@functools.cache
+def emit_attention(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
+    """attention.attention of M query rows: one invocation per (head, row) (workgroups x = head,
+    y = row). Bindings: 0 q codes (M*H*D), 1 q info (M*H*D/32 blocks), 2 K cache rows, 3 V cache
+    rows (n_kv x Hkv rows of f16 scale + D int8), 4 mask f32[M*n_kv], 5 tables, 6 scratch
+    f32[M*H*n_kv], 7 out f32[M*H*D]. Push: H, H/Hkv, Hkv, D, n_kv, scale bits."""
+    k = _Module(local=1, flushing=flushing, rte=rte)
+    m = k.m
+    cbuf, ibuf, kbuf, vbuf = k.buffer("q_codes"), k.buffer("q_info"), k.buffer("k_cache"), k.buffer("v_cache")
+    mbuf = k.buffer("mask", m.f32)
+    k.tables = k.buffer("tables", m.f32)
+    sbuf = k.buffer("scratch", m.f32, writable=True)
+    obuf = k.buffer("out", m.f32, writable=True)
+    e, (H, group, Hkv, D, n_kv, scale), h = k.start(["H", "group", "Hkv", "D", "n_kv", "scale"])
+    f = e.f
+    u32, f32 = m.u32, m.f32
+    valid = e.b("ULessThan", h, H)
+    ncell = e.sel(valid, n_kv, e.c(0))
+    kvh = f.op("UDiv", u32, h, group, name="kv_head")
+    rbytes = e.u("IAdd", D, e.c(2))
+    nsub = e.u("ShiftRightLogical", D, e.c(5))
+
+    def row_at(j):                                     # byte offset of cell j's row for kvh
+        return e.u("IMul", e.u("IAdd", e.u("IMul", j, Hkv), kvh), rbytes)
+    hq = e.u("IAdd", e.u("IMul", k.gid_y, H), h, name="row_head")     # the head's index in q, out
+    mrow = e.u("IMul", k.gid_y, n_kv, name="mask_row")
+    srow = e.u("IMul", hq, n_kv)
+    P, X = e.terms()
+    # 1. scores
+    with f.loop(ncell, "cell") as j:
+        kr = row_at(j)
+        ks, kx, kbad = _f16_parts(e, _u16(e, kbuf, kr))
+        bad = e.var(u32, "sbad", e.sel(kbad, e.c(1), e.c(0)))
+        with f.loop(nsub, "qs") as s:
+            blk = e.u("IAdd", e.u("IMul", hq, nsub), s)
+            info0 = _word(e, ibuf, e.u("ShiftLeftLogical", blk, e.c(3)))
+            ae = _word(e, ibuf, e.u("IAdd", e.u("ShiftLeftLogical", blk, e.c(3)), e.c(4)))
+            dot = e.var(u32, "sdot", e.c(0))
+            with f.loop(e.c(32), "qi") as i:
+                d = e.u("IAdd", e.u("ShiftLeftLogical", s, e.c(5)), i)
+                a = _s8(e, cbuf, e.u("IAdd", e.u("IMul", hq, D), d))
+                kv = _s8(e, kbuf, e.u("IAdd", kr, e.u("IAdd", d, e.c(2))))
+                f.store(dot, e.u("IAdd", f.load(u32, dot), e.u("IMul", a, kv)))
+            p = e.w("IMul", e.w("IMul", e.zext64(e.u("BitwiseAnd", info0, e.c(0xFF))), e.sext64(ks)),
+                    e.sext64(f.load(u32, dot)))
+            e.put_term(P, X, s, p, e.u("IAdd", ae, kx))
+            qbad = e.b("INotEqual", e.u("ShiftRightLogical", info0, e.c(8)), e.c(0))
+            f.store(bad, e.sel(qbad, e.c(1), f.load(u32, bad)))
+        sc = e.flt(e.sel(e.b("INotEqual", f.load(u32, bad), e.c(0)), e.c(QNAN), e.round_terms(P, X, nsub)))
+        sc = e.fadd(e.fmul(sc, e.flt(scale)), _f32_at(e, mbuf, e.u("IAdd", mrow, j)))
+        _store(e, sbuf, e.u("IAdd", srow, j), sc)
+
+    # 2. p = softmax(scores), in place
+    def read(i, raw=False):
+        return _f32_at(e, sbuf, e.u("IAdd", srow, i))
+    _softmax_row(e, ncell, read, lambda i, v: _store(e, sbuf, e.u("IAdd", srow, i), v))
+
+    # 3. per block of 32 cells: w_j = r(p_j * s_vj), a power-of-two scale 2^E, codes W_j,
+    #    out += r(2^E * Σ_j W_j v_j) (-0.0 for an exact zero); any NaN w: the head is NaN
+    wa = e.var(m.type("TypeArray", u32, e.c(32)), "W")
+    nan = e.var(u32, "wnan", e.c(0))
+    obase = e.u("IMul", hq, D)
+    with f.loop(e.u("ShiftRightLogical", ncell, e.c(5)), "vb") as b:
+        amax = e.var(u32, "amax", e.c(0))
+
+        def w_of(i):
+            j = e.u("IAdd", e.u("ShiftLeftLogical", b, e.c(5)), i)
+            sv = _f16_to_f32(e, _u16(e, vbuf, row_at(j)))
+            return e.fmul(read(j), sv)
+        with f.loop(e.c(32), "wmax") as i:
+            wb = e.bits(w_of(i))
+            mag = e.u("BitwiseAnd", wb, e.c(0x7FFFFFFF))
+            f.store(nan, e.sel(e.b("UGreaterThan", mag, e.c(EXP)), e.c(1), f.load(u32, nan)))
+            f.store(amax, e.sel(e.b("UGreaterThan", mag, f.load(u32, amax)), mag, f.load(u32, amax)))
+        am = f.load(u32, amax)                      # bits of max |w| (NaN handled by the flag)
+        ab = e.u("BitFieldUExtract", am, e.c(23), e.c(8))
+        cs = e.u("BitwiseOr", e.u("BitwiseAnd", am, e.c(0x7FFFFF)), e.c(0x800000))
+        pe = e.u("ISub", ab, e.c(127))
+        E = e.sel(e.b("ULessThanEqual", cs, e.c(127 << 17)), e.u("ISub", pe, e.c(6)), e.u("ISub", pe, e.c(5)))
+        E = e.sel(e.b("IEqual", am, e.c(0)), e.c(0), E)
+        with f.loop(e.c(32), "wq") as i:
+            wb = e.bits(w_of(i))
+            be = e.u("BitFieldUExtract", wb, e.c(23), e.c(8))
+            c = e.zext64(e.sel(e.b("IEqual", be, e.c(0)), e.c(0),
+                               e.u("BitwiseOr", e.u("BitwiseAnd", wb, e.c(0x7FFFFF)), e.c(0x800000))))
+            sh = e.u("ISub", e.u("IAdd", E, e.c(150)), be)          # >= 16 for |w| <= 127 * 2^E
+            sh = e.sel(e.b("SGreaterThan", sh, e.c(60)), e.c(60), e.sel(e.b("SLessThan", sh, e.c(1)), e.c(1), sh))
+            q = e.lo32(e.rne_shift64(c, sh))
+            q = e.sel(e.b("INotEqual", e.u("BitwiseAnd", wb, e.c(SIGN)), e.c(0)), e.u("ISub", e.c(0), q), q)
+            f.store(f.chain(B.SC_FUNCTION, u32, wa, i), q)
+        with f.loop(D, "vd") as d:
+            s = e.var(u32, "vsum", e.c(0))
+            with f.loop(e.c(32), "vj") as i:
+                j = e.u("IAdd", e.u("ShiftLeftLogical", b, e.c(5)), i)
+                v = _s8(e, vbuf, e.u("IAdd", row_at(j), e.u("IAdd", d, e.c(2))))
+                W = f.load(u32, f.chain(B.SC_FUNCTION, u32, wa, i))
+                f.store(s, e.u("IAdd", f.load(u32, s), e.u("IMul", W, v)))
+            sv = f.load(u32, s)
+            r = e.sel(e.b("IEqual", sv, e.c(0)), e.c(SIGN), e.int_to_f32(e.sext64(sv), E))
+            oi = e.u("IAdd", obase, d)
+            prev = f.load(f32, f.chain(B.SC_STORAGE_BUFFER, f32, obuf, e.c(0), oi))
+            _store(e, obuf, oi, f.select(f32, e.b("IEqual", b, e.c(0)), e.flt(r), e.fadd(prev, e.flt(r))))
+    with f.if_then(e.b("INotEqual", f.load(u32, nan), e.c(0)), "nan"):
+        with f.loop(e.sel(valid, D, e.c(0)), "nanout") as d:
+            _store(e, obuf, e.u("IAdd", obase, d), e.flt(e.c(QNAN)))
+    f.end()
+    return tuple(m.words())
+
+
+# ---- host side
+E_MIN, E_MAX = -136, 118          # the exponents quantize_act gives a finite f32 block
+
+
+def _check_exponents(a: quant.ActBlocks) -> None:
+    """The wide accumulator holds every sum of terms whose exponents are those of quantize_act's
+    blocks (docs/spirv.md); hand-made blocks beyond them are refused, not summed wrong."""
+    e = np.asarray(a.e)[np.asarray(a.m) != 0]
+    if e.size and (e.min() < E_MIN or e.max() > E_MAX):
+        raise BankmlError(f"portable matvec: activation exponents {e.min()}..{e.max()} outside "
+                          f"{E_MIN}..{E_MAX} (what quant.quantize_act gives)")
+
+
+
+class PortableKernels:
+    """The portable kernels on one Vulkan device (programs built on first use, kept here)."""
+
+    def __init__(self, device, flushing: bool = False):
+        """flushing: every kernel acts as the worst denormal-flushing device (portable.emit.Emit)."""
+        from bankml.backends.spirv import runtime
+        if not device.int64:
+            raise runtime.DeviceRefused(f"Vulkan device {device.info}: the portable kernels need shaderInt64")
+        self.d, self._programs, self.flushing = device, {}, flushing
+        self.rte = device.info.rte32
+        self.tables = tables_bytes()
+
+    def program(self, key, words, n_buffers, push_words):
+        from bankml.backends.spirv import runtime
+        if key not in self._programs:
+            self._programs[key] = runtime.Program(self.d, words, n_buffers, push_words)
+        return self._programs[key]
+
+    def close(self) -> None:
+        for p in self._programs.values():
+            p.close()
+        self._programs = {}
+
+    def matvec(self, w_raw: np.ndarray, wtype: int, a: quant.ActBlocks) -> np.ndarray:
+        """quant.mul_mat(w_raw, wtype, a)[0] for one activation row a ([1, K] or [K]) -> f32[rows]."""
+        return self.mul_mat(w_raw, wtype, a)[0]
+
+    def mul_mat(self, w_raw: np.ndarray, wtype: int, a: quant.ActBlocks) -> np.ndarray:
+        """quant.mul_mat(w_raw, wtype, a): activation rows a [T, K] -> f32 [T, rows], one dispatch."""
+        w_raw = np.ascontiguousarray(w_raw, np.uint8)
+        rows, row_bytes = w_raw.shape
+        K = a.q.shape[-1]
+        if wtype not in MATVEC_TYPES or WEIGHT_TYPES[wtype].row_bytes(K) != row_bytes or K % 32:
+            raise BankmlError(f"portable matvec: {rows} rows of {row_bytes} bytes are not type {wtype} rows of {K}")
+        _check_exponents(a)
+        codes, info = act_buffers(a)
+        p = self.program(("matvec", wtype), emit_matvec(wtype, self.flushing, self.rte), 4, 3)
+        T = a.q.size // K
+        out = p.run([w_raw.tobytes(), codes, info, 4 * rows * T], [rows, K // 32, row_bytes],
+                    (-(-rows // LOCAL), T), {3: (_F32, rows * T)})
+        return out[3].reshape(T, rows)
+
+    def rmsnorm(self, x: np.ndarray, w: np.ndarray | None, eps: float) -> np.ndarray:
+        x = np.ascontiguousarray(x, _F32)
+        n = x.shape[-1]
+        rows = x.size // n
+        w = np.ones(n, _F32) if w is None else np.ascontiguousarray(w, _F32)
+        inv_n = int(np.float32(1.0 / n).view(np.uint32))
+        p = self.program("rmsnorm", emit_rmsnorm(self.flushing, self.rte), 4, 4)
+        out = p.run([x.tobytes(), w.tobytes(), self.tables, 4 * x.size],
+                    [rows, n, inv_n, int(np.float32(eps).view(np.uint32))], -(-rows // LOCAL), {3: (_F32, x.size)})
+        return out[3].reshape(x.shape)
+
+    def softmax(self, x: np.ndarray) -> np.ndarray:
+        x = np.ascontiguousarray(x, _F32)
+        n = x.shape[-1]
+        rows = x.size // n
+        p = self.program("softmax", emit_softmax(self.flushing, self.rte), 3, 2)
+        out = p.run([x.tobytes(), self.tables, 4 * x.size], [rows, n], -(-rows // LOCAL), {2: (_F32, x.size)})
+        return out[2].reshape(x.shape)
+
+    def unary(self, fn: str, x: np.ndarray) -> np.ndarray:
+        """funcs.exp / recip / rsqrt of every element."""
+        x = np.ascontiguousarray(x, _F32)
+        p = self.program(("unary", fn), emit_unary(fn, self.flushing, self.rte), 3, 1)
+        return p.run([x.tobytes(), self.tables, 4 * x.size], [x.size], -(-x.size // LOCAL),
+                     {2: (_F32, x.size)})[2].reshape(x.shape)
+
+    def binary(self, op: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """arith.add / sub / mul of every pair."""
+        a, b = np.ascontiguousarray(a, _F32), np.ascontiguousarray(b, _F32)
+        p = self.program(("binary", op), emit_binary(op, self.flushing, self.rte), 3, 1)
+        return p.run([a.tobytes(), b.tobytes(), 4 * a.size], [a.size], -(-a.size // LOCAL),
+                     {2: (_F32, a.size)})[2].reshape(a.shape)
+
+    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, scale: float) -> np.ndarray:
+        """attention.attention(q[None], k, v, mask[None], scale)[0]: q f32 [H, D]; k, v cache rows
+        [n_kv, Hkv] (n_kv a multiple of 32); mask f32 [n_kv] -> f32 [H, D]."""
+        return self.attention_rows(np.asarray(q)[None], k, v, np.asarray(mask)[None], scale)[0]
+
+    def attention_rows(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, scale: float
+                       ) -> np.ndarray:
+        """attention.attention(q, k, v, mask, scale) in one dispatch: q f32 [M, H, D]; k, v cache
+        rows [n_kv, Hkv] (n_kv a multiple of 32); mask f32 [M, n_kv] -> f32 [M, H, D]."""
+        M, H, D = q.shape
+        n_kv, Hkv = k.shape
+        if n_kv % 32 or D % 32 or H % Hkv or np.shape(mask) != (M, n_kv):
+            raise BankmlError(f"portable attention: n_kv {n_kv} and D {D} must be multiples of 32, H {H} of Hkv "
+                              f"{Hkv}, the mask [{M}, {n_kv}] not {list(np.shape(mask))}")
+        codes, info = act_buffers(quant.quantize_act(np.asarray(q, _F32).reshape(M * H, D)))
+        p = self.program("attention", emit_attention(self.flushing, self.rte), 8, 6)
+        out = p.run([codes, info, np.ascontiguousarray(k).tobytes(), np.ascontiguousarray(v).tobytes(),
+                     np.ascontiguousarray(mask, _F32).tobytes(), self.tables, 4 * M * H * n_kv, 4 * M * H * D],
+                    [H, H // Hkv, Hkv, D, n_kv, int(np.float32(scale).view(np.uint32))], (H, M),
+                    {7: (_F32, M * H * D)})
+        return out[7].reshape(M, H, D)
