@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from bankml.oracle.paths import bin_dir
+from bankml.testing import models
 
 
 @pytest.hookimpl(trylast=True)              # after -m / -k have deselected what they deselect
@@ -35,3 +36,18 @@ def record(oracle_results, request):
     def rec(**comparison) -> None:
         oracle_results.record(test=request.node.nodeid, **comparison)
     return rec
+
+
+@pytest.fixture(scope="session")
+def servers():
+    """Shared llama-server oracles (one process per model and test session)."""
+    from bankml.oracle.server import LlamaServer
+    made: dict[str, LlamaServer] = {}
+
+    def get(name: str) -> LlamaServer:
+        if name not in made:
+            made[name] = LlamaServer(models.path(name), threads=2)
+        return made[name]
+    yield get
+    for srv in made.values():
+        srv.close()

@@ -35,7 +35,7 @@ _WHITESPACE = frozenset([0x09, 0x0A, 0x0B, 0x0C, 0x0D, 0x20, 0x85, 0xA0, 0x1680,
 
 # llama.cpp's flags table is Unicode 15.1; Python 3.11's unicodedata is 14.0. These are the
 # codepoints it assigns that 14.0 leaves unassigned (first, last, flag); the oracle test
-# tests/runtime/test_tokenizer.py::test_unicode_flags_equal_llama_cpp_table checks every codepoint.
+# tests/tokenizer/test_bpe.py::test_unicode_flags_equal_llama_cpp_table checks every codepoint.
 _UNICODE_15_1 = (
     (0xcf3, 0xcf3, 0x10), (0xece, 0xece, 0x10), (0x2ffc, 0x2fff, 0x40), (0x31ef, 0x31ef, 0x40),
     (0x10efd, 0x10eff, 0x10), (0x1123f, 0x11240, 0x4), (0x11241, 0x11241, 0x10), (0x11b00, 0x11b09, 0x20),

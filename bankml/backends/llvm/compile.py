@@ -11,13 +11,13 @@ distinct kernel is a module of its own, its function named `kernel`: the same ke
 another variant of the model is the same IR text, one disk cache entry (emit, compile_graph).
 A kernel compiled before is loaded by its spec without emitting its IR (kernel_spec, jit.py).
 
-bufs[slot[node id]] is the node's buffer; the runner fills the table (runner.py). Buffer
+bufs[slot[node id]] is the node's buffer; the backend fills the table (backend.py). Buffer
 reuse must respect the barriers: a buffer whose last reader runs before barrier b may be
 written only by kernels after b (plan_arena does this).
 
 A generic graph (bankml.ir.dims: sizes T, KV, O) compiles once for every value of its sizes:
 dims holds this call's values, every kernel reads them, and buffers are sized for the largest.
-The backend keeps one CompiledGraph per variant of a model (runner.py: LlvmBackend).
+The backend keeps one CompiledGraph per variant of a model (backend.py: LlvmBackend).
 """
 from __future__ import annotations
 

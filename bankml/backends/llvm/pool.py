@@ -4,7 +4,7 @@
     pool.run(part, bufs, dims, lo, hi)      # graph_part(bufs, ith, nth, barrier, dims, lo, hi) on every thread
     pool.close()
 
-A job is a compiled graph's graph_part (graph.py). Each worker is a Python thread that makes one
+A job is a compiled graph's graph_part (compile.py). Each worker is a Python thread that makes one
 ctypes call, pool_worker, and stays in it (the GIL released) until the pool closes: it spins on
 the job generation, SPIN_PAUSES pauses and then sched_yield between checks, and after
 SPIN_YIELDS yields sleeps on it in the kernel (futex), so an idle model costs no CPU. pool_run

@@ -16,7 +16,7 @@ Signature of every kernel function (name: f"k{n.id}_{n.op.value}", linkage inter
 - dims[5] (common.KERNEL_ARG) is the node's kernel argument, kernel_arg(g, n) (0 for most ops):
   a size the kernel reads at run time although it is fixed, so that kernels that differ only
   in it are one IR text, compiled once (mul_mat: the weight's rows; SmolLM2's Q, K/V and
-  gate/up projections share one kernel). The glue sets it per call (graph.py).
+  gate/up projections share one kernel). The glue sets it per call (compile.py).
 - Buffers are contiguous, row-major in node.shape (numpy order):
     f32 nodes: float;   f16 nodes (the K/V cache, the KQ mask): half;   i32 inputs (tokens, pos,
     out_ids): i32;   WEIGHT: the GGUF tensor bytes, rows of row_bytes;   QUANTIZE output: the ggml

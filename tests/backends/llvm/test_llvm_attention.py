@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from llvmlite import ir
 
-from bankml.backends.llvm.ggml.attention import one_chunk as kernels_attention  # noqa: F401  (registers the kernel)
+from bankml.backends.llvm import ggml  # noqa: F401  (registers every kernel)
 from bankml.backends.llvm.jit import call_kernel, compile_module
 from bankml.backends.llvm.registry import define, kernel_name
 from bankml.backends.reference.attention import flash_attn

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from llvmlite import ir
 
-from bankml.backends.llvm.ggml import glu as kernels_glu
+from bankml.backends.llvm.emit import expf
 from bankml.backends.llvm.emit.core import for_range, i8, i64, new_function, typed, v8f32
 from bankml.backends.llvm.jit import call_kernel, compile_module
 from bankml.backends.llvm.registry import define, kernel_name
@@ -83,7 +83,7 @@ def test_v_expf_paths_bits_equal_numpy_ggml_v_expf():
     out, xp, count = fn.args
     po, px = typed(b, out, v8f32), typed(b, xp, v8f32)
     with for_range(b, 0, count, name="v") as v:
-        b.store(kernels_glu.v_expf_branch(b, b.load(b.gep(px, [v]), align=4)), b.gep(po, [v]), align=4)
+        b.store(expf.v_expf_branch(b, b.load(b.gep(px, [v]), align=4)), b.gep(po, [v]), align=4)
     b.ret_void()
     eng = compile_module(m)
     out = np.empty_like(x)

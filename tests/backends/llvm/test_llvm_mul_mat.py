@@ -122,8 +122,8 @@ def test_mul_mat_bits_equal_reference(case, nth):
 @pytest.mark.parametrize("case", CHUNKED, ids=[_id(c) for c in CHUNKED])
 def test_mul_mat_bits_equal_reference_in_row_chunks(case, monkeypatch):
     """Tiny row chunks (several chunks per thread, a short last one) keep every output's bits."""
-    from bankml.backends.llvm.ggml.matmul import tiling as kernels_matmul
-    monkeypatch.setattr(kernels_matmul, "CHUNK_BYTES", 1500)
+    from bankml.backends.llvm.ggml.matmul import tiling
+    monkeypatch.setattr(tiling, "CHUNK_BYTES", 1500)
     t, k, m, n = case
     raw, x = _problem(*case)
     g, q, mm = _nodes(*case)

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from bankml.backends.llvm.portable import attention as kp
-from bankml.backends.llvm.portable import f64 as portable_f64
+from bankml.backends.llvm.portable import f64 as pf
 from bankml.profiles.portable import quant
 from tests.backends.llvm import test_llvm_portable_ops as ops
 
@@ -19,7 +19,7 @@ SCALE = np.float32(0.125)
 
 
 def f64_limit(d: int) -> int:
-    return portable_f64.limit(kp.TERM_BITS, d // 32)
+    return pf.limit(kp.TERM_BITS, d // 32)
 
 
 def case(model: str, m: int, seed: int):

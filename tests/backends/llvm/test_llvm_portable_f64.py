@@ -17,7 +17,7 @@ from llvm_kernel_util import compile_kernel, run_kernel  # noqa: E402
 from test_llvm_portable_matmul import _graph, bits, pq8, weights  # noqa: E402
 
 from bankml.backends.llvm.portable import matmul as kpm  # noqa: E402
-from bankml.backends.llvm.portable import f64 as portable_f64  # noqa: E402
+from bankml.backends.llvm.portable import f64 as pf  # noqa: E402
 from bankml.profiles.portable import arith, quant  # noqa: E402
 from bankml.quants import Q1_0, Q2_0, Q4_1, Q8_0, WEIGHT_TYPES  # noqa: E402
 
@@ -28,7 +28,7 @@ MARK = np.float32(12345.0)        # what the marked kernel's exact path gives
 
 
 def limit(t: int) -> int:
-    return portable_f64.limit(kpm.TERM_BITS[t], 16 if t == Q4_1 else 8)
+    return pf.limit(kpm.TERM_BITS[t], 16 if t == Q4_1 else 8)
 
 
 def run(raw, t, a, monkeypatch=None, nth: int = 1) -> np.ndarray:
@@ -145,7 +145,7 @@ def test_q1_0_activation_spread_at_the_i32_bound(monkeypatch):
     in i32: an activation spread of I32_SPREAD takes the f64 path, one more the exact path."""
     rng = np.random.default_rng(40)
     raw = spread_weights(Q1_0, rng, 0, [1, 1])
-    s = portable_f64.I32_SPREAD
+    s = pf.I32_SPREAD
     big = (np.sign(rng.standard_normal((1, K))) * 127 * 2.0 ** -7).astype(np.float32)   # codes +-127: the largest dots
     for spread, f64_rows in ((s, {0, 1}), (s + 1, set())):
         x = activation(rng, [0, -spread, 0, 0, -1, -spread, 0, 0])

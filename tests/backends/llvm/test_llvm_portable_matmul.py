@@ -192,7 +192,7 @@ def test_decode_mul_mat_bits_equal_spec(t, k):
 
 @pytest.mark.parametrize("t", [Q1_0, Q4_1], ids=["Q1_0", "Q4_1"])
 def test_mul_mat_across_row_chunks(t):
-    """More rows than one L2 chunk (kernels_matmul.CHUNK_BYTES of weights), split over threads."""
+    """More rows than one L2 chunk (ggml.matmul.tiling.CHUNK_BYTES of weights), split over threads."""
     rng = np.random.default_rng(300 + t)
     k = 2048
     raw = weights(t, 700 if t == Q1_0 else 300, k, rng)

@@ -2,7 +2,7 @@
 spec's bits (bankml/profiles/portable/quant.py: mul_mat): 1, 2 and 3 threads, K from one group
 plus a last group of one 128-block to 6,144, row counts that are not a multiple of 16 (the last
 rows take the four-row and one-row paths). A kernel whose exact path writes a marker instead
-shows which path each row's group took: exponent spreads at and one past portable_f64.limit,
+shows which path each row's group took: exponent spreads at and one past pf.limit,
 activation spreads at and one past I32_SPREAD, inf/NaN weight scales, bad activation blocks,
 results below 2^-126 (exact path), zero blocks and exact zeros (f64)."""
 from __future__ import annotations
@@ -18,14 +18,14 @@ sys.path.insert(0, str(Path(__file__).parent))
 from test_llvm_portable_f64 import MARK, run as run_decode  # noqa: E402
 from test_llvm_portable_matmul import _graph, bits, weights  # noqa: E402
 
-from bankml.backends.llvm.portable import matmul as kpm, f64 as portable_f64  # noqa: E402
+from bankml.backends.llvm.portable import matmul as kpm, f64 as pf  # noqa: E402
 from bankml.backends.llvm import registry
 from bankml.backends.llvm.portable.q1_lut import ROWS  # noqa: E402
 from bankml.profiles.portable import quant  # noqa: E402
 from bankml.quants import Q1_0  # noqa: E402
 
 THREADS = (1, 2, 3)
-LIMIT = portable_f64.limit(kpm.TERM_BITS[Q1_0], 8)
+LIMIT = pf.limit(kpm.TERM_BITS[Q1_0], 8)
 SHAPES = [(2048, 37), (6144, 50), (640, 45), (384, 16), (2048, 15), (128, 21)]
 
 
@@ -96,7 +96,7 @@ def test_weight_spread_at_the_limit_is_f64_one_past_is_exact(monkeypatch):
     check_paths(raw, x, np.arange(1, n, 2), monkeypatch)
 
 
-@pytest.mark.parametrize("spread", [portable_f64.I32_SPREAD, portable_f64.I32_SPREAD + 1])
+@pytest.mark.parametrize("spread", [pf.I32_SPREAD, pf.I32_SPREAD + 1])
 def test_activation_spread_at_the_i32_bound(spread, monkeypatch):
     """Codes of +-127 (the largest dots) at an activation spread of I32_SPREAD take the f64 path,
     one more the exact path, every row."""
@@ -105,7 +105,7 @@ def test_activation_spread_at_the_i32_bound(spread, monkeypatch):
     x[0, 224:] *= np.float32(2.0 ** -spread)
     raw = weights(Q1_0, ROWS, 256, rng, d=scales(ROWS, 0, [1] * ROWS))
     raw.reshape(ROWS, -1, 18)[:8, :, 2:] = 0xFF              # dots of 32 * 127 in eight rows
-    exact = np.arange(ROWS) if spread > portable_f64.I32_SPREAD else np.arange(0)
+    exact = np.arange(ROWS) if spread > pf.I32_SPREAD else np.arange(0)
     check_paths(raw, x, exact, monkeypatch)
 
 

@@ -82,7 +82,7 @@ def test_no_vulkan_driver_is_one_clear_error():
 
 
 def test_no_vulkan_driver_with_auto_stays_on_cpu():
-    p = _without_driver("from bankml.backends.spirv import device_check as d\n"
+    p = _without_driver("from bankml.backends.spirv.q1 import device_check as d\n"
                         "c = d.select_device('auto'); print(c.device is None, c.reason)")
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith("True Vulkan: ") and "staying on the CPU" in p.stdout

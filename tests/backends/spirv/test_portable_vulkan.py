@@ -14,13 +14,14 @@ import numpy as np
 import pytest
 
 import bankml
-from bankml.backends.spirv import builder as B
+from bankml.backends.reference.lowerings import LOWERINGS
+from bankml.backends.spirv import builder as B, runtime
 from bankml.backends.spirv.portable import kernels as PK
-from bankml.backends.spirv import runtime
 from bankml.gguf.reader import read_gguf
 from bankml.ir.ops import Op
 from bankml.profiles.portable import attention as A
 from bankml.profiles.portable import funcs, quant
+from bankml.profiles.portable import orders as po
 from bankml.quants import F16, Q1_0, Q2_0, Q4_1, Q8_0, WEIGHT_TYPES
 from bankml.testing import models
 
@@ -490,6 +491,12 @@ def test_activation_exponents_beyond_quantize_acts_are_refused(device_kern):
 
 # ---- whole sessions with the kernels in place of the spec's ops
 DEVICE_OPS = (Op.MUL_MAT, Op.RMS_NORM, Op.FLASH_ATTN)
+PORTABLE_ORDERS = {Op.MUL_MAT: po.MUL_MAT, Op.RMS_NORM: po.RMS_NORM, Op.FLASH_ATTN: po.FLASH_ATTN}
+
+
+def _portable_key(op: Op) -> tuple:
+    """The reference backend's table entry of op in the portable profile."""
+    return ("portable", op, PORTABLE_ORDERS[op])
 
 
 def _spirv_lowerings(kern, calls: dict, outputs: list | None = None, flip: str | None = None) -> dict:
@@ -522,7 +529,7 @@ def _kernels_in_place(kern, outputs: list | None = None, flip: str | None = None
     """Inside, reference-backend runs of the portable profile lower mul_mat, rms_norm and
     flash_attn to the SPIR-V kernels. Yields {op: device dispatches} and {op: that op's nodes in
     the graphs run}: equal when every one of them ran on the device."""
-    from bankml.backends.reference import portable, run as ref_run
+    from bankml.backends.reference import run as ref_run
     calls, in_graphs = dict.fromkeys(DEVICE_OPS, 0), dict.fromkeys(DEVICE_OPS, 0)
     run_graph = ref_run.run
 
@@ -534,7 +541,7 @@ def _kernels_in_place(kern, outputs: list | None = None, flip: str | None = None
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ref_run, "run", counting_run)
         for op, fn in _spirv_lowerings(kern, calls, outputs, flip).items():
-            mp.setitem(portable.LOWERINGS, op, fn)
+            mp.setitem(LOWERINGS.entries, _portable_key(op), fn)
         yield calls, in_graphs
 
 
@@ -542,14 +549,13 @@ def _kernels_in_place(kern, outputs: list | None = None, flip: str | None = None
 def _spec_outputs(outputs: list):
     """Inside, the reference backend's mul_mat, rms_norm and flash_attn (the numpy spec) append
     (op, node, value) of every call to outputs."""
-    from bankml.backends.reference import portable
     with pytest.MonkeyPatch.context() as mp:
         for op in DEVICE_OPS:
-            def recorded(env, g, n, *args, spec=portable.LOWERINGS[op]):
+            def recorded(env, g, n, *args, spec=LOWERINGS.entries[_portable_key(op)]):
                 y = spec(env, g, n, *args)
                 outputs.append((n.op, n.name or n.id, np.array(y, F32)))
                 return y
-            mp.setitem(portable.LOWERINGS, op, recorded)
+            mp.setitem(LOWERINGS.entries, _portable_key(op), recorded)
         yield outputs
 
 
