@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import bankml
+from bankml.backends.reference import run as ref_run  # its import fills LOWERINGS
 from bankml.backends.reference.lowerings import LOWERINGS
 from bankml.backends.spirv import builder as B, runtime
 from bankml.backends.spirv.portable import kernels as PK
@@ -529,7 +530,6 @@ def _kernels_in_place(kern, outputs: list | None = None, flip: str | None = None
     """Inside, reference-backend runs of the portable profile lower mul_mat, rms_norm and
     flash_attn to the SPIR-V kernels. Yields {op: device dispatches} and {op: that op's nodes in
     the graphs run}: equal when every one of them ran on the device."""
-    from bankml.backends.reference import run as ref_run
     calls, in_graphs = dict.fromkeys(DEVICE_OPS, 0), dict.fromkeys(DEVICE_OPS, 0)
     run_graph = ref_run.run
 
