@@ -16,7 +16,8 @@ from bankml.testing import models
 @pytest.mark.parametrize("k,v,head,rot", [("q8_0", "q8_0", 64, (64, 64)), ("q8_0", "q8_0", 128, (128, 64)),
                                           ("q4_0", "f16", 128, (128, 0)), ("f16", "q4_0", 64, (0, 64)),
                                           ("f16", "f16", 128, (0, 0)), ("q8_0", "q8_0", 96, (0, 0)),
-                                          ("q8_0", "q8_0", 256, (256, 64))])
+                                          ("q8_0", "q8_0", 256, (256, 64)), ("q8_0", "q8_0", 192, (64, 64)),
+                                          ("q4_0", "q8_0", 160, (0, 0))])
 def test_rotation_sizes_follow_llama_kv_cache(monkeypatch, k, v, head, rot):
     """n_rot_k from 64, doubling while it divides the head; n_rot_v 64; none unless head % 64 == 0."""
     monkeypatch.delenv("LLAMA_ATTN_ROT_DISABLE", raising=False)

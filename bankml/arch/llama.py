@@ -1,10 +1,9 @@
 """llm_build_llama (src/models/llama.cpp), line for line."""
 from __future__ import annotations
 
-import math
-
 from bankml.arch.blocks import Builder
 from bankml.arch.registry import COMMON_REFUSALS, architecture, llama_tensors
+from bankml.numerics.floats import inv_sqrtf
 
 REFUSE = COMMON_REFUSALS + (
     (r"^blk\.\d+\.attn_[qk]_norm\.", "Q/K norms are used by qwen3, not by llama's graph"),
@@ -14,7 +13,7 @@ REFUSE = COMMON_REFUSALS + (
 @architecture("llama", rope_type="norm", tensors=llama_tensors, refuse=REFUSE)
 def build_llama(b: Builder) -> None:
     hp = b.hp
-    kq_scale = 1.0 / math.sqrt(hp.head_dim) if hp.attention_scale == 0.0 else hp.attention_scale
+    kq_scale = inv_sqrtf(hp.head_dim) if hp.attention_scale == 0.0 else hp.attention_scale
 
     inpL = b.inp_embd("token_embd.weight")
     for il in range(hp.n_layer):

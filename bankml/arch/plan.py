@@ -27,7 +27,7 @@ F32, F16, Q4_1, Q8_0, Q1_0, Q2_0 = 0, 1, 3, 8, 41, 42
 Q4_0, Q5_0, Q5_1 = 2, 6, 7
 Q4_K, Q6_K = 12, 14
 MATRIX_TYPES = (F16, Q8_0, Q4_1, Q1_0, Q2_0, Q4_0, Q5_0, Q5_1, Q4_K, Q6_K)   # bankml's weight types, any per tensor
-HEAD_DIMS = (64, 128, 256)
+HEAD_DIM_STEP = 8          # head sizes bankml takes: multiples of 8 (ggml-cpu takes any; see _hparams)
 ROPE_SCALING_TYPES = ("none", "linear", "yarn")  # llama.cpp also knows longrope: refused
 GGUF_BOOL = 7
 GGUF_TYPE_NAMES = {GGUF_UINT32: "u32", GGUF_INT32: "i32", GGUF_FLOAT32: "f32", GGUF_BOOL: "bool", GGUF_STRING: "str"}
@@ -196,9 +196,12 @@ def _hparams(keys: _Keys, arch: str, spec: "registry.Architecture", tied: bool) 
     if n_rot != head_dim:
         raise keys.refuse(f"key {k('rope.dimension_count')} is {n_rot}, head size is {head_dim}: "
                           "partial rope is not reproduced by bankml")
-    if head_dim not in HEAD_DIMS:
-        raise keys.refuse(f"head size {head_dim} (key {k('attention.key_length')} or n_embd/n_head); "
-                          f"bankml supports {' '.join(map(str, HEAD_DIMS))}")
+    if head_dim == 0 or head_dim % HEAD_DIM_STEP:
+        # ggml-cpu's flash attention, rope and rms_norm take any head size, their leftover loops
+        # in the vector loops' float order (vec_dot_f16's f64 tail past D % 32, vec_mad_f16's
+        # contracted fma); bankml's llvm kernels hold Q, K, V rows in 8-lane vectors
+        raise keys.refuse(f"head size {head_dim} (key {k('attention.key_length')} or n_embd/n_head) "
+                          f"is not a multiple of {HEAD_DIM_STEP}; bankml's attention kernels need one")
     tokens = keys.gguf.metadata.get("tokenizer.ggml.tokens")
     if keys.gguf.value_types.get("tokenizer.ggml.tokens") != (GGUF_ARRAY, GGUF_STRING) or not tokens:
         raise keys.refuse("key tokenizer.ggml.tokens is missing, empty or not a string array; it gives n_vocab")

@@ -1,10 +1,9 @@
 """llm_build_qwen3 (src/models/qwen3.cpp), line for line."""
 from __future__ import annotations
 
-import math
-
 from bankml.arch.blocks import Builder
 from bankml.arch.registry import COMMON_REFUSALS, architecture, llama_tensors
+from bankml.numerics.floats import inv_sqrtf
 
 
 def qwen3_tensors(hp):
@@ -36,7 +35,7 @@ def build_qwen3(b: Builder) -> None:
         Kcur = b.cb(Kcur, "Kcur", il)
         Vcur = b.cb(Vcur, "Vcur", il)
 
-        cur = b.attn(p + "attn_output.weight", Qcur, Kcur, Vcur, 1.0 / math.sqrt(hp.head_dim), il)
+        cur = b.attn(p + "attn_output.weight", Qcur, Kcur, Vcur, inv_sqrtf(hp.head_dim), il)
 
         if il == hp.n_layer - 1:
             cur = b.get_rows(cur, b.out_ids)

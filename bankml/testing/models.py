@@ -14,6 +14,8 @@
 - Random-weight Gemma 3s shaped like Gemma-3-270M in small (256 embd, 6 layers: 5 sliding-window
   layers and one global, 2 heads and 1 K/V head of 256, 512 ff, tied), with a 48-token window (to
   cross it cheaply) or the real 512; F16, and `--pure` Q8_0.
+- Random-weight Llamas and Qwen3s of other head sizes (2 layers, 2 heads over 1 K/V head, ff 256,
+  tied): llama-h80, llama-h96, llama-h192, qwen3-h112, qwen3-h160, F16, and qwen3-h112 `--pure` Q8_0.
 - llama-kq-mixed: the random llama-kq in Q5_0 with `--tensor-type` overrides (Q5_1 k and up,
   Q6_K v, Q4_K gate, Q8_0 embeddings): one input read by q8_0, q8_1 and q8_K mat-muls.
 Random models borrow SmolLM2's BPE vocabulary (Qwen3 ones under the `qwen2` pre-tokenizer).
@@ -60,6 +62,13 @@ SHAPES = {
     "llama-kq": RandomShape("llama", 512, 2, 8, 2, 64, 1536, False, 5),
     "gemma3-tiny-w48": RandomShape("gemma3", 256, 6, 2, 1, 256, 512, True, 5, n_swa=48),
     "gemma3-tiny-w512": RandomShape("gemma3", 256, 6, 2, 1, 256, 512, True, 5, n_swa=512),
+    # head sizes past 64/128/256: D % 32 == 16 (ggml_vec_dot_f16's f64 tail), D % 64 == 32, and
+    # 192 (a quantized cache's Hadamard rotation of 64, three blocks a head)
+    "llama-h80": RandomShape("llama", 160, 2, 2, 1, 80, 256, True, 6),
+    "llama-h96": RandomShape("llama", 192, 2, 2, 1, 96, 256, True, 7),
+    "llama-h192": RandomShape("llama", 192, 2, 2, 1, 192, 256, True, 8),
+    "qwen3-h112": RandomShape("qwen3", 224, 2, 2, 1, 112, 256, True, 9),
+    "qwen3-h160": RandomShape("qwen3", 160, 2, 2, 1, 160, 256, True, 10),
 }
 
 # name -> (how it is made, from what, quantization type)
@@ -91,6 +100,12 @@ MODELS = {
     "llama-kq-q4_k_m": ("quantize-mix", "llama-kq-f16", "Q4_K_M"),   # llama-quantize's default mix
     "llama-kq-q4_k": ("quantize", "llama-kq-f16", "Q4_K"),
     "llama-kq-q6_k": ("quantize", "llama-kq-f16", "Q6_K"),
+    "llama-h80-f16": ("random", "llama-h80", None),
+    "llama-h96-f16": ("random", "llama-h96", None),
+    "llama-h192-f16": ("random", "llama-h192", None),
+    "qwen3-h112-f16": ("random", "qwen3-h112", None),
+    "qwen3-h112-q8_0": ("quantize", "qwen3-h112-f16", "Q8_0"),
+    "qwen3-h160-f16": ("random", "qwen3-h160", None),
     # one input quantized three ways: attn_norm to q8_0 (Q5_0 q), q8_1 (Q5_1 k) and q8_K (Q6_K v),
     # ffn_norm to q8_1 (Q5_1 up) and q8_K (repacked Q4_K gate); Q8_0 embeddings, Q5_0 output
     "llama-kq-mixed": ("quantize-types", "llama-kq-f16",

@@ -249,8 +249,19 @@ def test_refuses_token_embd_of_wrong_vocab_from_header(tmp_path):
     refused(tmp_path, "tensor token_embd.weight has shape [128, 33]", reshape={"token_embd.weight": (128, 33)})
 
 
-def test_refuses_head_dim_96_from_header(tmp_path):
-    refused(tmp_path, "head size 96", n_embd=192, n_head=2)
+@pytest.mark.parametrize("arch", ["llama", "qwen3"])
+@pytest.mark.parametrize("head_dim", [80, 96, 112, 160, 192])
+def test_plans_head_sizes_past_64_128_256(tmp_path, arch, head_dim):
+    """Any multiple of 8, from n_embd / n_head as from key_length."""
+    assert planned(tmp_path, arch=arch, n_embd=2 * head_dim, n_head=2).hparams.head_dim == head_dim
+    keys = {f"{arch}.attention.key_length": (U32, head_dim), f"{arch}.attention.value_length": (U32, head_dim)}
+    hp = planned(tmp_path, arch=arch, n_embd=128, n_head=2, head_dim=head_dim, kv_edit=keys).hparams
+    assert hp.head_dim == head_dim
+
+
+@pytest.mark.parametrize("n_embd,n_head", [(200, 2), (36, 1)])
+def test_refuses_head_size_not_a_multiple_of_8_from_header(tmp_path, n_embd, n_head):
+    refused(tmp_path, f"head size {n_embd // n_head}", "not a multiple of 8", n_embd=n_embd, n_head=n_head)
 
 
 def test_refuses_value_length_unlike_key_length_from_header(tmp_path):
