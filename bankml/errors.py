@@ -13,6 +13,11 @@ class ModelRefused(BankmlError):
     """A well-formed model whose graph bankml does not reproduce (named key or tensor, and why)."""
 
 
+class MissingTensor(ModelRefused, AttributeError):
+    """An architecture's graph asks for a tensor the file does not have (named); an AttributeError
+    too, so `getattr(layer, "attn_q_norm", None)` tests whether a file has a tensor."""
+
+
 class LoweringError(BankmlError):
     """A backend has no lowering for a node (op, node name, backend)."""
 

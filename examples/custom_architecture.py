@@ -1,7 +1,9 @@
 """An architecture defined outside bankml, registered with its whole declaration, run end to end.
 
 `my_llama` is Llama written out by hand from the DSL's primitives (no `b.ffn`, no `b.qkv`):
-the feed-forward is spelled as three mul_mats and a swiglu node. Its registration declares
+the feed-forward is spelled as three mul_mats and a swiglu. It reads the layer weights as
+attributes (`L.attn_q` is the file's blk.{il}.attn_q.weight, checked against the file) and asks
+for the graph inputs it uses (positions, the attention input, the output rows). Its registration declares
 what plan() checks a file against (bankml/arch/registry.py): the keys its load_arch_hparams
 reads (here one optional key, with llama.cpp's default), the tensors it requires with their
 shapes from the hyper-parameters, the tensors it refuses and why, and its rope type. It runs
@@ -18,10 +20,7 @@ import sys
 import numpy as np
 
 import bankml
-from bankml.arch.blocks import Builder
-from bankml.arch.registry import COMMON_REFUSALS, Key, architecture
-from bankml.ir import order as fo
-from bankml.ir.ops import Op
+from bankml.arch import COMMON_REFUSALS, Builder, Key, architecture
 
 
 def my_llama_tensors(hp) -> dict:
@@ -45,38 +44,40 @@ def my_llama_tensors(hp) -> dict:
               tensors=my_llama_tensors,
               refuse=COMMON_REFUSALS + ((r"attn_[qk]_norm", "my_llama has no Q/K norms"),))
 def build_my_llama(b: Builder) -> None:
-    hp = b.hp
+    hp, model = b.hp, b.model
     kq_scale = 1.0 / math.sqrt(hp.head_dim)
     T = b.batch.n_tokens
 
-    inpL = b.inp_embd("token_embd.weight")
-    for il in range(hp.n_layer):
-        p = f"blk.{il}."
-        inpSA = inpL
-        cur = b.cb(b.norm(inpL, p + "attn_norm.weight", il), "attn_norm", il)
+    inp_pos = b.inp_pos()
+    inp_attn = b.inp_attn()
+    inp_out_ids = b.inp_out_ids()
 
-        q = b.cb(b.reshape(b.cb(b.mm(p + "attn_q.weight", cur), "Qcur", il), (T, hp.n_head, hp.head_dim)), "Qcur", il)
-        k = b.cb(b.reshape(b.cb(b.mm(p + "attn_k.weight", cur), "Kcur", il), (T, hp.n_head_kv, hp.head_dim)),
-                 "Kcur", il)
-        v = b.cb(b.reshape(b.cb(b.mm(p + "attn_v.weight", cur), "Vcur", il), (T, hp.n_head_kv, hp.head_dim)),
-                 "Vcur", il)
-        q = b.cb(b.rope(q), "Qcur", il)
-        k = b.cb(b.rope(k), "Kcur", il)
-        cur = b.cb(b.attn(p + "attn_output.weight", q, k, v, kq_scale, il), "attn_out", il)
+    inpL = b.inp_embd(model.tok_embd)
+    for il in range(hp.n_layer):
+        L = model.layers[il]
+        inpSA = inpL
+        cur = b.cb(b.norm(inpL, L.attn_norm, il), "attn_norm", il)
+
+        q = b.cb(b.reshape(b.cb(b.mm(L.attn_q, cur), "Qcur", il), (T, hp.n_head, hp.head_dim)), "Qcur", il)
+        k = b.cb(b.reshape(b.cb(b.mm(L.attn_k, cur), "Kcur", il), (T, hp.n_head_kv, hp.head_dim)), "Kcur", il)
+        v = b.cb(b.reshape(b.cb(b.mm(L.attn_v, cur), "Vcur", il), (T, hp.n_head_kv, hp.head_dim)), "Vcur", il)
+        q = b.cb(b.rope(q, inp_pos), "Qcur", il)
+        k = b.cb(b.rope(k, inp_pos), "Kcur", il)
+        cur = b.cb(b.attn(inp_attn, L.attn_output, q, k, v, kq_scale, il), "attn_out", il)
 
         if il == hp.n_layer - 1:
-            cur, inpSA = b.get_rows(cur, b.out_ids), b.get_rows(inpSA, b.out_ids)
+            cur, inpSA = b.get_rows(cur, inp_out_ids), b.get_rows(inpSA, inp_out_ids)
         ffn_inp = b.cb(b.add(cur, inpSA), "ffn_inp", il)
 
-        cur = b.cb(b.norm(ffn_inp, p + "ffn_norm.weight", il), "ffn_norm", il)
-        up = b.cb(b.mm(p + "ffn_up.weight", cur), "ffn_up", il)
-        gate = b.cb(b.mm(p + "ffn_gate.weight", cur), "ffn_gate", il)
-        act = b.cb(b.node(Op.SWIGLU, (gate, up), gate.shape, order=fo.SWIGLU), "ffn_swiglu", il)
-        cur = b.cb(b.mm(p + "ffn_down.weight", act), "ffn_out", il)
+        cur = b.cb(b.norm(ffn_inp, L.ffn_norm, il), "ffn_norm", il)
+        up = b.cb(b.mm(L.ffn_up, cur), "ffn_up", il)
+        gate = b.cb(b.mm(L.ffn_gate, cur), "ffn_gate", il)
+        act = b.cb(b.swiglu(gate, up), "ffn_swiglu", il)
+        cur = b.cb(b.mm(L.ffn_down, act), "ffn_out", il)
         inpL = b.cb(b.add(cur, ffn_inp), "l_out", il)
 
-    cur = b.cb(b.norm(inpL, "output_norm.weight", -1), "result_norm")
-    b.output("logits", b.cb(b.mm(b.plan.logits_matrix, cur), "result_output"))
+    cur = b.cb(b.norm(inpL, model.output_norm, -1), "result_norm")
+    b.output("logits", b.cb(b.mm(model.output, cur), "result_output"))
 
 
 def main() -> int:

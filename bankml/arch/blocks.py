@@ -3,12 +3,23 @@
 An architecture file calls these in the order llm_build_* does; each call adds IR nodes
 named as llama.cpp's cb() names them. Float orders of fixed ops are attached here; those
 that depend on shapes (mul_mat, attention) are chosen by passes.
+
+What a graph reads comes through three doors, as in llama.cpp:
+- the model's tensors: `b.model.tok_embd`, `.output_norm`, `.output` (token_embd when the file
+  ties it) and `b.model.layers[il].attn_q` ... (`blk.{il}.attn_q.weight`), each checked against
+  the file's tensors (a missing one is a `MissingTensor` naming it);
+- the graph inputs it asks for (`b.inp_pos()`, `b.inp_attn()` or `b.inp_attn_iswa()`,
+  `b.inp_out_ids()`: llama.cpp's build_inp_*), besides the micro-batch's tokens that
+  `inp_embd` reads;
+- the hyper-parameters `b.hp` (typed fields, arch/plan.py) and the registered Architecture.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from bankml.arch.plan import Plan
+from bankml.arch.registry import Architecture, lookup
+from bankml.errors import BankmlError, MissingTensor
 from bankml.gguf.reader import ggml_type_name
 from bankml.ir import order as fo
 from bankml.ir.graph import Graph
@@ -34,33 +45,81 @@ class Batch:
     n_kv_swa: int | None = None   # cells the sliding-window layers read from their own cache
 
 
+@dataclass(frozen=True)
+class Weight:
+    """A tensor of the file, as llama.cpp's model.tok_embd or model.layers[il].wq: a block that
+    reads it makes its `weight` node there (so the IR numbers a weight where it is first used)."""
+    name: str                  # the GGUF tensor: "blk.3.attn_q.weight"
+
+
+class Layer:
+    """model.layers[il]: `L.attn_q` is the file's blk.{il}.attn_q.weight (GGUF part names); a part
+    the file lacks raises MissingTensor (an AttributeError too: `getattr(L, "attn_q_norm", None)`
+    asks whether it is there, as llama.cpp tests `if (model.layers[il].bq)`)."""
+
+    def __init__(self, b: "Builder", il: int):
+        self._b, self.il = b, il
+
+    def __getattr__(self, part: str) -> Weight:
+        if part.startswith("_"):
+            raise AttributeError(part)
+        return self._b.tensor(f"blk.{self.il}.{part}.weight", f"model.layers[{self.il}].{part}")
+
+
+class Weights:
+    """llama_model's tensors: tok_embd, output_norm, output (llama.cpp's TENSOR_DUPLICATED
+    token_embd when the file has no output.weight) and layers[il]."""
+
+    def __init__(self, b: "Builder"):
+        self._b = b
+        self.layers = tuple(Layer(b, il) for il in range(b.hp.n_layer))
+
+    @property
+    def tok_embd(self) -> Weight:
+        return self._b.tensor("token_embd.weight", "model.tok_embd")
+
+    @property
+    def output_norm(self) -> Weight:
+        return self._b.tensor("output_norm.weight", "model.output_norm")
+
+    @property
+    def output(self) -> Weight:
+        return self._b.tensor(self._b.plan.logits_matrix, "model.output")
+
+
+@dataclass(frozen=True)
+class AttnInput:
+    """llm_graph_input_attn_kv (build_attn_inp_kv) or, with the `_swa` pair, its iSWA form
+    (build_attn_inp_kv_iswa): the cells a layer's K/V rows go to and the mask it reads through."""
+    kq_mask: Node
+    k_idxs: Node                    # the tokens' cells: their positions (bankml's cache is unified)
+    kq_mask_swa: Node | None = None
+    k_idxs_swa: Node | None = None  # the cells find_slot gave the tokens in the sliding-window cache
+
+
 # Where llama.cpp's graph puts a layer's nodes (src/models/*.cpp, llama-graph.cpp:build_attn): nodes of
 # layer il start at 4 + il * (layer size) (embd, and the mixed-batch get_rows, dup and set_rows come
-# first); per arch: nodes up to Q's rope, nodes of K's chain (mul_mat .. rope). Unnamed nodes are named
-# "node_<index>" by ggml, which is how the eval callback reports the Hadamard rotations.
-_GGML_LAYOUT = {"llama": (5, 3), "qwen3": (7, 5)}
+# first); an architecture declares its own counts (Architecture.ggml_layout: nodes up to Q's rope,
+# nodes of K's chain); build_attn's are these. Unnamed nodes are named "node_<index>" by ggml, which
+# is how the eval callback reports the Hadamard rotations.
 _GGML_ATTN, _GGML_TAIL = 11, 9          # cache writes and views .. flash_attn_ext; wo .. l_out
 
 
 class Builder:
+    """One micro-batch's graph as an architecture's build(b) writes it (llm_graph_context): b.hp,
+    b.model (the tensors), the inputs it asks for, and the blocks below."""
+
     def __init__(self, plan: Plan, batch: Batch, shapes: dict[str, tuple[int, ...]],
-                 kv: KvCacheTypes | None = None):
+                 kv: KvCacheTypes | None = None, arch: Architecture | None = None):
         self.plan, self.hp, self.batch, self.shapes = plan, plan.hparams, batch, shapes
         self.kv = kv or KvCacheTypes()
+        self.arch = arch or lookup(plan.arch)       # the architecture whose graph this builds
         self.g = Graph(meta={"arch": plan.arch, "n_tokens": batch.n_tokens, "n_kv": batch.n_kv,
                              "n_outputs": batch.n_outputs})
         self._weights: dict[str, Node] = {}
-        T = batch.n_tokens
-        self.inp_tokens = self._input("tokens", (T,), "i32")
-        self.inp_pos = self._input("pos", (T,), "i32")
-        self.kq_mask = self._input("kq_mask", (T, batch.n_kv), "f16")
-        # iSWA (llama_kv_cache_iswa): the sliding-window layers' own cache: its cells for this
-        # micro-batch's tokens (find_slot) and its mask
-        self.kq_mask_swa = self.swa_idxs = None
-        if self.hp.n_swa:
-            self.kq_mask_swa = self._input("kq_mask_swa", (T, batch.n_kv_swa), "f16")
-            self.swa_idxs = self._input("swa_idxs", (T,), "i32")
-        self.out_ids = self._input("out_ids", (batch.n_outputs,), "i32")
+        self._inputs: dict[str, Node] = {}
+        self.model = Weights(self)
+        self.inp_tokens = self._input("tokens", (batch.n_tokens,), "i32")   # ubatch.token: inp_embd reads it
 
     # ---- plumbing ----
     def node(self, op: Op, inputs: tuple[Node, ...], shape: tuple[int, ...], dtype: str = _ACT_DTYPE,
@@ -69,16 +128,28 @@ class Builder:
         return self.g.add(n)
 
     def _input(self, name: str, shape, dtype) -> Node:
-        return self.node(Op.INPUT, (), shape, dtype, name=f"inp_{name}" if not name.startswith("kq_mask") else
-                         f"attn_inp_{name}", input=name)
+        """A graph input, made once (asking again gives the same node)."""
+        if name not in self._inputs:
+            self._inputs[name] = self.node(Op.INPUT, (), shape, dtype, input=name,
+                                           name=f"attn_inp_{name}" if name.startswith("kq_mask") else f"inp_{name}")
+        return self._inputs[name]
 
-    def weight(self, tensor: str) -> Node:
-        if tensor not in self._weights:
-            shape = self.shapes[tensor]
-            typ = self.plan.weight_types[tensor]
-            self._weights[tensor] = self.node(Op.WEIGHT, (), shape[::-1], ggml_type_name(typ), name=tensor,
-                                              tensor=tensor, ggml_type=typ)
-        return self._weights[tensor]
+    def tensor(self, name: str, attr: str | None = None) -> Weight:
+        """The file's tensor `name`, or MissingTensor naming it (plan() checked the file against the
+        architecture's declared tensors, so a graph asking for one it did not declare fails here)."""
+        if name not in self.plan.weight_types:
+            raise MissingTensor(f"{attr or name}: tensor {name} is not in the file; the {self.arch.name} graph "
+                                "asks for it (declare it in the architecture's tensors)")
+        return Weight(name)
+
+    def weight(self, w: Weight) -> Node:
+        """The `weight` node of a tensor, made the first time a block reads it."""
+        if w.name not in self._weights:
+            shape = self.shapes[w.name]
+            typ = self.plan.weight_types[w.name]
+            self._weights[w.name] = self.node(Op.WEIGHT, (), shape[::-1], ggml_type_name(typ), name=w.name,
+                                              tensor=w.name, ggml_type=typ)
+        return self._weights[w.name]
 
     def cb(self, n: Node, name: str, il: int = -1) -> Node:
         """Name a tensor as llama.cpp's cb(cur, name, il) does."""
@@ -89,8 +160,34 @@ class Builder:
     def output(self, key: str, n: Node) -> None:
         self.g.outputs[key] = n.id
 
+    # ---- graph inputs (llama-graph.cpp build_inp_*) ----
+    def inp_pos(self) -> Node:
+        """build_inp_pos: the tokens' positions."""
+        return self._input("pos", (self.batch.n_tokens,), "i32")
+
+    def inp_out_ids(self) -> Node:
+        """build_inp_out_ids: the rows whose logits are wanted."""
+        return self._input("out_ids", (self.batch.n_outputs,), "i32")
+
+    def inp_attn(self) -> AttnInput:
+        """build_attn_inp_kv: the KQ mask over n_kv cells; the tokens go to the cells of their positions."""
+        k_idxs = self.inp_pos()
+        return AttnInput(self._input("kq_mask", (self.batch.n_tokens, self.batch.n_kv), "f16"), k_idxs)
+
+    def inp_attn_iswa(self) -> AttnInput:
+        """build_attn_inp_kv_iswa (llama_kv_cache_iswa): inp_attn's mask and, for the sliding-window
+        layers (hp.is_swa), their own cache's mask over n_kv_swa cells and the cells find_slot gave
+        this micro-batch's tokens."""
+        T, n_kv_swa = self.batch.n_tokens, self.batch.n_kv_swa
+        if n_kv_swa is None:
+            raise BankmlError(f"the {self.arch.name} graph asks for a sliding-window cache, but the model "
+                              "has no sliding window (n_swa 0)")
+        base = self.inp_attn()
+        return AttnInput(base.kq_mask, base.k_idxs, self._input("kq_mask_swa", (T, n_kv_swa), "f16"),
+                         self._input("swa_idxs", (T,), "i32"))
+
     # ---- llama-graph.cpp blocks ----
-    def inp_embd(self, tok_embd: str, tok_scale: float = 1.0) -> Node:
+    def inp_embd(self, tok_embd: Weight, tok_scale: float = 1.0) -> Node:
         """build_inp_embd: get_rows of the token embeddings, named "embd"; with a tok_scale
         other than 1 the rows are multiplied by it (llama.cpp: ggml_mul by the input
         scale_rows, holding tok_scale for every token row: r(x*s), the bits of ggml_scale)
@@ -106,13 +203,13 @@ class Builder:
         """ggml_scale(x, s): r(x*s) (an unnamed node, as in llama.cpp)."""
         return self.node(Op.SCALE, (x,), x.shape, order=fo.SCALE, scale=s)
 
-    def norm(self, x: Node, w: str, il: int) -> Node:
+    def norm(self, x: Node, w: Weight, il: int) -> Node:
         """build_norm(LLM_NORM_RMS): rms_norm ("norm-il") then mul by the weight."""
         cur = self.node(Op.RMS_NORM, (x,), x.shape, name=tensor_name("norm", il), order=fo.RMS_NORM,
                         eps=self.hp.rms_eps)
         return self.node(Op.MUL, (cur, self.weight(w)), x.shape, order=fo.ELEMENTWISE)
 
-    def mm(self, w: str, x: Node) -> Node:
+    def mm(self, w: Weight, x: Node) -> Node:
         """build_lora_mm: a plain mul_mat; the pass choose_matmul_kernel gives its order."""
         wn = self.weight(w)
         return self.node(Op.MUL_MAT, (wn, x), (*x.shape[:-1], wn.shape[0]))
@@ -120,37 +217,37 @@ class Builder:
     def reshape(self, x: Node, shape: tuple[int, ...]) -> Node:
         return self.node(Op.RESHAPE, (x,), shape, name=x.name)
 
-    def qkv(self, cur: Node, il: int) -> tuple[Node, Node, Node]:
+    def qkv(self, cur: Node, L: Layer, il: int) -> tuple[Node, Node, Node]:
         """build_qkv with separate wq/wk/wv: mul_mat, cb, reshape_3d, cb."""
-        hp, T, p = self.hp, self.batch.n_tokens, f"blk.{il}."
+        hp, T = self.hp, self.batch.n_tokens
         out = []
         for w, nm, heads in (("attn_q", "Qcur", hp.n_head), ("attn_k", "Kcur", hp.n_head_kv),
                              ("attn_v", "Vcur", hp.n_head_kv)):
-            t = self.cb(self.mm(p + w + ".weight", cur), nm, il)
+            t = self.cb(self.mm(getattr(L, w), cur), nm, il)
             out.append(self.cb(self.reshape(t, (T, heads, hp.head_dim)), nm, il))
         return out[0], out[1], out[2]
 
-    def rope(self, x: Node, freq_base: float | None = None, freq_scale: float | None = None) -> Node:
-        """ggml_rope_ext with the model's (or YaRN-derived) parameters; a layer may pass its own
-        base and scale (llama_model::get_rope_freq_base/_scale for sliding-window layers)."""
+    def rope(self, x: Node, pos: Node, freq_base: float | None = None, freq_scale: float | None = None) -> Node:
+        """ggml_rope_ext(x, inp_pos) with the model's (or YaRN-derived) parameters; a layer may pass
+        its own base and scale (hp.get_rope_freq_base/_scale: llama_model's, for sliding-window layers)."""
         hp = self.hp
         freq_base = hp.rope_freq_base if freq_base is None else freq_base
         freq_scale = hp.rope_freq_scale if freq_scale is None else freq_scale
-        return self.node(Op.ROPE, (x, self.inp_pos), x.shape, order=fo.ROPE, mode=hp.rope_type,
+        return self.node(Op.ROPE, (x, pos), x.shape, order=fo.ROPE, mode=hp.rope_type,
                          n_dims=hp.head_dim, n_ctx_orig=hp.yarn_orig_ctx, freq_base=freq_base,
                          freq_scale=freq_scale, ext_factor=hp.yarn_ext_factor,
                          attn_factor=hp.yarn_attn_factor, beta_fast=hp.yarn_beta_fast,
                          beta_slow=hp.yarn_beta_slow)
 
-    def attn(self, wo: str, q: Node, k: Node, v: Node, kq_scale: float, il: int) -> Node:
+    def attn(self, inp: AttnInput, wo: Weight, q: Node, k: Node, v: Node, kq_scale: float, il: int) -> Node:
         """build_attn with the K/V cache and flash attention: the Hadamard rotations of a quantized
         cache (Q and K by rot_k, V by rot_v), set_rows into the cache, flash_attn_ext over the n_kv
-        cells, reshape "kqv_out-il", V's rotation undone (the same transform), then wo. A
-        sliding-window layer (hp.is_swa) writes and reads its own cache: the cells find_slot gave its
-        tokens, n_kv_swa of them read through the SWA mask."""
+        cells, reshape "kqv_out-il", V's rotation undone (the same transform), then wo. Through an
+        iSWA input a sliding-window layer (hp.is_swa) writes and reads its own cache: the cells
+        find_slot gave its tokens, n_kv_swa of them read through the SWA mask."""
         hp, b, kv = self.hp, self.batch, self.kv
-        swa = hp.is_swa(il)
-        mask, idxs = (self.kq_mask_swa, self.swa_idxs) if swa else (self.kq_mask, self.inp_pos)
+        swa = inp.kq_mask_swa is not None and hp.is_swa(il)
+        mask, idxs = (inp.kq_mask_swa, inp.k_idxs_swa) if swa else (inp.kq_mask, inp.k_idxs)
         if kv.rot_k:
             q = self.hadamard(q, kv.rot_k, self._ggml_name(il, "q"))
         if kv.rot_v:
@@ -178,7 +275,7 @@ class Builder:
         """ggml's name of the Hadamard mul_mat of Q, V, K or kqv_out in layer il ("node_<index>"),
         counted as build_attn adds nodes: Q's chain (and its rotation: reshape_2d, mul_mat,
         reshape_4d), V's, K's, the cache writes and flash_attn_ext, kqv_out (and its rotation)."""
-        layout = _GGML_LAYOUT.get(self.plan.arch)
+        layout = self.arch.ggml_layout
         if layout is None:
             return None
         q_chain, k_chain = layout
@@ -197,14 +294,21 @@ class Builder:
     def add(self, a: Node, b: Node) -> Node:
         return self.node(Op.ADD, (a, b), a.shape, order=fo.ELEMENTWISE)
 
-    def ffn(self, cur: Node, il: int, act: str = "silu") -> Node:
+    def swiglu(self, gate: Node, up: Node) -> Node:
+        """ggml_swiglu_split(gate, up): silu(gate) * up."""
+        return self.node(Op.SWIGLU, (gate, up), gate.shape, order=fo.SWIGLU)
+
+    def geglu(self, gate: Node, up: Node) -> Node:
+        """ggml_geglu_split(gate, up): gelu(gate) * up (ggml's f16 GELU table)."""
+        return self.node(Op.GEGLU, (gate, up), gate.shape, order=fo.GEGLU)
+
+    def ffn(self, cur: Node, L: Layer, il: int, act: str = "silu") -> Node:
         """build_ffn(LLM_FFN_SILU or LLM_FFN_GELU, LLM_FFN_PAR): up, gate, swiglu(gate, up) or
         geglu(gate, up), down."""
-        p = f"blk.{il}."
-        up = self.cb(self.mm(p + "ffn_up.weight", cur), "ffn_up", il)
-        gate = self.cb(self.mm(p + "ffn_gate.weight", cur), "ffn_gate", il)
+        up = self.cb(self.mm(L.ffn_up, cur), "ffn_up", il)
+        gate = self.cb(self.mm(L.ffn_gate, cur), "ffn_gate", il)
         if act == "gelu":
-            cur = self.cb(self.node(Op.GEGLU, (gate, up), gate.shape, order=fo.GEGLU), "ffn_geglu", il)
+            cur = self.cb(self.geglu(gate, up), "ffn_geglu", il)
         else:
-            cur = self.cb(self.node(Op.SWIGLU, (gate, up), gate.shape, order=fo.SWIGLU), "ffn_swiglu", il)
-        return self.mm(p + "ffn_down.weight", cur)
+            cur = self.cb(self.swiglu(gate, up), "ffn_swiglu", il)
+        return self.mm(L.ffn_down, cur)

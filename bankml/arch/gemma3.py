@@ -19,8 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bankml.arch.blocks import Builder
-from bankml.arch.registry import COMMON_REFUSALS, Key, architecture, llama_tensors
+from bankml.arch import COMMON_REFUSALS, Builder, Key, architecture, llama_tensors
 
 KEYS = (
     Key("attention.sliding_window", "u32", default=0),              # n_swa; absent or 0: no SWA (graph<false>)
@@ -69,27 +68,33 @@ def derive(hp, refuse) -> dict:
 
 @architecture("gemma3", rope_type="neox", keys=KEYS, tensors=gemma3_tensors, refuse=REFUSE, derive=derive)
 def build_gemma3(b: Builder) -> None:
-    hp = b.hp
+    hp, model = b.hp, b.model
+    iswa = hp.n_swa > 0                     # graph<iswa>: LLAMA_SWA_TYPE_STANDARD
 
-    inpL = b.inp_embd("token_embd.weight", float(np.sqrt(np.float32(hp.n_embd))))
+    # the graph inputs first (llama.cpp's are leafs, apart from its nodes; bankml numbers them first)
+    inp_pos = b.inp_pos()
+    inp_attn = b.inp_attn_iswa() if iswa else b.inp_attn()
+    inp_out_ids = b.inp_out_ids()
+
+    inpL = b.inp_embd(model.tok_embd, float(np.sqrt(np.float32(hp.n_embd))))
     inpL = b.cb(inpL, "inp_scaled")
 
     for il in range(hp.n_layer):
-        p = f"blk.{il}."
-        if hp.is_swa(il):
-            freq_base_l, freq_scale_l = hp.extra["rope_freq_base_swa"], hp.extra["rope_freq_scale_swa"]
+        L = model.layers[il]
+        if iswa:
+            freq_base_l, freq_scale_l = hp.get_rope_freq_base(il), hp.get_rope_freq_scale(il)
         else:
             freq_base_l, freq_scale_l = hp.rope_freq_base, hp.rope_freq_scale
 
-        cur = b.cb(b.norm(inpL, p + "attn_norm.weight", il), "attn_norm", il)
+        cur = b.cb(b.norm(inpL, L.attn_norm, il), "attn_norm", il)
 
-        Qcur, Kcur, Vcur = b.qkv(cur, il)
+        Qcur, Kcur, Vcur = b.qkv(cur, L, il)
 
-        Qcur = b.cb(b.norm(Qcur, p + "attn_q_norm.weight", il), "Qcur_normed", il)
-        Qcur = b.rope(Qcur, freq_base_l, freq_scale_l)
+        Qcur = b.cb(b.norm(Qcur, L.attn_q_norm, il), "Qcur_normed", il)
+        Qcur = b.rope(Qcur, inp_pos, freq_base_l, freq_scale_l)
 
-        Kcur = b.cb(b.norm(Kcur, p + "attn_k_norm.weight", il), "Kcur_normed", il)
-        Kcur = b.rope(Kcur, freq_base_l, freq_scale_l)
+        Kcur = b.cb(b.norm(Kcur, L.attn_k_norm, il), "Kcur_normed", il)
+        Kcur = b.rope(Kcur, inp_pos, freq_base_l, freq_scale_l)
 
         Qcur = b.cb(Qcur, "Qcur", il)
         Kcur = b.cb(Kcur, "Kcur", il)
@@ -97,26 +102,26 @@ def build_gemma3(b: Builder) -> None:
 
         Qcur = b.scale(Qcur, hp.attention_scale)
 
-        cur = b.attn(p + "attn_output.weight", Qcur, Kcur, Vcur, 1.0, il)
+        cur = b.attn(inp_attn, L.attn_output, Qcur, Kcur, Vcur, 1.0, il)
 
         if il == hp.n_layer - 1:
-            cur = b.get_rows(cur, b.out_ids)
-            inpL = b.get_rows(inpL, b.out_ids)
+            cur = b.get_rows(cur, inp_out_ids)
+            inpL = b.get_rows(inpL, inp_out_ids)
 
-        cur = b.cb(b.norm(cur, p + "post_attention_norm.weight", il), "attn_post_norm", il)
+        cur = b.cb(b.norm(cur, L.post_attention_norm, il), "attn_post_norm", il)
 
         sa_out = b.cb(b.add(cur, inpL), "sa_out", il)
 
-        cur = b.cb(b.norm(sa_out, p + "ffn_norm.weight", il), "ffn_norm", il)
+        cur = b.cb(b.norm(sa_out, L.ffn_norm, il), "ffn_norm", il)
 
-        cur = b.cb(b.ffn(cur, il, act="gelu"), "ffn_out", il)
+        cur = b.cb(b.ffn(cur, L, il, act="gelu"), "ffn_out", il)
 
-        cur = b.cb(b.norm(cur, p + "post_ffw_norm.weight", -1), "ffn_post_norm", il)
+        cur = b.cb(b.norm(cur, L.post_ffw_norm, -1), "ffn_post_norm", il)
 
         cur = b.cb(b.add(cur, sa_out), "l_out", il)
 
         inpL = cur
 
-    cur = b.cb(b.norm(inpL, "output_norm.weight", -1), "result_norm")
-    cur = b.cb(b.mm(b.plan.logits_matrix, cur), "result_output")
+    cur = b.cb(b.norm(inpL, model.output_norm, -1), "result_norm")
+    cur = b.cb(b.mm(model.output, cur), "result_output")
     b.output("logits", cur)

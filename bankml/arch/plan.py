@@ -65,10 +65,20 @@ class HParams:
     tied: bool                # no output.weight: logits use token_embd.weight
     n_swa: int = 0            # sliding window (llama_hparams::n_swa); 0: no SWA layer
     swa_layers: tuple[bool, ...] = ()  # per layer: attends through the sliding-window cache (is_swa)
+    rope_freq_base_swa: float = 10000.0  # rope_freq_base_train_swa: the sliding-window layers' rope base
+    rope_freq_scale_swa: float = 1.0     # rope_freq_scale_train_swa
     extra: dict = field(default_factory=dict, compare=False)  # the architecture's own keys and derived values
 
     def is_swa(self, il: int) -> bool:
         return bool(self.swa_layers) and self.swa_layers[il]
+
+    def get_rope_freq_base(self, il: int) -> float:
+        """llama_model::get_rope_freq_base: a sliding-window layer's own base, else the context's."""
+        return self.rope_freq_base_swa if self.is_swa(il) else self.rope_freq_base
+
+    def get_rope_freq_scale(self, il: int) -> float:
+        """llama_model::get_rope_freq_scale."""
+        return self.rope_freq_scale_swa if self.is_swa(il) else self.rope_freq_scale
 
 
 @dataclass(frozen=True)

@@ -10,9 +10,12 @@ An architecture declares, as llama.cpp's `llama_model_<arch>` does in src/models
   may have;
 - `refuse`: tensors llama.cpp could load for it that bankml does not reproduce, and why;
 - `derive(hp, refuse)`: the hyper-parameters llama.cpp computes from the keys (a Q scale, the
-  sliding-window layers), refusing a value bankml does not reproduce; it returns a dict of
-  HParams fields and `extra` entries;
-- `rope_type` (`llama_model_rope_type`) and `build`, the graph builder (the DSL, blocks.py).
+  sliding-window layers and their rope base), refusing a value bankml does not reproduce; it
+  returns a dict of HParams fields (typed, what the graph reads) and `extra` entries;
+- `rope_type` (`llama_model_rope_type`) and `build`, the graph builder (the DSL, blocks.py);
+- facts about the graph it builds: `ggml_layout`, its node counts in llama.cpp's graph (to name
+  the Hadamard rotations of a quantized cache as ggml does), and `portable`, whether the
+  portable profile runs it.
 
     register(Architecture("myarch", build_myarch, rope_type="neox", keys=(...), tensors=...))
 
@@ -56,6 +59,11 @@ class Architecture:
     tensors: Callable[[Any], TensorTable] | None = None
     refuse: tuple[tuple[str, str], ...] = ()          # (tensor name regex, why)
     derive: Callable[[Any, Callable[[str], Exception]], dict] | None = None
+    # llama.cpp's nodes of a layer (src/models/<arch>.cpp): up to Q's rope, and K's chain (mul_mat ..
+    # rope); blocks.py counts build_attn's from them to name the Hadamard nodes "node_<index>" as
+    # ggml does. None: those nodes stay unnamed.
+    ggml_layout: tuple[int, int] | None = None
+    portable: bool = False                            # the portable profile runs this graph (docs/PORTABLE.md)
     doc: str = field(default="", compare=False)
 
 
@@ -92,11 +100,18 @@ def plannable() -> list[str]:
     return [n for n, a in ARCHITECTURES.items() if a.tensors is not None]
 
 
-def builder_for(arch: str) -> Callable:
-    a = lookup(arch)
+def get(name: str) -> Architecture:
+    """The registered architecture of that name, or ModelRefused listing those known."""
+    a = lookup(name)
     if a is None:
-        raise ModelRefused(f"architecture {arch!r} has no graph builder; known: {', '.join(ARCHITECTURES)}")
-    return a.build
+        raise ModelRefused(f"architecture {name!r} has no graph builder; known: {', '.join(ARCHITECTURES)}")
+    return a
+
+
+def portable() -> list[str]:
+    """Architectures whose graphs the portable profile runs."""
+    _load_builtins()
+    return [n for n, a in ARCHITECTURES.items() if a.portable]
 
 
 # ---- shared tensor tables (llama.cpp's create_tensor_qkv and the dense FFN) -------------------

@@ -57,9 +57,11 @@ class Model:
         self.kv = KvCacheTypes.of(cache_type_k or cache_type, cache_type_v or cache_type, self.hparams.head_dim)
         self.cache_type_k, self.cache_type_v = self.kv.k, self.kv.v
         self.cache_type = self.kv.k if self.kv.k == self.kv.v else f"{self.kv.k},{self.kv.v}"
-        if profile == "portable" and (self.kv.quantized or self.plan.arch not in ("llama", "qwen3")):
-            raise BankmlError(f"profile 'portable' runs llama and qwen3 graphs with its own int8 cache (cache_type f16); "
-                              f"not {self.plan.arch} with a {self.cache_type} cache")
+        self.arch = arch or self.plan.arch          # a registered builder may stand in for the file's
+        self.architecture = registry.get(self.arch)
+        if profile == "portable" and (self.kv.quantized or not self.architecture.portable):
+            raise BankmlError(f"profile 'portable' runs {' and '.join(registry.portable())} graphs with its own int8 "
+                              f"cache (cache_type f16); not {self.arch} with a {self.cache_type} cache")
         self.gpu = gpu              # Q1_0 decode matvecs: None (BANKML_GPU) | "auto" | "off" | index
         self.kv_size = -(-n_ctx // 256) * 256          # llama-context.cpp: n_ctx padded to 256
         # llama_kv_cache_iswa: the sliding-window layers' cache, full size (swa_full, as
@@ -70,8 +72,6 @@ class Model:
             small = -(-min(self.kv_size, self.hparams.n_swa + n_ubatch) // 256) * 256
             self.kv_size_swa = self.kv_size if swa_full else small
         self.shapes = {name: t.shape for name, t in self.gguf.tensors.items()}
-        self.arch = arch or self.plan.arch          # a registered builder may stand in for the file's
-        self._build = registry.builder_for(self.arch)
         self.variants = variants(n_ubatch, self.kv_size, self.kv_size_swa)
         self.compile_seconds = 0.0      # time this model spent compiling native code so far (llvm backend)
         self._graphs: dict[str, Graph] = {}         # variant name -> generic graph after the passes
@@ -92,8 +92,8 @@ class Model:
         may be numbers or Dims (a generic graph)."""
         if n_kv_swa is None and self.kv_size_swa:
             n_kv_swa = self.n_kv_swa_for(n_kv)
-        b = Builder(self.plan, Batch(n_tokens, n_kv, n_outputs, n_kv_swa), self.shapes, self.kv)
-        self._build(b)
+        b = Builder(self.plan, Batch(n_tokens, n_kv, n_outputs, n_kv_swa), self.shapes, self.kv, self.architecture)
+        self.architecture.build(b)
         g = b.g
         g.meta["llama_threads"] = self.llama_threads
         if self.profile != "ggml":

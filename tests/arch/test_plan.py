@@ -367,7 +367,7 @@ def test_gemma3_sliding_window_layers_follow_the_default_pattern_of_6(tmp_path):
                  kv_edit={"gemma3.attention.sliding_window": (U32, 512)}).hparams
     assert hp.n_swa == 512 and hp.rope_type == "neox"
     assert [il for il in range(13) if not hp.is_swa(il)] == [5, 11]
-    assert hp.extra["rope_freq_base_swa"] == 10000.0 and hp.rope_freq_base == 100000.0
+    assert hp.rope_freq_base_swa == 10000.0 and hp.rope_freq_base == 100000.0
     assert hp.attention_scale == float(np.float32(1) / np.sqrt(np.float32(64)))
 
 
@@ -375,7 +375,9 @@ def test_gemma3_pattern_key_and_swa_rope_base(tmp_path):
     kv = {"gemma3.attention.sliding_window": (U32, 64), "gemma3.attention.sliding_window_pattern": (U32, 2),
           "gemma3.rope.freq_base_swa": (F32, 5000.0)}
     hp = planned(tmp_path, arch="gemma3", n_layer=4, tied=True, kv_edit=kv).hparams
-    assert hp.swa_layers == (True, False, True, False) and hp.extra["rope_freq_base_swa"] == 5000.0
+    assert hp.swa_layers == (True, False, True, False) and hp.rope_freq_base_swa == 5000.0
+    assert [hp.get_rope_freq_base(il) for il in range(4)] == [5000.0, hp.rope_freq_base, 5000.0, hp.rope_freq_base]
+    assert [hp.get_rope_freq_scale(il) for il in range(4)] == [1.0, hp.rope_freq_scale, 1.0, hp.rope_freq_scale]
 
 
 def test_gemma3_pattern_as_a_per_layer_array(tmp_path):
