@@ -26,9 +26,9 @@ from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
 from bankml.errors import LoweringError
 from bankml.ir import order as fo
 from bankml.ir.ops import Op
-from bankml.quants import Q4_K, Q6_K, Q8_K, WEIGHT_TYPES
+from bankml.quants import ACT_TYPES, Q4_K, Q6_K, Q8_K, WEIGHT_TYPES
 
-Q8K_BYTES = 292
+Q8K_BYTES = ACT_TYPES[Q8_K].block_bytes      # block_q8_K, 292
 v4f32, v16i32, v16i8 = ir.VectorType(f32, 4), ir.VectorType(i32, 16), ir.VectorType(i8, 16)
 v32f32, v32i32 = ir.VectorType(f32, 32), ir.VectorType(i32, 32)
 TILED_MIN_COLS, GEMM_COLS = 8, 4
@@ -489,7 +489,7 @@ def define_mul_mat_kquant(m: ir.Module, g, n) -> ir.Function:
     if K % 256 or (wtype, n.order) not in ((Q4_K, fo.Q4_K_REPACK), (Q4_K, fo.Q4_K_MUL_MAT), (Q6_K, fo.Q6_K_MUL_MAT)):
         raise LoweringError(f"mul_mat {n.name}: {WEIGHT_TYPES[wtype].name} with K = {K} and order "
                             f"{n.order.describe() if n.order else None} is not lowered")
-    wrb, xrb = WEIGHT_TYPES[wtype].row_bytes(K), K // 256 * Q8K_BYTES
+    wrb, xrb = WEIGHT_TYPES[wtype].row_bytes(K), ACT_TYPES[Q8_K].row_bytes(K)
     fn, b = new_function(m, kernel_name(n), kernel_type(n))
     fn.linkage = "internal"
     out, wp, xp, ith, nth, dims = fn.args
