@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from bankml.backends.llvm.emit.core import f32, i8, i32, i64
 from bankml.backends.llvm.emit.simd import at, load_h
+from bankml.backends.llvm.ggml.rows import row_element
 from bankml.quants import Q4_0, Q5_0, Q5_1
 
 
@@ -29,22 +30,22 @@ def _block(b, j, block_bytes):
     return b.mul(b.sdiv(j, i64(32)), i64(block_bytes)), b.srem(j, i64(32))
 
 
+@row_element(Q4_0)
 def q4_0(b, row, j):
     base, k = _block(b, j, 18)
     q = b.sub(_nibble(b, row, b.add(base, i64(2)), k), i32(8))
     return b.fmul(b.sitofp(q, f32), load_h(b, row, base))
 
 
+@row_element(Q5_0)
 def q5_0(b, row, j):
     base, k = _block(b, j, 22)
     q = b.sub(_code5(b, row, b.add(base, i64(2)), b.add(base, i64(6)), k), i32(16))
     return b.fmul(b.sitofp(q, f32), load_h(b, row, base))
 
 
+@row_element(Q5_1)
 def q5_1(b, row, j):
     base, k = _block(b, j, 24)
     q = _code5(b, row, b.add(base, i64(4)), b.add(base, i64(8)), k)
     return b.fadd(b.fmul(b.sitofp(q, f32), load_h(b, row, base)), load_h(b, row, b.add(base, i64(2))))
-
-
-ELEMENTS = {Q4_0: q4_0, Q5_0: q5_0, Q5_1: q5_1}

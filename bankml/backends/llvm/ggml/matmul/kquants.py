@@ -19,6 +19,7 @@ from llvmlite import ir
 from bankml.backends.llvm.emit.core import (f32, for_range, i8, i16, i32, i64, intrinsic, kernel_arg, new_function,
     size, smin, thread_range, typed)
 from bankml.backends.llvm.ggml.matmul.tiling import CHUNK_BYTES
+from bankml.backends.llvm.ggml.rows import row_element
 from bankml.backends.llvm.emit.simd import (alloca, at, block_loop, hsum8, load_h, madd, maddubs, scratch, splat,
     v16i16, v32i8, v8i32, zero8)
 from bankml.backends.llvm.emit.core import fma
@@ -569,3 +570,7 @@ def kquant_element(b: ir.IRBuilder, gtype: int, row, j):
     q = b.sub(b.or_(nib, b.shl(hi, i32(4))), i32(32))
     sc = b.sext(b.load(at(b, row, b.add(base, b.add(i64(192), b.sdiv(k, i64(16)))), i8)), i32)
     return b.fmul(b.fmul(d, b.sitofp(sc, f32)), b.sitofp(q, f32))
+
+
+row_element(Q4_K)(lambda b, row, j: kquant_element(b, Q4_K, row, j))
+row_element(Q6_K)(lambda b, row, j: kquant_element(b, Q6_K, row, j))
