@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from bankml.backends.llvm.ggml.matmul.tiling import TILERS
+from bankml.backends.llvm.ggml.matmul.tiling import TILERS, define_mul_mat
 from bankml.backends.llvm.ggml.rows import ELEMENTS
+from bankml.backends.llvm.registry import KERNELS
 from bankml.backends.reference.matmul import CHAINS
 from bankml.ir import order as fo
+from bankml.ir.ops import Op
 from bankml.oracle import ggml as G
 from bankml.passes.choose_matmul_kernel import matmul_order
-from bankml.quants import (ACT_TYPES, F16, GGML_TYPES, Q1_0, Q2_0, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0, Q8_1,
-                           Q8_K, WEIGHT_TYPES)
+from bankml.quants import (_SIZED_ONLY, ACT_TYPES, F16, GGML_TYPES, Q1_0, Q2_0, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K,
+                           Q8_0, Q8_1, Q8_K, WEIGHT_TYPES)
 
 TYPES = sorted(WEIGHT_TYPES)
 IDS = [WEIGHT_TYPES[t].name for t in TYPES]
@@ -43,12 +45,14 @@ def test_matmul_order_equals_the_rule_before_the_table(wtype):
 
 
 @pytest.mark.parametrize("wtype", TYPES, ids=IDS)
-def test_every_order_of_a_type_is_a_mul_mat_order_with_an_llvm_tiler(wtype):
+def test_every_order_of_a_type_is_a_mul_mat_order_with_an_llvm_kernel(wtype):
     orders = {WEIGHT_TYPES[wtype].matmul_order(r, c) for r in ROWS for c in COLS}
     assert WEIGHT_TYPES[wtype].vec_dot in orders
     for order in orders:
-        assert order in fo.MUL_MAT_ORDERS
-        assert (wtype, order) in TILERS or wtype in (Q4_K, Q6_K), order.kernel   # K-quants: one kernel (kquants.py)
+        assert order in fo.MUL_MAT_ORDERS                                  # the reference lowers these
+        fn = KERNELS.entries.get(("ggml", Op.MUL_MAT, order))
+        assert fn is not None, order.kernel
+        assert fn is not define_mul_mat or (wtype, order) in TILERS, order.kernel   # the tiled kernel's tiler
 
 
 @pytest.mark.parametrize("wtype", TYPES, ids=IDS)
@@ -69,6 +73,8 @@ def test_one_entry_per_ggml_type():
     assert all(t.ggml_id == i for i, t in GGML_TYPES.items())
     assert all(GGML_TYPES[i] is t for i, t in {**WEIGHT_TYPES, **ACT_TYPES}.items())
     assert not set(GGML_TYPES) & {4, 5, 31, 32, 33, 36, 37, 38}          # removed from ggml
+    sized_only = {i for _, i, _, _ in _SIZED_ONLY}
+    assert not sized_only & (set(WEIGHT_TYPES) | set(ACT_TYPES))         # a type bankml runs left the list
 
 
 @pytest.mark.oracle

@@ -3,7 +3,7 @@
 - GET_ROWS of a weight (token embeddings) dequantizes each selected row as ggml-base's to_float
   (bankml/quants/*.dequantize; no FMA there): F16 exact, Q8_0 r(q*d), Q4_1 r(r(q*d)+m),
   Q1_0 bit ? d : -d, Q2_0 r((q-1)*d); other types register theirs with their mul_mat kernels
-  (row_element: rows_legacy.py, matmul/kquants.py). GET_ROWS of an f32 node copies rows (out_ids).
+  (row_element: matmul/legacy.py, matmul/kquants.py). GET_ROWS of an f32 node copies rows (out_ids).
 - ADD / MUL (binary-ops.cpp:apply_binary_op): r(a+b) / r(a*b), src1 broadcast over rows.
 - SET_ROWS (ggml_compute_forward_set_rows -> ggml_cpu_fp32_to_fp16): row t of src1 rounded to
   f16 (RNE, fptrunc) into cache row pos[t]; `out` is the cache itself (the runner aliases it).
@@ -26,7 +26,7 @@ from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
 from bankml.ir.order import ELEMENTWISE, SET_ROWS_F16
-from bankml.quants import F16, Q1_0, Q2_0, Q4_1, Q8_0, WEIGHT_TYPES
+from bankml.quants import F16, F32, GGML_TYPES, Q1_0, Q2_0, Q4_1, Q8_0, WEIGHT_TYPES
 
 
 def _start(m, n):
@@ -44,12 +44,12 @@ def define_get_rows(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     R = size(b, dims, n.shape[:-1])
     idp = typed(b, ids, i32)
     ys = typed(b, out, f32)
-    gtype = int(src.params.get("ggml_type", -1)) if src.op is Op.WEIGHT else 0
+    gtype = int(src.params.get("ggml_type", -1)) if src.op is Op.WEIGHT else F32
     if src.op is not Op.WEIGHT and src.dtype != "f32":
         raise LoweringError(f"get_rows {n.name or n.id}: rows of a {src.dtype} node have no llvm kernel")
-    if gtype != 0 and gtype not in ELEMENTS:
+    if gtype != F32 and gtype not in ELEMENTS:
         raise LoweringError(f"get_rows {n.name or n.id}: weight type {gtype} has no llvm kernel")
-    rb = 4 * K if gtype == 0 else WEIGHT_TYPES[gtype].row_bytes(K)
+    rb = GGML_TYPES[gtype].row_bytes(K)
     lo, hi = thread_range(b, R, ith, nth)
     with for_range(b, lo, hi, name="r") as r:
         row = b.gep(sp, [b.mul(b.sext(b.load(b.gep(idp, [r])), i64), i64(rb))])
@@ -72,8 +72,8 @@ def row_element(wtype: int):
 
 
 def _element(b: ir.IRBuilder, gtype: int, row, j):
-    """Element j of a weight row, dequantized (ggml-base to_float); gtype 0: an f32 row."""
-    if gtype == 0:
+    """Element j of a weight row, dequantized (ggml-base to_float), or of an f32 row."""
+    if gtype == F32:
         return b.load(b.gep(typed(b, row, f32), [j]))
     return ELEMENTS[gtype](b, row, j)
 
