@@ -19,14 +19,11 @@ import numpy as np
 
 from bankml.arch import registry
 from bankml.errors import ModelRefused
-from bankml.gguf.reader import (GGML_TYPES, GGUF_ARRAY, GGUF_FLOAT32, GGUF_INT32, GGUF_STRING, GGUF_UINT32,
-                                GGUFFile, ggml_type_name)
+from bankml.gguf.reader import GGUF_ARRAY, GGUF_FLOAT32, GGUF_INT32, GGUF_STRING, GGUF_UINT32, GGUFFile, ggml_type_name
+from bankml.quants import F32, WEIGHT_TYPES
 from bankml.tokenizer import vocab_refusal
 
-F32, F16, Q4_1, Q8_0, Q1_0, Q2_0 = 0, 1, 3, 8, 41, 42
-Q4_0, Q5_0, Q5_1 = 2, 6, 7
-Q4_K, Q6_K = 12, 14
-MATRIX_TYPES = (F16, Q8_0, Q4_1, Q1_0, Q2_0, Q4_0, Q5_0, Q5_1, Q4_K, Q6_K)   # bankml's weight types, any per tensor
+MATRIX_TYPES = tuple(WEIGHT_TYPES)   # bankml's weight types (bankml/quants), any per tensor
 HEAD_DIM_STEP = 8          # head sizes bankml takes: multiples of 8 (ggml-cpu takes any; see _hparams)
 ROPE_SCALING_TYPES = ("none", "linear", "yarn")  # llama.cpp also knows longrope: refused
 GGUF_BOOL = 7
@@ -298,7 +295,7 @@ def _check_types(gguf: GGUFFile, keys: _Keys, expected: dict) -> tuple[int, ...]
             continue
         if t.ggml_type not in MATRIX_TYPES:
             raise keys.refuse(f"tensor {name} is {t.type_name}; bankml supports {names}")
-        block = GGML_TYPES[t.ggml_type][1]
+        block = WEIGHT_TYPES[t.ggml_type].block
         if shape[0] % block:
             raise keys.refuse(f"tensor {name} rows of {shape[0]} are not a multiple of the "
                               f"{t.type_name} block ({block})")

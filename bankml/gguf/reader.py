@@ -5,7 +5,7 @@ aligned and packed data section) and src/llama-model-loader.cpp's check that eac
 bytes lie inside the file. Every count, length, offset and type is checked against the
 bytes that remain before it drives an allocation or a loop; a bad file raises one
 `CorruptGGUF` line naming the cause. We read GGUF ourselves because PyPI `gguf` does not
-know every ggml type this project uses (Q2_0 = 42).
+know every ggml type this project uses (Q2_0 = 42). Type sizes: bankml/quants (GGML_TYPES).
 """
 from __future__ import annotations
 
@@ -18,28 +18,13 @@ from typing import Any
 import numpy as np
 
 from bankml.errors import CorruptGGUF
+from bankml.quants import GGML_TYPES
 
 GGUF_MAGIC = b"GGUF"
 GGUF_DEFAULT_ALIGNMENT = 32  # ggml/include/gguf.h
 GGML_MAX_DIMS = 4  # ggml/include/ggml.h
 GGML_MAX_NAME = 64  # tensor names are shorter than this
 INT64_MAX = 2**63 - 1
-
-# ggml_type id -> (name, block size, type size): ggml/src/ggml.c `type_traits`, sizes checked
-# against ggml-common.h. Removed ids (4, 5, 31-33, 36-38) have block size 0 there: unknown here.
-GGML_TYPES: dict[int, tuple[str, int, int]] = {
-    0: ("F32", 1, 4), 1: ("F16", 1, 2), 2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20),
-    6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34), 9: ("Q8_1", 32, 36),
-    10: ("Q2_K", 256, 84), 11: ("Q3_K", 256, 110), 12: ("Q4_K", 256, 144),
-    13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210), 15: ("Q8_K", 256, 292),
-    16: ("IQ2_XXS", 256, 66), 17: ("IQ2_XS", 256, 74), 18: ("IQ3_XXS", 256, 98),
-    19: ("IQ1_S", 256, 50), 20: ("IQ4_NL", 32, 18), 21: ("IQ3_S", 256, 110),
-    22: ("IQ2_S", 256, 82), 23: ("IQ4_XS", 256, 136),
-    24: ("I8", 1, 1), 25: ("I16", 1, 2), 26: ("I32", 1, 4), 27: ("I64", 1, 8),
-    28: ("F64", 1, 8), 29: ("IQ1_M", 256, 56), 30: ("BF16", 1, 2),
-    34: ("TQ1_0", 256, 54), 35: ("TQ2_0", 256, 66), 39: ("MXFP4", 32, 17),
-    40: ("NVFP4", 64, 36), 41: ("Q1_0", 128, 18), 42: ("Q2_0", 64, 18),
-}
 
 # GGUF metadata value types: gguf.h `enum gguf_type` -> numpy dtype (None: string / array)
 GGUF_UINT32, GGUF_INT32, GGUF_FLOAT32, GGUF_BOOL, GGUF_STRING, GGUF_ARRAY = 4, 5, 6, 7, 8, 9
@@ -54,7 +39,7 @@ MIN_TENSOR_INFO_BYTES = 8 + 1 + 4 + 4 + 8  # name length, name, n_dims, type, of
 
 def ggml_type_name(type_id: int) -> str:
     """ggml's name for a type id, upper case as in gguf-py (`ggml_type_name`)."""
-    return GGML_TYPES[type_id][0] if type_id in GGML_TYPES else f"UNKNOWN({type_id})"
+    return GGML_TYPES[type_id].name if type_id in GGML_TYPES else f"UNKNOWN({type_id})"
 
 
 @dataclass(frozen=True)
@@ -287,12 +272,12 @@ def _read_tensor_info(c: _Cursor, i: int) -> tuple[str, int, tuple[int, ...], in
     ggml_type = c.scalar("<i", f"tensor {name} type")
     if ggml_type not in GGML_TYPES:
         raise c.fail(f"tensor {name} has unknown ggml type {ggml_type}")
-    type_name, blck, type_size = GGML_TYPES[ggml_type]
+    t = GGML_TYPES[ggml_type]
     row = shape[0] if shape else 1
-    if row % blck:
-        raise c.fail(f"tensor {name} row length {row} is not a multiple of the {type_name} block size {blck}")
+    if row % t.block:
+        raise c.fail(f"tensor {name} row length {row} is not a multiple of the {t.name} block size {t.block}")
     offset = c.scalar("<Q", f"tensor {name} offset")
-    return name, ggml_type, shape, offset, nelements // blck * type_size
+    return name, ggml_type, shape, offset, nelements // t.block * t.block_bytes
 
 
 def _place_tensors(c: _Cursor, infos: list[tuple[str, int, tuple[int, ...], int, int]],

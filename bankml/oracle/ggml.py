@@ -127,6 +127,12 @@ def row_size(ggml_type: int, n: int) -> int:
     return lib().ggml_row_size(ggml_type, n)
 
 
+def type_traits(ggml_type: int) -> tuple[str, int, int]:
+    """ggml_get_type_traits(type): (type_name, blck_size, type_size)."""
+    tr = lib().ggml_get_type_traits(ggml_type).contents
+    return tr.type_name.decode(), tr.blck_size, tr.type_size
+
+
 def vec_dot(ggml_type: int, n: int, x: bytes, y: bytes) -> np.float32:
     """ggml_get_type_traits_cpu(type)->vec_dot on one row x and one row y (already of vec_dot_type)."""
     tr = lib().ggml_get_type_traits_cpu(ggml_type).contents

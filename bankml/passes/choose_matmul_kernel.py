@@ -24,6 +24,8 @@ q4_0_8x8_q8_0; llama.cpp's tied output, a duplicate of token_embd, is loaded as 
 and repacked too): its mul_mat is the repack's forward_mul_mat, whose gemm (groups of 4
 columns) and gemv (the rest) make the same per-output chain, Q4_0_REPACK.
 Thread count never changes the bits (it only splits outputs and src1 block ranges).
+Each weight type's share of this rule (its vec_dot order, the shapes that leave it) is its
+entry in bankml/quants' table (WeightType.vec_dot, .by_shape).
 """
 from __future__ import annotations
 
@@ -32,26 +34,16 @@ from bankml.ir.dims import decide, prod_range
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
-from bankml.quants import F16, Q1_0, Q2_0, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0
-
-_VEC_DOT = {Q8_0: fo.Q8_0_DOT, Q4_1: fo.Q4_1_DOT, Q1_0: fo.Q1_0_DOT, Q2_0: fo.Q2_0_DOT,
-            Q4_0: fo.Q4_0_DOT, Q5_0: fo.Q5_0_DOT, Q5_1: fo.Q5_1_DOT}
+from bankml.quants import WEIGHT_TYPES
 
 
 def matmul_order(wtype: int, n_rows: int, n_cols: int) -> fo.FloatOrder:
     """The FloatOrder of ggml's mul_mat for a weight of type wtype with n_rows rows (ne01)
-    times n_cols activation columns (ne11)."""
-    if wtype == F16:
-        return fo.F16_TINYBLAS if n_cols >= 2 and n_rows % 4 == 0 else fo.F16_VEC_DOT
-    if wtype == Q4_0 and n_rows % 8 == 0:
-        return fo.Q4_0_REPACK       # whatever the column count: gemm and gemv give the same bits
-    if wtype == Q4_K:               # repack.cpp:ggml_repack_get_optimal_repack_type (AVX2): q4_K_8x8_q8_K
-        return fo.Q4_K_REPACK if n_rows % 8 == 0 else fo.Q4_K_MUL_MAT
-    if wtype == Q6_K:               # not repacked on AVX2; vec_dot below 8 columns, tiled from 8
-        return fo.Q6_K_MUL_MAT
-    if wtype in _VEC_DOT:
-        return _VEC_DOT[wtype]      # Q8_0: tinyBLAS_Q0_AVX for n_cols >= 2 gives the same bits
-    raise ValueError(f"mul_mat: weight type {wtype} has no float order; bankml runs F16 Q8_0 Q4_1 Q1_0 Q2_0 Q4_0 Q5_0 Q5_1")
+    times n_cols activation columns (ne11): its vec_dot, or its rule by shape (bankml/quants)."""
+    if wtype not in WEIGHT_TYPES:
+        raise ValueError(f"mul_mat: weight type {wtype} has no float order; bankml runs "
+                         + " ".join(wt.name for wt in WEIGHT_TYPES.values()))
+    return WEIGHT_TYPES[wtype].matmul_order(n_rows, n_cols)
 
 
 def choose_matmul_kernel(g: Graph) -> Graph:

@@ -9,8 +9,7 @@ from __future__ import annotations
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
-from bankml.gguf.reader import ggml_type_name
-from bankml.quants import WEIGHT_TYPES
+from bankml.quants import ACT_TYPES, WEIGHT_TYPES
 
 
 def share_quantized_activations(g: Graph) -> Graph:
@@ -23,6 +22,6 @@ def share_quantized_activations(g: Graph) -> Graph:
         act = WEIGHT_TYPES[w.params["ggml_type"]].act_type
         key = (x.id, act)
         if key not in made:
-            made[key] = out.add(Node(out.next_id(), Op.QUANTIZE, (x.id,), x.shape, ggml_type_name(act), params={"type": act}))
+            made[key] = out.add(Node(out.next_id(), Op.QUANTIZE, (x.id,), x.shape, ACT_TYPES[act].name, params={"type": act}))
         out.nodes[n.id] = n.replace(inputs=(w.id, made[key].id))
     return out

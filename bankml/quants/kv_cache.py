@@ -27,9 +27,10 @@ import os
 from dataclasses import dataclass
 
 from bankml.errors import BankmlError
+from bankml.quants import F16, Q4_0, Q8_0, WEIGHT_TYPES
 
-# name -> (ggml type id, values per block, bytes per block)
-CACHE_TYPES = {"f16": (1, 1, 2), "q8_0": (8, 32, 34), "q4_0": (2, 32, 18)}
+# name -> ggml type id (its block and bytes: WEIGHT_TYPES)
+CACHE_TYPES = {"f16": F16, "q8_0": Q8_0, "q4_0": Q4_0}
 LLAMA_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")  # common/arg.cpp
 
 
@@ -64,7 +65,7 @@ class KvCacheTypes:
                 why = ("is llama.cpp's but not reproduced by bankml" if t in LLAMA_TYPES else
                        f"is not a llama.cpp cache type ({', '.join(LLAMA_TYPES)})")
                 raise BankmlError(f"{kind} cache type {t!r} {why}; bankml reproduces {', '.join(CACHE_TYPES)}")
-            block = CACHE_TYPES[t][1]
+            block = WEIGHT_TYPES[CACHE_TYPES[t]].block
             if head_dim % block:
                 raise BankmlError(f"{kind} cache type {t} with block size {block} does not divide the "
                                   f"head size {head_dim} (llama.cpp refuses it)")
@@ -83,8 +84,7 @@ class KvCacheTypes:
 
     def row_bytes(self, kind: str, n: int) -> int:
         """Bytes of one cell's row of n values in the K ("k") or V ("v") cache."""
-        _, block, nbytes = CACHE_TYPES[self.k if kind == "k" else self.v]
-        return n // block * nbytes
+        return WEIGHT_TYPES[CACHE_TYPES[self.k if kind == "k" else self.v]].row_bytes(n)
 
     def cell_bytes(self, n_layer: int, n_head_kv: int, head_dim: int) -> int:
         """Bytes one cache cell takes over all layers (K and V)."""

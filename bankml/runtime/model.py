@@ -26,6 +26,7 @@ from bankml.arch.plan import plan as make_plan
 from bankml.ir.graph import Graph
 from bankml.passes.pipeline import run_passes
 from bankml.passes.variants import Variant, choose_variant, variants
+from bankml.quants import F32
 from bankml.quants.kv_cache import KvCacheTypes
 from bankml.backends.llvm import jit_cache
 
@@ -190,7 +191,7 @@ class Model:
         if w is None:
             t = self.gguf.tensors[name]
             raw = self.gguf.tensor_data(name)
-            if t.ggml_type == 0:
+            if t.ggml_type == F32:
                 w = raw.view(np.float32).reshape(t.shape[::-1])
             else:
                 w = raw.reshape(int(np.prod(t.shape[1:])), -1)

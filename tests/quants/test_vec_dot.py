@@ -1,19 +1,16 @@
-"""One output of the reference mul_mat equals ggml-cpu's vec_dot of that weight row and column."""
+"""One output of the reference mul_mat, in the table's vec_dot order, equals ggml-cpu's vec_dot of that row and column."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
 from bankml.backends.reference.matmul import mul_mat
-from bankml.ir import order as fo
 from bankml.oracle import ggml as G
 from bankml.quants import WEIGHT_TYPES
 
 pytestmark = pytest.mark.oracle
 
-VEC_DOT = {G.TYPE_F16: fo.F16_VEC_DOT, G.TYPE_Q8_0: fo.Q8_0_DOT, G.TYPE_Q4_1: fo.Q4_1_DOT,
-           G.TYPE_Q1_0: fo.Q1_0_DOT, G.TYPE_Q2_0: fo.Q2_0_DOT,
-           G.TYPE_Q4_0: fo.Q4_0_DOT, G.TYPE_Q5_0: fo.Q5_0_DOT, G.TYPE_Q5_1: fo.Q5_1_DOT}
+VEC_DOT = {t: wt.vec_dot for t, wt in WEIGHT_TYPES.items()}      # the table's (K-quants: one column is vec_dot)
 CASES = [(t, k) for t in VEC_DOT for k in (128, 576, 1536, 2048, 40) if k % max(WEIGHT_TYPES[t].block, 32) == 0
          or (t == G.TYPE_F16 and k == 40)]       # 40: vec_dot_f16's f64 leftovers after 32
 

@@ -40,7 +40,7 @@ from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
 from bankml.profiles.portable import orders as po
-from bankml.quants import F16, Q8_0, Q8_1, Q8_K
+from bankml.quants import ACT_TYPES
 
 KERNEL_TABLE = "kernel_table"          # the glue's [n x i8*] of kernel addresses
 KERNEL_FN = "kernel"                   # the function of a kernel module
@@ -102,11 +102,11 @@ def nbytes(n: Node) -> int:
     """Bytes of a node's buffer (registry.py's layouts)."""
     if n.op is Op.QUANTIZE and n.params["type"] == po.ACT_TYPE:      # pq8: backends/llvm/portable/matmul.py
         return math.prod(upper(n.shape[:-1])) * portable_matmul.pq8_bytes(n.shape[-1])
-    if n.op is Op.QUANTIZE:
-        t, K, M = int(n.params["type"]), n.shape[-1], math.prod(upper(n.shape[:-1]))
-        if t == Q8_K:                     # block_q8_K: 292 bytes per 256 values
-            return M * (K // 256 * 292)
-        return M * (2 * K if t == F16 else K // 32 * (34 if t == Q8_0 else 36 if t == Q8_1 else 0))
+    if n.op is Op.QUANTIZE:                  # rows of the activation type (bankml/quants ACT_TYPES)
+        act = ACT_TYPES.get(int(n.params["type"]))
+        if act is None:
+            raise ValueError(f"node {n.name or n.id}: no buffer size for activation type {n.params['type']}")
+        return math.prod(upper(n.shape[:-1])) * act.row_bytes(n.shape[-1])
     if n.dtype == po.CACHE_TYPE:             # portable K/V rows: an f16 scale, head_dim int8 codes
         return math.prod(upper(n.shape[:-1])) * (2 + n.shape[-1])
     size = {"f32": 4, "f16": 2, "i32": 4, "F32": 4}.get(n.dtype)

@@ -26,8 +26,7 @@ import numpy as np
 from bankml.errors import LoweringError
 from bankml.numerics.floats import f16, f32x8_reduce, hsum8
 from bankml.ir.order import FloatOrder
-from bankml.quants import (F16, Q1_0, Q2_0, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0, Q8_1, Q8_K,
-                           WEIGHT_TYPES)
+from bankml.quants import F16, Q8_1, Q8_K, WEIGHT_TYPES
 from bankml.quants.activation import Q8Act, quantize_q8_0, quantize_q8_1
 from bankml.quants.q8_k import quantize_q8_k
 
@@ -35,6 +34,16 @@ f32, f64 = np.float32, np.float64
 QK = 32                              # the q8 activation block
 _LOW29, _HALF29 = np.uint64((1 << 29) - 1), np.uint64(1 << 28)
 _TEMP_ELEMS = 1 << 18                # elements of one [M, lanes, rows] temporary
+
+# WeightType.chain (bankml/quants) -> the ggml functions whose integer sums and float steps it spells
+CHAINS = {
+    "f16": "ggml_vec_dot_f16, tinyBLAS<8,__m256> (_mul_mat_f16)",
+    "q8_0": "ggml_vec_dot_q8_0_q8_0 / _q4_0_q8_0 / _q5_0_q8_0, tinyBLAS_Q0_AVX, gemv/gemm_q4_0_8x8 (_scaled_chain)",
+    "q4_1": "ggml_vec_dot_q4_1_q8_1 / _q5_1_q8_1: the q8_0 chain, then + the mins' summs",
+    "q1_0": "ggml_vec_dot_q1_0_q8_0 (_nested_chain, a plain first product)",
+    "q2_0": "ggml_vec_dot_q2_0_q8_0_generic (_nested_chain, an fma into 0)",
+    "k_quant": "Q4_K / Q6_K against q8_K: vec_dot, tiled, repacked gemv/gemm (matmul_kquants.py)",
+}
 
 
 def quantize_activation(x: np.ndarray, act_type: int) -> np.ndarray | Q8Act:
@@ -56,7 +65,10 @@ def mul_mat(w_raw: np.ndarray, wtype: int, x: np.ndarray | Q8Act, order: FloatOr
     """
     if wtype not in WEIGHT_TYPES:
         raise LoweringError(f"mul_mat: weight type {wtype} has no reference lowering")
-    if wtype in (Q4_K, Q6_K):
+    wt = WEIGHT_TYPES[wtype]
+    if wt.chain not in CHAINS:
+        raise LoweringError(f"mul_mat: {wt.name}'s chain {wt.chain!r} has no reference lowering")
+    if wt.chain == "k_quant":
         from bankml.backends.reference.matmul_kquants import mul_mat_kquant
         return mul_mat_kquant(w_raw, wtype, x, order)
     if order.acc != "f32":
@@ -64,11 +76,11 @@ def mul_mat(w_raw: np.ndarray, wtype: int, x: np.ndarray | Q8Act, order: FloatOr
     if not isinstance(x, Q8Act) and x.dtype != np.float16:
         x = np.ascontiguousarray(x, f32)
     w_raw = np.ascontiguousarray(w_raw, np.uint8)
-    wt, K = WEIGHT_TYPES[wtype], (x.q if isinstance(x, Q8Act) else x).shape[1]
-    if K % max(wt.block, QK if wtype != F16 else 1) or w_raw.shape[1] != wt.row_bytes(K):
+    K = (x.q if isinstance(x, Q8Act) else x).shape[1]
+    if K % max(wt.block, QK if wt.chain != "f16" else 1) or w_raw.shape[1] != wt.row_bytes(K):
         raise LoweringError(f"mul_mat: {wt.name} weight rows of {w_raw.shape[1]} bytes do not fit K = {K} "
                             f"(blocks of {wt.block}, {wt.block_bytes} bytes)")
-    if wtype == F16:
+    if wt.chain == "f16":
         return _mul_mat_f16(w_raw, x, order)
     return _mul_mat_quant(w_raw, wtype, x, order)
 
@@ -270,14 +282,12 @@ def _mul_mat_quant(w_raw: np.ndarray, wtype: int, x: np.ndarray, order: FloatOrd
             dw = np.ascontiguousarray(u.d.T)[:, None, None, :]   # [weight blocks, 1, 1, n]
             acc = ws("acc", (M, L, n))
             acc.fill(0)
-            if wtype in (Q8_0, Q4_1, Q4_0, Q5_0, Q5_1):
+            if wt.chain in ("q8_0", "q4_1"):
                 _scaled_chain(order, lane_sums, dw, da, B, acc, ws)
-            elif wtype in (Q1_0, Q2_0):
-                _nested_chain(order, lane_sums, dw, da, wt.block // QK, wtype == Q1_0, acc, ws)
-            else:
-                raise LoweringError(f"mul_mat: no integer kernel for {wt.name}")
+            else:                                      # "q1_0", "q2_0"
+                _nested_chain(order, lane_sums, dw, da, wt.block // QK, wt.chain == "q1_0", acc, ws)
             res = _fold(order, acc)
-            if wtype in (Q4_1, Q5_1):                  # r(hsum8(acc) + summs), summs = fma chain of m*s
+            if wt.chain == "q4_1":                     # r(hsum8(acc) + summs), summs = fma chain of m*s
                 summs = ws("summs", (M, n))
                 summs.fill(0)
                 mw = np.ascontiguousarray(u.m.T)

@@ -21,7 +21,7 @@ from bankml.errors import LoweringError
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
-from bankml.quants import F16, Q8_0, Q8_1, Q8_K
+from bankml.quants import ACT_TYPES, F16, Q8_0, Q8_1, Q8_K
 
 v32f32, v32i32, v32i8 = ir.VectorType(f32, 32), ir.VectorType(i32, 32), ir.VectorType(i8, 32)
 
@@ -46,7 +46,7 @@ def define_quantize(m: ir.Module, g: Graph, n: Node) -> ir.Function:
             b.store(b.fptrunc(b.load(b.gep(xs, [i])), f16), b.gep(ys, [i]))
         b.ret_void()
         return fn
-    bb = 34 if t == Q8_0 else 36
+    bb = ACT_TYPES[t].block_bytes                # q8_0 34, q8_1 36
     vsum = intrinsic(b.module, "llvm.vector.reduce.add.v32i32", i32, [v32i32])
     lo, hi = thread_range(b, b.mul(M, i64(K // 32)), ith, nth)
     with for_range(b, lo, hi, name="blk") as ib:

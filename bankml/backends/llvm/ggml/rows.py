@@ -2,7 +2,8 @@
 
 - GET_ROWS of a weight (token embeddings) dequantizes each selected row as ggml-base's to_float
   (bankml/quants/*.dequantize; no FMA there): F16 exact, Q8_0 r(q*d), Q4_1 r(r(q*d)+m),
-  Q1_0 bit ? d : -d, Q2_0 r((q-1)*d). GET_ROWS of an f32 node copies rows (out_ids).
+  Q1_0 bit ? d : -d, Q2_0 r((q-1)*d); other types register theirs with their mul_mat kernels
+  (row_element: matmul/legacy.py, matmul/kquants.py). GET_ROWS of an f32 node copies rows (out_ids).
 - ADD / MUL (binary-ops.cpp:apply_binary_op): r(a+b) / r(a*b), src1 broadcast over rows.
 - SET_ROWS (ggml_compute_forward_set_rows -> ggml_cpu_fp32_to_fp16): row t of src1 rounded to
   f16 (RNE, fptrunc) into cache row pos[t]; `out` is the cache itself (the runner aliases it).
@@ -11,14 +12,13 @@ Threads split rows (or elements); no result depends on nth.
 from __future__ import annotations
 
 import math
+from typing import Callable
 
 from llvmlite import ir
 
 from bankml.backends.llvm.emit.core import (dim, f16, f32, for_range, i8, i32, i64, new_function, size, thread_range,
     typed)
 from bankml.backends.llvm.emit.simd import at, load_h
-from bankml.backends.llvm.ggml.matmul.kquants import kquant_element
-from bankml.backends.llvm.ggml.rows_legacy import ELEMENTS as LEGACY_ELEMENTS
 from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
 from bankml.errors import LoweringError
 from bankml.ir.dims import upper
@@ -26,7 +26,7 @@ from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
 from bankml.ir.order import ELEMENTWISE, SET_ROWS_F16
-from bankml.quants import F16, Q1_0, Q2_0, Q4_1, Q4_K, Q6_K, Q8_0, WEIGHT_TYPES
+from bankml.quants import F16, F32, GGML_TYPES, Q1_0, Q2_0, Q4_1, Q8_0, WEIGHT_TYPES
 
 
 def _start(m, n):
@@ -44,12 +44,12 @@ def define_get_rows(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     R = size(b, dims, n.shape[:-1])
     idp = typed(b, ids, i32)
     ys = typed(b, out, f32)
-    gtype = int(src.params.get("ggml_type", -1)) if src.op is Op.WEIGHT else 0
+    gtype = int(src.params.get("ggml_type", -1)) if src.op is Op.WEIGHT else F32
     if src.op is not Op.WEIGHT and src.dtype != "f32":
         raise LoweringError(f"get_rows {n.name or n.id}: rows of a {src.dtype} node have no llvm kernel")
-    if gtype != 0 and gtype not in WEIGHT_TYPES:
+    if gtype != F32 and gtype not in ELEMENTS:
         raise LoweringError(f"get_rows {n.name or n.id}: weight type {gtype} has no llvm kernel")
-    rb = 4 * K if gtype == 0 else WEIGHT_TYPES[gtype].row_bytes(K)
+    rb = GGML_TYPES[gtype].row_bytes(K)
     lo, hi = thread_range(b, R, ith, nth)
     with for_range(b, lo, hi, name="r") as r:
         row = b.gep(sp, [b.mul(b.sext(b.load(b.gep(idp, [r])), i64), i64(rb))])
@@ -60,38 +60,68 @@ def define_get_rows(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     return fn
 
 
+ELEMENTS: dict[int, Callable] = {}     # weight type -> element(b, row, j), registered by the type's kernels
+
+
+def row_element(wtype: int):
+    """Register fn(b, row, j) -> f32 as element j of a wtype weight row (ggml-base to_float)."""
+    def put(fn):
+        ELEMENTS[wtype] = fn
+        return fn
+    return put
+
+
 def _element(b: ir.IRBuilder, gtype: int, row, j):
-    """Element j of a weight row, dequantized (ggml-base to_float)."""
-    if gtype == 0:
+    """Element j of a weight row, dequantized (ggml-base to_float), or of an f32 row."""
+    if gtype == F32:
         return b.load(b.gep(typed(b, row, f32), [j]))
-    if gtype == F16:
-        return load_h(b, row, b.mul(j, i64(2)))
-    if gtype in LEGACY_ELEMENTS:                              # Q4_0, Q5_0, Q5_1
-        return LEGACY_ELEMENTS[gtype](b, row, j)
-    if gtype in (Q4_K, Q6_K):
-        return kquant_element(b, gtype, row, j)
-    bs = WEIGHT_TYPES[gtype].block
-    blk, k = b.sdiv(j, i64(bs)), b.srem(j, i64(bs))
-    base = b.mul(blk, i64(WEIGHT_TYPES[gtype].block_bytes))
-    d = load_h(b, row, base)
-    if gtype == Q8_0:
-        q = b.load(at(b, row, b.add(base, b.add(k, i64(2))), i8))
-        return b.fmul(b.sitofp(q, f32), d)
-    if gtype == Q4_1:
-        mn = load_h(b, row, b.add(base, i64(2)))
-        byte = b.load(at(b, row, b.add(base, b.add(b.srem(k, i64(16)), i64(4))), i8))
-        sh = b.trunc(b.mul(b.sdiv(k, i64(16)), i64(4)), i8)
-        q = b.and_(b.lshr(byte, sh), i8(15))
-        return b.fadd(b.fmul(b.uitofp(q, f32), d), mn)
-    if gtype == Q1_0:
-        byte = b.load(at(b, row, b.add(base, b.add(b.sdiv(k, i64(8)), i64(2))), i8))
-        bit = b.and_(b.lshr(byte, b.trunc(b.srem(k, i64(8)), i8)), i8(1))
-        return b.select(b.icmp_unsigned("!=", bit, i8(0)), d, b.fneg(d))
-    if gtype == Q2_0:
-        byte = b.load(at(b, row, b.add(base, b.add(b.sdiv(k, i64(4)), i64(2))), i8))
-        q = b.and_(b.lshr(byte, b.trunc(b.mul(b.srem(k, i64(4)), i64(2)), i8)), i8(3))
-        return b.fmul(b.sitofp(b.sub(b.zext(q, i32), i32(1)), f32), d)
-    raise LoweringError(f"get_rows: weight type {gtype} has no llvm kernel")
+    return ELEMENTS[gtype](b, row, j)
+
+
+def _block(b: ir.IRBuilder, gtype: int, row, j):
+    """(offset of element j's block, j's index in it, the block's f16 d as f32)."""
+    wt = WEIGHT_TYPES[gtype]
+    blk, k = b.sdiv(j, i64(wt.block)), b.srem(j, i64(wt.block))
+    base = b.mul(blk, i64(wt.block_bytes))
+    return base, k, load_h(b, row, base)
+
+
+@row_element(F16)
+def _f16(b, row, j):
+    return load_h(b, row, b.mul(j, i64(2)))
+
+
+@row_element(Q8_0)
+def _q8_0(b, row, j):
+    base, k, d = _block(b, Q8_0, row, j)
+    q = b.load(at(b, row, b.add(base, b.add(k, i64(2))), i8))
+    return b.fmul(b.sitofp(q, f32), d)
+
+
+@row_element(Q4_1)
+def _q4_1(b, row, j):
+    base, k, d = _block(b, Q4_1, row, j)
+    mn = load_h(b, row, b.add(base, i64(2)))
+    byte = b.load(at(b, row, b.add(base, b.add(b.srem(k, i64(16)), i64(4))), i8))
+    sh = b.trunc(b.mul(b.sdiv(k, i64(16)), i64(4)), i8)
+    q = b.and_(b.lshr(byte, sh), i8(15))
+    return b.fadd(b.fmul(b.uitofp(q, f32), d), mn)
+
+
+@row_element(Q1_0)
+def _q1_0(b, row, j):
+    base, k, d = _block(b, Q1_0, row, j)
+    byte = b.load(at(b, row, b.add(base, b.add(b.sdiv(k, i64(8)), i64(2))), i8))
+    bit = b.and_(b.lshr(byte, b.trunc(b.srem(k, i64(8)), i8)), i8(1))
+    return b.select(b.icmp_unsigned("!=", bit, i8(0)), d, b.fneg(d))
+
+
+@row_element(Q2_0)
+def _q2_0(b, row, j):
+    base, k, d = _block(b, Q2_0, row, j)
+    byte = b.load(at(b, row, b.add(base, b.add(b.sdiv(k, i64(4)), i64(2))), i8))
+    q = b.and_(b.lshr(byte, b.trunc(b.mul(b.srem(k, i64(4)), i64(2)), i8)), i8(3))
+    return b.fmul(b.sitofp(b.sub(b.zext(q, i32), i32(1)), f32), d)
 
 
 def _binary(m: ir.Module, g: Graph, n: Node, op: str) -> ir.Function:

@@ -19,6 +19,7 @@ from llvmlite import ir
 from bankml.backends.llvm.emit.core import (f32, for_range, i8, i16, i32, i64, intrinsic, kernel_arg, new_function,
     size, smin, thread_range, typed)
 from bankml.backends.llvm.ggml.matmul.tiling import CHUNK_BYTES
+from bankml.backends.llvm.ggml.rows import row_element
 from bankml.backends.llvm.emit.simd import (alloca, at, block_loop, hsum8, load_h, madd, maddubs, scratch, splat,
     v16i16, v32i8, v8i32, zero8)
 from bankml.backends.llvm.emit.core import fma
@@ -26,9 +27,9 @@ from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
 from bankml.errors import LoweringError
 from bankml.ir import order as fo
 from bankml.ir.ops import Op
-from bankml.quants import Q4_K, Q6_K, Q8_K, WEIGHT_TYPES
+from bankml.quants import ACT_TYPES, Q4_K, Q6_K, Q8_K, WEIGHT_TYPES
 
-Q8K_BYTES = 292
+Q8K_BYTES = ACT_TYPES[Q8_K].block_bytes      # block_q8_K, 292
 v4f32, v16i32, v16i8 = ir.VectorType(f32, 4), ir.VectorType(i32, 16), ir.VectorType(i8, 16)
 v32f32, v32i32 = ir.VectorType(f32, 32), ir.VectorType(i32, 32)
 TILED_MIN_COLS, GEMM_COLS = 8, 4
@@ -489,7 +490,7 @@ def define_mul_mat_kquant(m: ir.Module, g, n) -> ir.Function:
     if K % 256 or (wtype, n.order) not in ((Q4_K, fo.Q4_K_REPACK), (Q4_K, fo.Q4_K_MUL_MAT), (Q6_K, fo.Q6_K_MUL_MAT)):
         raise LoweringError(f"mul_mat {n.name}: {WEIGHT_TYPES[wtype].name} with K = {K} and order "
                             f"{n.order.describe() if n.order else None} is not lowered")
-    wrb, xrb = WEIGHT_TYPES[wtype].row_bytes(K), K // 256 * Q8K_BYTES
+    wrb, xrb = WEIGHT_TYPES[wtype].row_bytes(K), ACT_TYPES[Q8_K].row_bytes(K)
     fn, b = new_function(m, kernel_name(n), kernel_type(n))
     fn.linkage = "internal"
     out, wp, xp, ith, nth, dims = fn.args
@@ -569,3 +570,7 @@ def kquant_element(b: ir.IRBuilder, gtype: int, row, j):
     q = b.sub(b.or_(nib, b.shl(hi, i32(4))), i32(32))
     sc = b.sext(b.load(at(b, row, b.add(base, b.add(i64(192), b.sdiv(k, i64(16)))), i8)), i32)
     return b.fmul(b.fmul(d, b.sitofp(sc, f32)), b.sitofp(q, f32))
+
+
+row_element(Q4_K)(lambda b, row, j: kquant_element(b, Q4_K, row, j))
+row_element(Q6_K)(lambda b, row, j: kquant_element(b, Q6_K, row, j))

@@ -39,9 +39,8 @@ from bankml.ir.dims import prod_range
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
-from bankml.quants import F16, Q8_0, Q8_1, WEIGHT_TYPES
+from bankml.quants import ACT_TYPES, WEIGHT_TYPES
 
-ACT_BLOCK_BYTES = {Q8_0: 34, Q8_1: 36}           # activation bytes per 32 values
 CHUNK_BYTES = 96 * 1024                          # weight bytes of one row chunk (L2-resident)
 PREFETCH_MAX_COLS = 128                          # Tiler.prefetch: micro-batches of at most this many columns
 
@@ -116,9 +115,9 @@ def define_mul_mat(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     tiler = TILERS.get((wtype, n.order))
     if tiler is None:
         raise LoweringError(f"mul_mat {n.name}: {wt.name} order {n.order.describe() if n.order else None} is not lowered")
-    if wtype != F16 and K % wt.block:
+    if K % wt.block:
         raise LoweringError(f"mul_mat {n.name}: K = {K} is not a multiple of {wt.name} blocks")
-    xrb = 2 * K if wtype == F16 else K // 32 * ACT_BLOCK_BYTES[wt.act_type]
+    xrb = ACT_TYPES[wt.act_type].row_bytes(K)
     wrb = wt.row_bytes(K)
 
     fn, b = new_function(m, kernel_name(n), kernel_type(n))
