@@ -1,22 +1,31 @@
 """The llvm FLASH_ATTN kernel of the portable profile (docs/PORTABLE.md): attention.attention of
 bankml/profiles/portable/ per (query row, head) (K/V head h // (H/Hkv)), step for step with the
 emitters of backends/llvm/portable/funcs.py, so its bits are the reference backend's
-(backends/reference/portable.py) for every thread count. q is quantized per 32 as
-quant.quantize_act (32 lanes; the codes by portable.rows.nearest_quotient), each score the exact integer dot of the codes times both scales
-rounded once: eight cells at a time in f64 (_scores8: vpmaddubsw dots, exact products and sums
-while the q blocks' exponent spread is within portable.f64.limit, one f64 -> f32 conversion),
-else (spread past the limit, a nonzero score below 2^-126 or from 2^127 up) per cell
-portable.exact.round_shifted (_exact_score, the alignment made once per q row); scale and mask on
-8 lanes; softmax over the n_kv cells in a stack buffer (eight -inf scores, masked cells, skip
-the exp: each is +0, and the sum's lanes add +0), then per block of 32 cells the power-of-two
-scale, exact int32 sums and one rounding, blocks added in cell order (a block whose weights are
-all 0 adds -0.0: skipped). A block whose 32 softmax values are all +0 (masked cells) reads only
-its V scales: w = +0 * s_v is +-0, or NaN (the row NaN) where s_v is inf or NaN.
+(backends/reference/portable.py) for every thread count. Per task, the spec's steps:
+  1. _quantize_q: q in blocks of 32 (quant.quantize_act, 32 lanes; the codes by
+     portable.rows.nearest_quotient); _alignment: the exact score's alignment, once per q row;
+  2. _scores: each score the exact integer dot of the codes times both scales rounded once:
+     eight cells at a time in f64 (_scores8: vpmaddubsw dots, exact products and sums while the
+     q blocks' exponent spread is within portable.f64.limit, one f64 -> f32 conversion), else
+     (spread past the limit, a nonzero score below 2^-126 or from 2^127 up) per cell
+     portable.exact.round_shifted (_exact_score); scale and mask on 8 lanes (_score8); their
+     max and any NaN;
+  3. _softmax over the n_kv cells in a stack buffer (eight -inf scores, masked cells, skip the
+     exp: each is +0, and the sum's lanes add +0), then one recip of the tree8 sum;
+  4. _values, per block of 32 cells: w = r(p * s_v) and the power-of-two scale (_block_weights);
+     a block whose 32 softmax values are all +0 (masked cells) reads only its V scales
+     (_zero_block): w = +0 * s_v is +-0, or NaN (the row NaN) where s_v is inf or NaN;
+  5. _add_block: the block's exact int32 sums and one rounding (_value_block), blocks added in
+     cell order into the output row (-0.0 at first: _clear_out; a block whose weights are all 0
+     adds -0.0: skipped); _nan_row: a NaN score or weight makes the row NaN.
 
 Threads split (query row, head) pairs; no result depends on the split. The K/V cache rows are
 SET_ROWS's (backends/llvm/portable/ops.py): per (cell, K/V head) 2 bytes of f16 scale, then D int8 codes.
 """
 from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from llvmlite import ir
@@ -111,8 +120,97 @@ class _Var:
         self.b.store(x, self.p)
 
 
+@dataclass
+class _Attn:
+    """A portable flash_attn kernel's fixed values: its builder, sizes, pointers and stack scratch."""
+    fn: ir.Function
+    b: ir.IRBuilder
+    entry: ir.IRBuilder            # _Var's allocas
+    scale: ir.Constant             # n.params["scale"] as f32
+    scale_e: int                   # its exponent
+    H: int
+    D: int
+    nsub: int                      # q blocks of 32 per row
+    R: int                         # bytes of a cache row: the f16 scale, D codes
+    Hkv: int
+    grp: int
+    k: ir.Value
+    v: ir.Value
+    pq: ir.Value
+    pout: ir.Value
+    pmask: ir.Value
+    nkv: ir.Value
+    qcodes: ir.Value               # the q row's codes
+    scores: ir.Value               # the cells' scores, then exp(x - max), then w
+    sums: ir.Value                 # a V block's int32 sums
+    raw_slot: ir.Value             # eight cells' scores
+    need_slot: ir.Value            # eight cells: the exact path gives the score
+
+    @property
+    def m(self) -> ir.Module:
+        return self.b.module
+
+    def row(self, cache, cell, hk) -> ir.Value:
+        """The cache row (i8*) of (cell, K/V head hk)."""
+        b = self.b
+        return b.gep(cache, [b.mul(b.add(b.mul(cell, i64(self.Hkv)), hk), i64(self.R))])
+
+
+class _Task(NamedTuple):
+    """One (query row, head) task: its mask row, K/V head and first q (and out) element."""
+    mrow: ir.Value
+    hk: ir.Value
+    qbase: ir.Value
+
+
+class _QRow(NamedTuple):
+    """The task's q row after step 1: any bad block, each block's scale m * 2^e, and the exact
+    score's alignment (the least exponent emin of the nonzero blocks, their spread above it,
+    the shifts, the codes as <32 x i32>)."""
+    bad: ir.Value
+    ms: list
+    es: list
+    emin: ir.Value
+    spread: ir.Value
+    fits: ir.Value                 # the spread within portable.exact.room: i64 lanes suffice
+    sh_v: ir.Value
+    ae_v: ir.Value
+    emin32: ir.Value
+    qv: list
+    red: ir.Function               # llvm.vector.reduce.add.v32i32
+
+
+class _Cells(NamedTuple):
+    """The task's values that every eight cells' scores read (_score8)."""
+    mask_row: ir.Value             # the task's first mask element
+    bounded: ir.Value              # a masked cell's score is -inf (see _cells)
+    qf: list                       # each q block's m * 2^e in f64
+    f64_row: ir.Value              # the q blocks' spread within portable.f64.limit
+    qb: list                       # the q codes, <32 x i8> per block
+    scale8: ir.Value
+
+
 @kernel(Op.FLASH_ATTN, order=po.FLASH_ATTN, profile="portable")
 def define_flash_attn(m: ir.Module, g: Graph, n: Node) -> ir.Function:
+    """attention.attention per (query row, head) task, in the steps of the module's docstring."""
+    a, lo, hi = _setup(m, g, n)
+    b = a.b
+    with for_range(b, lo, hi, name="task") as task:
+        mrow, h = b.sdiv(task, i64(a.H)), b.srem(task, i64(a.H))
+        t = _Task(mrow, b.sdiv(h, i64(a.grp)), b.mul(task, i64(a.D)))
+        q = _alignment(a, *_quantize_q(a, t))                      # 1.
+        mx, anynan = _scores(a, t, q)                               # 2.
+        rownan = _clear_out(a, t, anynan)
+        with b.if_then(b.not_(anynan.get())):
+            r, minf = _softmax(a, mx)                               # 3.
+            _values(a, t, r, minf, rownan)                          # 4. and 5.
+        _nan_row(a, t, rownan)
+    b.ret_void()
+    return a.fn
+
+
+def _setup(m: ir.Module, g: Graph, n: Node) -> tuple[_Attn, ir.Value, ir.Value]:
+    """The node's shapes checked, the function, its scratch and this thread's tasks [lo, hi)."""
     _check(n, po.FLASH_ATTN)
     qn, kn, vn, mn = (g[i] for i in n.inputs)
     M, H, D = qn.shape
@@ -121,8 +219,7 @@ def define_flash_attn(m: ir.Module, g: Graph, n: Node) -> ir.Function:
             or tuple(kn.shape[1:]) != (Hkv, D) or tuple(vn.shape[1:]) != (Hkv, D) or mn.dtype != "f16":
         raise LoweringError(f"llvm portable profile: flash_attn {n.name or n.id}: q{qn.shape} k {kn.dtype}{kn.shape} "
                             f"v {vn.dtype}{vn.shape} mask {mn.dtype}{mn.shape} do not fit")
-    nsub, R, grp = D // QK, 2 + D, H // Hkv
-    scale = f32(float(np.float32(n.params["scale"])))
+    scale = np.float32(n.params["scale"])
     fn, b = new_function(m, kernel_name(n), kernel_type(n))
     out, q, k, v, mask, ith, nth, dims = fn.args
     pq, pout, pmask = typed(b, q, f32), typed(b, out, f32), typed(b, mask, f16)
@@ -133,197 +230,264 @@ def define_flash_attn(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     sums = b.alloca(i32, size=D, name="sums")
     raw_slot = b.alloca(ir.ArrayType(f32, 8), name="raw8")
     need_slot = b.alloca(ir.ArrayType(i8, 8), name="need8")
-    v32i8, v32i32 = ir.VectorType(i8, QK), ir.VectorType(i32, QK)
+    a = _Attn(fn, b, entry, f32(float(scale)), int(np.frexp(scale)[1]) - 1, H, D, D // QK, 2 + D, Hkv, H // Hkv,
+              k, v, pq, pout, pmask, nkv, qcodes, scores, sums, raw_slot, need_slot)
     lo, hi = thread_range(b, b.mul(dim(b, dims, M), i64(H)), ith, nth)
-    with for_range(b, lo, hi, name="task") as task:
-        mrow, h = b.sdiv(task, i64(H)), b.srem(task, i64(H))
-        hk = b.sdiv(h, i64(grp))
-        qbase = b.mul(task, i64(D))
-        # 1. q in blocks of 32 (quant.quantize_act)
-        badq = i1(0)
-        ms, es = [], []
-        v32f32, v32f64, v32i64 = ir.VectorType(f32, QK), ir.VectorType(f64, QK), ir.VectorType(i64, QK)
-        for sb in range(nsub):         # 32 lanes: the same steps per value as the scalar spec
-            x = _load(b, pq, b.add(qbase, i64(sb * QK)), v32f32)
-            a = pm.fabs(b, x)
-            fin = b.fcmp_ordered("<", a, pm.const(v32f32, float("inf")))
-            blk_bad = b.not_(_all_lanes(b, fin))
-            abits = b.select(fin, pm.bits(b, a), pm.const(v32i32, 0))           # |x| bits order as |x|
-            umax = intrinsic(m, "llvm.vector.reduce.umax.v32i32", i32, [v32i32])
-            amax = b.bitcast(b.call(umax, [abits]), f32)
-            mq, eq = _act_scale(b, b.select(blk_bad, f32(0.0), amax))
-            inv = _pow2(b, b.sub(i64(0), eq))
-            div = b.sitofp(b.select(b.icmp_signed("==", mq, i64(0)), i64(1), mq), f64)
-            zero_codes = b.or_(blk_bad, b.icmp_signed("==", mq, i64(0)))
-            y = nearest_quotient(b, b.fmul(b.fpext(x, v32f64), pm.splat(b, inv, v32f64)), div)  # x 2^-e / m
-            y = b.select(b.fcmp_ordered(">", y, pm.const(v32f64, 127.0)), pm.const(v32f64, 127.0), y)
-            y = b.select(b.fcmp_ordered("<", y, pm.const(v32f64, -127.0)), pm.const(v32f64, -127.0), y)
-            ya = b.and_(b.bitcast(y, v32i64), pm.const(v32i64, (1 << 63) - 1))
-            finy = b.icmp_unsigned("<", ya, pm.const(v32i64, 0x7FF0000000000000))
-            ok = b.and_(finy, pm.splat(b, b.not_(zero_codes), ir.VectorType(i1, QK)))
-            code = b.select(ok, b.fptosi(y, v32i8), pm.const(v32i8, 0))
-            b.store(code, b.bitcast(b.gep(qcodes, [i64(sb * QK)]), v32i8.as_pointer()), align=1)
-            badq = b.or_(badq, blk_bad)
-            ms.append(mq)
-            es.append(eq)
-        # the exact score's alignment: the least exponent of the nonzero blocks, and the spread
-        big = i64(1 << 40)
-        emin = big
-        for mq, eq in zip(ms, es):
-            emin = b.select(b.and_(b.icmp_signed("!=", mq, i64(0)), b.icmp_signed("<", eq, emin)), eq, emin)
-        emin = b.select(b.icmp_signed("==", emin, big), i64(0), emin)
-        shifts, spread = [], i64(0)
-        for mq, eq in zip(ms, es):
-            sh = b.select(b.icmp_signed("!=", mq, i64(0)), b.sub(eq, emin), i64(0))
-            shifts.append(sh)
-            spread = b.select(b.icmp_signed(">", sh, spread), sh, spread)
-        fits = b.icmp_signed("<=", spread, i64(room(TERM_BITS, nsub)))
-        vn32 = ir.VectorType(i32, nsub)
-        sh_v = _vector(b, [b.trunc(sh, i32) for sh in shifts], vn32)
-        ae_v = _vector(b, [b.trunc(eq, i32) for eq in es], vn32)
-        emin32 = b.trunc(emin, i32)
-        qv = [b.sext(b.load(b.bitcast(b.gep(qcodes, [i64(sb * QK)]), v32i8.as_pointer()), align=1), v32i32)
-              for sb in range(nsub)]
-        red = intrinsic(m, "llvm.vector.reduce.add.v32i32", i32, [v32i32])
-        # 2. scores: exact q.k rounded once, * scale, + mask; their max and any NaN
-        # eight cells at a time: lane-wise running max (a tie of +-0 picks either: no bit
-        # depends on the max's zero sign) and any NaN, folded after the cells
-        v8i1, v8i8 = ir.VectorType(i1, 8), ir.VectorType(i8, 8)
-        vmx, vnan = _Var(b, v8f32, pm.const(v8f32, float("-inf")), entry), _Var(b, v8i1, pm.const(v8i1, 0), entry)
-        kv_mask_row = b.mul(mrow, nkv)
-        # a masked cell's score is -inf (NaN with a bad scale) whenever r(score * scale) is
-        # finite, which holds for every K row when |score| < 2^(emax + 42) (|dot| < 2^19,
-        # m < 2^4, |k| < 2^16, nsub <= 8) and |scale| < 2^(scale_e + 1) stay below 2^128
-        scale_e = int(np.frexp(np.float32(n.params["scale"]))[1]) - 1
-        bounded = b.icmp_signed("<", b.add(emin, spread), i64(128 - 43 - scale_e - 1))
-        qf = [b.fmul(b.sitofp(mq, f64), _pow2(b, eq)) for mq, eq in zip(ms, es)]    # m * 2^e, 0 for m = 0
-        f64_row = b.icmp_signed("<=", spread, i64(pf.limit(TERM_BITS, nsub)))
-        qb = [b.load(b.bitcast(b.gep(qcodes, [i64(sb * QK)]), v32i8.as_pointer()), align=1) for sb in range(nsub)]
-        scale8, ninf8 = pm.splat(b, scale, v8f32), pm.const(v8f32, float("-inf"))
-        with for_range(b, 0, nkv, 8, name="j8") as j8:
-            rows = [b.gep(k, [b.mul(b.add(b.mul(b.add(j8, i64(c)), i64(Hkv)), hk), i64(R))]) for c in range(8)]
-            words = ir.Constant(pf.v8i16, [0] * 8)                     # the eight K scales' f16 bits
-            for c, row in enumerate(rows):
-                words = b.insert_element(words, b.load(b.bitcast(row, i16.as_pointer()), align=1), i32(c))
-            mk = pm.canon(b, b.fpext(_vload(b, pmask, b.add(kv_mask_row, j8), ir.VectorType(f16, 8)), v8f32))
-            kbad = b.icmp_unsigned("==", b.and_(words, pm.const(pf.v8i16, 0x7C00)), pm.const(pf.v8i16, 0x7C00))
-            bad = b.or_(pm.splat(b, badq, v8i1), kbad)
-            masked = b.and_(pm.splat(b, bounded, v8i1), b.fcmp_ordered("==", mk, ninf8))
-            with b.if_then(b.not_(_all8(b, masked))):                  # eight masked cells: no dots
-                raw8, need8 = _scores8(b, rows, words, qb, qf, f64_row, nsub)
-                need8 = b.and_(need8, b.not_(masked))
-                b.store(raw8, b.bitcast(raw_slot, v8f32.as_pointer()), align=4)
-                with b.if_then(_any8(b, need8), likely=False):
-                    b.store(b.zext(need8, v8i8), b.bitcast(need_slot, v8i8.as_pointer()), align=1)
-                    with for_range(b, 0, 8, name="jc") as jc:
-                        with b.if_then(b.icmp_unsigned("!=", b.load(b.gep(need_slot, [i32(0), jc])), i8(0))):
-                            krow = b.gep(k, [b.mul(b.add(b.mul(b.add(j8, jc), i64(Hkv)), hk), i64(R))])
-                            ks, kx, _ = _f16_parts(b, b.load(b.bitcast(krow, i16.as_pointer()), align=1))
-                            b.store(_exact_score(b, krow, qv, ms, ks, kx, sh_v, emin32, fits, ae_v, nsub, red),
-                                    b.gep(raw_slot, [i32(0), jc]))
-            score = b.load(b.bitcast(raw_slot, v8f32.as_pointer()), align=4)
-            sc = pm.add(b, pm.mul(b, pm.with_bits(b, bad, pm.QNAN, score), scale8), mk)
-            sc = b.select(masked, pm.with_bits(b, bad, pm.QNAN, ninf8), sc)
-            _vstore(b, sc, scores, j8)
-            cur = vmx.get()
-            vmx.set(b.select(b.fcmp_ordered(">", sc, cur), sc, cur))
-            vnan.set(b.or_(vnan.get(), pm.is_nan(b, sc)))
-        lanes = vmx.get()
-        mx_all = b.extract_element(lanes, i32(0))
-        for lane in range(1, 8):
-            x = b.extract_element(lanes, i32(lane))
-            mx_all = b.select(b.fcmp_ordered(">", x, mx_all), x, mx_all)
-        mx = _Var(b, f32, mx_all, entry)
-        anynan = _Var(b, i1, _any8(b, vnan.get()), entry)
-        obase = qbase
-        rownan = _Var(b, i1, anynan.get(), entry)
-        neg0 = pm.const(v8f32, NEG0)
-        with for_range(b, 0, D, 8, name="o") as o:
-            _vstore(b, neg0, pout, b.add(obase, o))
-        with b.if_then(b.not_(anynan.get())):
-            # 3. softmax (funcs.softmax): e = exp(x - max), one recip of the tree8 sum, products
-            minf = b.fcmp_ordered("==", mx.get(), f32(float("-inf")))
-            mxs = pm.splat(b, b.select(minf, f32(0.0), mx.get()), v8f32)
-            lanes = _Var(b, v8f32, neg0, entry)
-            zero8 = pm.const(v8f32, 0.0)
-            with for_range(b, 0, nkv, 8, name="e") as j:
-                x = _vload(b, scores, j)
-                # eight -inf scores (masked cells): exp(-inf - max) is +0 (x - max is -inf for
-                # any max but NaN, and a NaN max skips the softmax), so no exp is needed
-                with b.if_else(_all8(b, b.fcmp_ordered("==", x, ninf8))) as (masked8, live8):
-                    with masked8:
-                        _vstore(b, zero8, scores, j)
-                        lanes.set(pm.add(b, lanes.get(), zero8))
-                    with live8:
-                        e = pm.exp(b, pm.sub(b, x, mxs))
-                        _vstore(b, e, scores, j)
-                        lanes.set(pm.add(b, lanes.get(), e))
-            r = pm.recip(b, pm.tree(b, lanes.get()))
-            # 4. values: w = r(p * s_v), 2^E per 32 cells, exact integer block sums, blocks in order
-            with for_range(b, 0, b.sdiv(nkv, i64(QK)), name="blk") as blk:
-                # a block of 32 zero weights p (masked cells, or none live): w = +0 * s_v is +-0
-                # (no block sum) or NaN where s_v is inf or NaN, so only the V scales are read
-                zero8f = pm.const(v8f32, 0.0)
-                zeros = [_all8(b, b.fcmp_ordered("==", _vload(b, scores, b.add(b.mul(blk, i64(QK)), i64(c8))), zero8f))
-                         for c8 in range(0, QK, 8)]
-                with b.if_else(b.or_(minf, b.and_(b.and_(zeros[0], zeros[1]), b.and_(zeros[2], zeros[3])))) \
-                        as (zero_blk, live_blk):
-                    with zero_blk:
-                        bad = pm.const(v8i1, 0)
-                        for c8 in range(0, QK, 8):
-                            words = ir.Constant(pf.v8i16, [0] * 8)
-                            for c in range(8):
-                                j = b.add(b.mul(blk, i64(QK)), i64(c8 + c))
-                                vrow = b.gep(v, [b.mul(b.add(b.mul(j, i64(Hkv)), hk), i64(R))])
-                                words = b.insert_element(words, b.load(b.bitcast(vrow, i16.as_pointer()), align=1),
-                                                         i32(c))
-                            exps = b.and_(words, pm.const(pf.v8i16, 0x7C00))
-                            bad = b.or_(bad, b.icmp_unsigned("==", exps, pm.const(pf.v8i16, 0x7C00)))
-                        with b.if_then(_any8(b, bad)):
-                            rownan.set(i1(1))
-                    with live_blk:
-                        vamax = _Var(b, v8f32, pm.const(v8f32, 0.0), entry)  # |w| lane-wise: max in any order
-                        wnan, winf = _Var(b, v8i1, pm.const(v8i1, 0), entry), _Var(b, v8i1, pm.const(v8i1, 0), entry)
-                        r8 = pm.splat(b, r, v8f32)
-                        with for_range(b, 0, QK, 8, name="w") as jj:
-                            j = b.add(b.mul(blk, i64(QK)), jj)
-                            svw = ir.Constant(ir.VectorType(f16, 8), ir.Undefined)
-                            for c in range(8):
-                                vrow = b.gep(v, [b.mul(b.add(b.mul(b.add(j, i64(c)), i64(Hkv)), hk), i64(R))])
-                                sv = b.load(b.bitcast(vrow, f16.as_pointer()), align=1)
-                                svw = b.insert_element(svw, sv, i32(c))
-                            p = b.select(pm.splat(b, minf, v8i1), zero8f, pm.mul(b, _vload(b, scores, j), r8))
-                            w = pm.mul(b, p, pm.canon(b, b.fpext(svw, v8f32)))
-                            _vstore(b, w, scores, j)
-                            a = pm.fabs(b, w)
-                            cur = vamax.get()
-                            vamax.set(b.select(b.fcmp_ordered(">", a, cur), a, cur))
-                            wnan.set(b.or_(wnan.get(), pm.is_nan(b, w)))
-                            winf.set(b.or_(winf.get(), b.fcmp_ordered("==", a, pm.const(v8f32, float("inf")))))
-                        lanes8 = vamax.get()
-                        amax = _Var(b, f32, b.extract_element(lanes8, i32(0)), entry)
-                        for lane in range(1, 8):
-                            x, cur = b.extract_element(lanes8, i32(lane)), amax.get()
-                            amax.set(b.select(b.fcmp_ordered(">", x, cur), x, cur))
-                        wnan, winf = _any8(b, wnan.get()), _any8(b, winf.get())
-                        with b.if_then(wnan):
-                            rownan.set(i1(1))
-                        nonzero = b.fcmp_ordered(">", amax.get(), f32(0.0))
-                        with b.if_else(winf) as (then, otherwise):
-                            with then:       # the spec's W*v of an infinite w is NaN, cast to int64's least value
-                                ninf = pm.const(v8f32, float("-inf"))
-                                with for_range(b, 0, D, 8, name="oi") as o:
-                                    at = b.add(obase, o)
-                                    _vstore(b, pm.add(b, _vload(b, pout, at), ninf), pout, at)
-                            with otherwise:
-                                with b.if_then(b.and_(nonzero, b.not_(wnan))):
-                                    _value_block(b, pout, obase, scores, sums, v, blk, amax.get(), hk, Hkv, R, D)
-        with b.if_then(rownan.get()):
-            nan = pm.const(v8f32, float("nan"))
-            with for_range(b, 0, D, 8, name="on") as o:
-                _vstore(b, pm.canon(b, nan), pout, b.add(obase, o))
-    b.ret_void()
-    return fn
+    return a, lo, hi
+
+
+def _quantize_q(a: _Attn, t: _Task) -> tuple:
+    """1. The q row in blocks of 32 into a.qcodes (quant.quantize_act): any bad block, each block's m, e."""
+    b = a.b
+    v32i8, v32i32 = ir.VectorType(i8, QK), ir.VectorType(i32, QK)
+    badq = i1(0)
+    ms, es = [], []
+    v32f32, v32f64, v32i64 = ir.VectorType(f32, QK), ir.VectorType(f64, QK), ir.VectorType(i64, QK)
+    for sb in range(a.nsub):
+        x = _load(b, a.pq, b.add(t.qbase, i64(sb * QK)), v32f32)
+        ax = pm.fabs(b, x)
+        fin = b.fcmp_ordered("<", ax, pm.const(v32f32, float("inf")))
+        blk_bad = b.not_(_all_lanes(b, fin))
+        abits = b.select(fin, pm.bits(b, ax), pm.const(v32i32, 0))           # |x| bits order as |x|
+        umax = intrinsic(a.m, "llvm.vector.reduce.umax.v32i32", i32, [v32i32])
+        amax = b.bitcast(b.call(umax, [abits]), f32)
+        mq, eq = _act_scale(b, b.select(blk_bad, f32(0.0), amax))
+        inv = _pow2(b, b.sub(i64(0), eq))
+        div = b.sitofp(b.select(b.icmp_signed("==", mq, i64(0)), i64(1), mq), f64)
+        zero_codes = b.or_(blk_bad, b.icmp_signed("==", mq, i64(0)))
+        y = nearest_quotient(b, b.fmul(b.fpext(x, v32f64), pm.splat(b, inv, v32f64)), div)  # x 2^-e / m
+        y = b.select(b.fcmp_ordered(">", y, pm.const(v32f64, 127.0)), pm.const(v32f64, 127.0), y)
+        y = b.select(b.fcmp_ordered("<", y, pm.const(v32f64, -127.0)), pm.const(v32f64, -127.0), y)
+        ya = b.and_(b.bitcast(y, v32i64), pm.const(v32i64, (1 << 63) - 1))
+        finy = b.icmp_unsigned("<", ya, pm.const(v32i64, 0x7FF0000000000000))
+        ok = b.and_(finy, pm.splat(b, b.not_(zero_codes), ir.VectorType(i1, QK)))
+        code = b.select(ok, b.fptosi(y, v32i8), pm.const(v32i8, 0))
+        b.store(code, _codes_at(b, a.qcodes, sb), align=1)
+        badq = b.or_(badq, blk_bad)
+        ms.append(mq)
+        es.append(eq)
+    return badq, ms, es
+
+
+def _codes_at(b: ir.IRBuilder, qcodes, sb: int) -> ir.Value:
+    """<32 x i8>* to q block sb's codes."""
+    return b.bitcast(b.gep(qcodes, [i64(sb * QK)]), ir.VectorType(i8, QK).as_pointer())
+
+
+def _alignment(a: _Attn, badq, ms: list, es: list) -> _QRow:
+    """1. The exact score's alignment (portable.exact.round_shifted's): least exponent, shifts, spread."""
+    b = a.b
+    big = i64(1 << 40)
+    emin = big
+    for mq, eq in zip(ms, es):
+        emin = b.select(b.and_(b.icmp_signed("!=", mq, i64(0)), b.icmp_signed("<", eq, emin)), eq, emin)
+    emin = b.select(b.icmp_signed("==", emin, big), i64(0), emin)
+    shifts, spread = [], i64(0)
+    for mq, eq in zip(ms, es):
+        sh = b.select(b.icmp_signed("!=", mq, i64(0)), b.sub(eq, emin), i64(0))
+        shifts.append(sh)
+        spread = b.select(b.icmp_signed(">", sh, spread), sh, spread)
+    fits = b.icmp_signed("<=", spread, i64(room(TERM_BITS, a.nsub)))
+    vn32 = ir.VectorType(i32, a.nsub)
+    sh_v = _vector(b, [b.trunc(sh, i32) for sh in shifts], vn32)
+    ae_v = _vector(b, [b.trunc(eq, i32) for eq in es], vn32)
+    emin32 = b.trunc(emin, i32)
+    v32i32 = ir.VectorType(i32, QK)
+    qv = [b.sext(b.load(_codes_at(b, a.qcodes, sb), align=1), v32i32) for sb in range(a.nsub)]
+    red = intrinsic(a.m, "llvm.vector.reduce.add.v32i32", i32, [v32i32])
+    return _QRow(badq, ms, es, emin, spread, fits, sh_v, ae_v, emin32, qv, red)
+
+
+def _scores(a: _Attn, t: _Task, q: _QRow) -> tuple[_Var, _Var]:
+    """2. The scores r(r(q.k * scale) + mask) into a.scores (attention.attention); their max, any NaN."""
+    b = a.b
+    # eight cells at a time: lane-wise running max (a tie of +-0 picks either: no bit
+    # depends on the max's zero sign) and any NaN, folded after the cells
+    v8i1 = ir.VectorType(i1, 8)
+    vmx, vnan = _Var(b, v8f32, pm.const(v8f32, float("-inf")), a.entry), _Var(b, v8i1, pm.const(v8i1, 0), a.entry)
+    cells = _cells(a, t, q)
+    with for_range(b, 0, a.nkv, 8, name="j8") as j8:
+        sc = _score8(a, t, q, cells, j8)
+        _vstore(b, sc, a.scores, j8)
+        cur = vmx.get()
+        vmx.set(b.select(b.fcmp_ordered(">", sc, cur), sc, cur))
+        vnan.set(b.or_(vnan.get(), pm.is_nan(b, sc)))
+    lanes = vmx.get()
+    mx_all = b.extract_element(lanes, i32(0))
+    for lane in range(1, 8):
+        x = b.extract_element(lanes, i32(lane))
+        mx_all = b.select(b.fcmp_ordered(">", x, mx_all), x, mx_all)
+    return _Var(b, f32, mx_all, a.entry), _Var(b, i1, _any8(b, vnan.get()), a.entry)
+
+
+def _cells(a: _Attn, t: _Task, q: _QRow) -> _Cells:
+    """2. (once per task) the q scales and codes of _scores8, and the masked-cell bound."""
+    b = a.b
+    kv_mask_row = b.mul(t.mrow, a.nkv)
+    # a masked cell's score is -inf (NaN with a bad scale) whenever r(score * scale) is
+    # finite, which holds for every K row when |score| < 2^(emax + 42) (|dot| < 2^19,
+    # m < 2^4, |k| < 2^16, nsub <= 8) and |scale| < 2^(scale_e + 1) stay below 2^128
+    bounded = b.icmp_signed("<", b.add(q.emin, q.spread), i64(128 - 43 - a.scale_e - 1))
+    qf = [b.fmul(b.sitofp(mq, f64), _pow2(b, eq)) for mq, eq in zip(q.ms, q.es)]    # m * 2^e, 0 for m = 0
+    f64_row = b.icmp_signed("<=", q.spread, i64(pf.limit(TERM_BITS, a.nsub)))
+    qb = [b.load(_codes_at(b, a.qcodes, sb), align=1) for sb in range(a.nsub)]
+    return _Cells(kv_mask_row, bounded, qf, f64_row, qb, pm.splat(b, a.scale, v8f32))
+
+
+def _score8(a: _Attn, t: _Task, q: _QRow, cells: _Cells, j8) -> ir.Value:
+    """2. Eight cells' scores from j8: _scores8, else _exact_cells; then r(r(s * scale) + mask)."""
+    # NaN for a bad q block or K scale, -inf for a masked cell (no dots when all eight are)
+    b = a.b
+    v8i1, ninf8 = ir.VectorType(i1, 8), pm.const(v8f32, float("-inf"))
+    rows = [a.row(a.k, b.add(j8, i64(c)), t.hk) for c in range(8)]
+    words = ir.Constant(pf.v8i16, [0] * 8)                     # the eight K scales' f16 bits
+    for c, row in enumerate(rows):
+        words = b.insert_element(words, b.load(b.bitcast(row, i16.as_pointer()), align=1), i32(c))
+    mk = pm.canon(b, b.fpext(_vload(b, a.pmask, b.add(cells.mask_row, j8), ir.VectorType(f16, 8)), v8f32))
+    kbad = b.icmp_unsigned("==", b.and_(words, pm.const(pf.v8i16, 0x7C00)), pm.const(pf.v8i16, 0x7C00))
+    bad = b.or_(pm.splat(b, q.bad, v8i1), kbad)
+    masked = b.and_(pm.splat(b, cells.bounded, v8i1), b.fcmp_ordered("==", mk, ninf8))
+    with b.if_then(b.not_(_all8(b, masked))):                  # eight masked cells: no dots
+        raw8, need8 = _scores8(b, rows, words, cells.qb, cells.qf, cells.f64_row, a.nsub)
+        need8 = b.and_(need8, b.not_(masked))
+        b.store(raw8, b.bitcast(a.raw_slot, v8f32.as_pointer()), align=4)
+        with b.if_then(_any8(b, need8), likely=False):
+            _exact_cells(a, t, q, j8, need8)
+    score = b.load(b.bitcast(a.raw_slot, v8f32.as_pointer()), align=4)
+    sc = pm.add(b, pm.mul(b, pm.with_bits(b, bad, pm.QNAN, score), cells.scale8), mk)
+    return b.select(masked, pm.with_bits(b, bad, pm.QNAN, ninf8), sc)
+
+
+def _exact_cells(a: _Attn, t: _Task, q: _QRow, j8, need8) -> None:
+    """2. The scores of need8's cells (of the eight from j8) by _exact_score into a.raw_slot."""
+    b = a.b
+    v8i8 = ir.VectorType(i8, 8)
+    b.store(b.zext(need8, v8i8), b.bitcast(a.need_slot, v8i8.as_pointer()), align=1)
+    with for_range(b, 0, 8, name="jc") as jc:
+        with b.if_then(b.icmp_unsigned("!=", b.load(b.gep(a.need_slot, [i32(0), jc])), i8(0))):
+            krow = a.row(a.k, b.add(j8, jc), t.hk)
+            ks, kx, _ = _f16_parts(b, b.load(b.bitcast(krow, i16.as_pointer()), align=1))
+            b.store(_exact_score(b, krow, q, ks, kx), b.gep(a.raw_slot, [i32(0), jc]))
+
+
+def _clear_out(a: _Attn, t: _Task, anynan: _Var) -> _Var:
+    """5. The output row to -0.0 (the spec's sum of no blocks); returns rownan: so far, a NaN score."""
+    b = a.b
+    rownan = _Var(b, i1, anynan.get(), a.entry)
+    neg0 = pm.const(v8f32, NEG0)
+    with for_range(b, 0, a.D, 8, name="o") as o:
+        _vstore(b, neg0, a.pout, b.add(t.qbase, o))
+    return rownan
+
+
+def _softmax(a: _Attn, mx: _Var) -> tuple:
+    """3. funcs.softmax: exp(x - max) in place in a.scores; returns r(1/tree8 sum) and max == -inf."""
+    b = a.b
+    ninf8 = pm.const(v8f32, float("-inf"))
+    minf = b.fcmp_ordered("==", mx.get(), f32(float("-inf")))
+    mxs = pm.splat(b, b.select(minf, f32(0.0), mx.get()), v8f32)
+    lanes = _Var(b, v8f32, pm.const(v8f32, NEG0), a.entry)
+    zero8 = pm.const(v8f32, 0.0)
+    with for_range(b, 0, a.nkv, 8, name="e") as j:
+        x = _vload(b, a.scores, j)
+        # eight -inf scores (masked cells): exp(-inf - max) is +0 (x - max is -inf for
+        # any max but NaN, and a NaN max skips the softmax), so no exp is needed
+        with b.if_else(_all8(b, b.fcmp_ordered("==", x, ninf8))) as (masked8, live8):
+            with masked8:
+                _vstore(b, zero8, a.scores, j)
+                lanes.set(pm.add(b, lanes.get(), zero8))
+            with live8:
+                e = pm.exp(b, pm.sub(b, x, mxs))
+                _vstore(b, e, a.scores, j)
+                lanes.set(pm.add(b, lanes.get(), e))
+    return pm.recip(b, pm.tree(b, lanes.get())), minf
+
+
+def _values(a: _Attn, t: _Task, r, minf, rownan: _Var) -> None:
+    """4. and 5. Per block of 32 cells in order: w = r(p * s_v), the block added into the output row."""
+    b = a.b
+    with for_range(b, 0, b.sdiv(a.nkv, i64(QK)), name="blk") as blk:
+        # a block of 32 zero weights p (masked cells, or none live): w = +0 * s_v is +-0
+        # (no block sum) or NaN where s_v is inf or NaN, so only the V scales are read
+        zero8f = pm.const(v8f32, 0.0)
+        zeros = [_all8(b, b.fcmp_ordered("==", _vload(b, a.scores, b.add(b.mul(blk, i64(QK)), i64(c8))), zero8f))
+                 for c8 in range(0, QK, 8)]
+        with b.if_else(b.or_(minf, b.and_(b.and_(zeros[0], zeros[1]), b.and_(zeros[2], zeros[3])))) \
+                as (zero_blk, live_blk):
+            with zero_blk:
+                _zero_block(a, t, blk, rownan)
+            with live_blk:
+                _add_block(a, t, blk, *_block_weights(a, t, blk, r, minf), rownan)
+
+
+def _zero_block(a: _Attn, t: _Task, blk, rownan: _Var) -> None:
+    """4. A block of 32 zero p: w = +0 * s_v adds nothing, or is NaN (the row NaN) for an inf or NaN s_v."""
+    b = a.b
+    bad = pm.const(ir.VectorType(i1, 8), 0)
+    for c8 in range(0, QK, 8):
+        words = ir.Constant(pf.v8i16, [0] * 8)
+        for c in range(8):
+            vrow = a.row(a.v, b.add(b.mul(blk, i64(QK)), i64(c8 + c)), t.hk)
+            words = b.insert_element(words, b.load(b.bitcast(vrow, i16.as_pointer()), align=1), i32(c))
+        exps = b.and_(words, pm.const(pf.v8i16, 0x7C00))
+        bad = b.or_(bad, b.icmp_unsigned("==", exps, pm.const(pf.v8i16, 0x7C00)))
+    with b.if_then(_any8(b, bad)):
+        rownan.set(i1(1))
+
+
+def _block_weights(a: _Attn, t: _Task, blk, r, minf) -> tuple:
+    """4. w = r(p * s_v) of the block's cells in place of p (attention.attention): max |w|, any NaN, any inf."""
+    b = a.b
+    v8i1, zero8f = ir.VectorType(i1, 8), pm.const(v8f32, 0.0)
+    vamax = _Var(b, v8f32, pm.const(v8f32, 0.0), a.entry)  # |w| lane-wise: max in any order
+    wnan, winf = _Var(b, v8i1, pm.const(v8i1, 0), a.entry), _Var(b, v8i1, pm.const(v8i1, 0), a.entry)
+    r8 = pm.splat(b, r, v8f32)
+    with for_range(b, 0, QK, 8, name="w") as jj:
+        j = b.add(b.mul(blk, i64(QK)), jj)
+        svw = ir.Constant(ir.VectorType(f16, 8), ir.Undefined)
+        for c in range(8):
+            sv = b.load(b.bitcast(a.row(a.v, b.add(j, i64(c)), t.hk), f16.as_pointer()), align=1)
+            svw = b.insert_element(svw, sv, i32(c))
+        p = b.select(pm.splat(b, minf, v8i1), zero8f, pm.mul(b, _vload(b, a.scores, j), r8))
+        w = pm.mul(b, p, pm.canon(b, b.fpext(svw, v8f32)))
+        _vstore(b, w, a.scores, j)
+        aw = pm.fabs(b, w)
+        cur = vamax.get()
+        vamax.set(b.select(b.fcmp_ordered(">", aw, cur), aw, cur))
+        wnan.set(b.or_(wnan.get(), pm.is_nan(b, w)))
+        winf.set(b.or_(winf.get(), b.fcmp_ordered("==", aw, pm.const(v8f32, float("inf")))))
+    lanes8 = vamax.get()
+    amax = _Var(b, f32, b.extract_element(lanes8, i32(0)), a.entry)
+    for lane in range(1, 8):
+        x, cur = b.extract_element(lanes8, i32(lane)), amax.get()
+        amax.set(b.select(b.fcmp_ordered(">", x, cur), x, cur))
+    return amax, _any8(b, wnan.get()), _any8(b, winf.get())
+
+
+def _add_block(a: _Attn, t: _Task, blk, amax: _Var, wnan, winf, rownan: _Var) -> None:
+    """5. The block's r(2^E * Σ W_j v_j) into the output row (_value_block); NaN w: the row NaN, inf: -inf."""
+    b = a.b
+    with b.if_then(wnan):
+        rownan.set(i1(1))
+    nonzero = b.fcmp_ordered(">", amax.get(), f32(0.0))
+    with b.if_else(winf) as (then, otherwise):
+        with then:       # the spec's W*v of an infinite w is NaN, cast to int64's least value
+            ninf = pm.const(v8f32, float("-inf"))
+            with for_range(b, 0, a.D, 8, name="oi") as o:
+                at = b.add(t.qbase, o)
+                _vstore(b, pm.add(b, _vload(b, a.pout, at), ninf), a.pout, at)
+        with otherwise:
+            with b.if_then(b.and_(nonzero, b.not_(wnan))):
+                _value_block(a, t, blk, amax.get())
+
+
+def _nan_row(a: _Attn, t: _Task, rownan: _Var) -> None:
+    """5. The output row NaN where a score or a weight was (attention.attention's nan)."""
+    b = a.b
+    with b.if_then(rownan.get()):
+        nan = pm.const(v8f32, float("nan"))
+        with for_range(b, 0, a.D, 8, name="on") as o:
+            _vstore(b, pm.canon(b, nan), a.pout, b.add(t.qbase, o))
 
 
 def _scores8(b, rows: list, words, qb: list, qf: list, f64_row, nsub: int):
@@ -354,23 +518,26 @@ def _scores8(b, rows: list, words, qb: list, qf: list, f64_row, nsub: int):
     return r, need
 
 
-def _exact_score(b, krow, qv: list, ms: list, ks, kx, sh_v, emin32, fits, ae_v, nsub: int, red):
+def _exact_score(b, krow, q: _QRow, ks, kx):
     """The cell's score by the exact path: q block sb . k block sb times both scales'
     significands, the terms aligned once (portable.exact.round_shifted)."""
+    qv, ms, red, nsub = q.qv, q.ms, q.red, len(q.qv)
     terms = []
     for sb in range(nsub):
         kc = b.sext(b.load(b.bitcast(b.gep(krow, [i64(2 + sb * QK)]), ir.VectorType(i8, QK).as_pointer()), align=1),
                     qv[sb].type)
         dot = b.sext(b.call(red, [b.mul(kc, qv[sb])]), i64)                      # |.| < 2^19
         terms.append(b.mul(b.mul(dot, ms[sb]), ks))                             # |.| < 2^34
-    kxv = pm.splat(b, kx, ae_v.type)
-    return round_shifted(b, _vector(b, terms, ir.VectorType(i64, nsub)), sh_v, b.add(emin32, kx), fits,
-                         b.add(ae_v, kxv))
+    kxv = pm.splat(b, kx, q.ae_v.type)
+    return round_shifted(b, _vector(b, terms, ir.VectorType(i64, nsub)), q.sh_v, b.add(q.emin32, kx), q.fits,
+                         b.add(q.ae_v, kxv))
 
 
-def _value_block(b, pout, obase, w_at, sums, v, blk, amax, hk, Hkv: int, R: int, D: int) -> None:
-    """One block of 32 cells with max |w| = amax > 0 (finite): E, W_j = rint(w_j / 2^E), the
-    exact sums Σ W_j v_j (int32), r(2^E * sum) (-0.0 for 0) added into the output row."""
+def _value_block(a: _Attn, t: _Task, blk, amax) -> None:
+    """5. One block of 32 cells with max |w| = amax > 0 (finite): E (attention._pow2_scale),
+    W_j = rint(w_j / 2^E), the exact sums Σ W_j v_j (int32), r(2^E * sum) (-0.0 for 0) added
+    into the output row."""
+    b = a.b
     v8i8 = ir.VectorType(i8, 8)
     u = b.zext(pm.bits(b, amax), i64)
     c = b.or_(b.and_(u, i64(0x7FFFFF)), i64(0x800000))
@@ -378,23 +545,23 @@ def _value_block(b, pout, obase, w_at, sums, v, blk, amax, hk, Hkv: int, R: int,
     E = b.select(b.icmp_signed("<=", c, i64(127 << 17)), b.sub(p, i64(6)), b.sub(p, i64(5)))
     inv = _pow2(b, b.sub(i64(0), E))
     zero8 = pm.const(v8i32, 0)
-    with for_range(b, 0, D, 8, name="z") as o:
-        _vstore(b, zero8, sums, o)
+    with for_range(b, 0, a.D, 8, name="z") as o:
+        _vstore(b, zero8, a.sums, o)
     with for_range(b, 0, QK, name="wc") as jj:
         j = b.add(b.mul(blk, i64(QK)), jj)
-        w = b.fpext(b.load(b.gep(w_at, [j])), f64)
+        w = b.fpext(b.load(b.gep(a.scores, [j])), f64)
         W = b.fptosi(pm.roundeven(b, b.fmul(w, inv)), i32)                          # exact, |W| <= 127
         with b.if_then(b.icmp_signed("!=", W, i32(0))):
-            vcodes = b.gep(v, [b.add(b.mul(b.add(b.mul(j, i64(Hkv)), hk), i64(R)), i64(2))])
+            vcodes = b.gep(a.v, [b.add(b.mul(b.add(b.mul(j, i64(a.Hkv)), t.hk), i64(a.R)), i64(2))])
             Wv = pm.splat(b, W, v8i32)
-            with for_range(b, 0, D, 8, name="acc") as o:
+            with for_range(b, 0, a.D, 8, name="acc") as o:
                 vc = b.sext(_vload(b, vcodes, o, v8i8), v8i32)
-                _vstore(b, b.add(_vload(b, sums, o, v8i32), b.mul(Wv, vc)), sums, o)
+                _vstore(b, b.add(_vload(b, a.sums, o, v8i32), b.mul(Wv, vc)), a.sums, o)
     E8 = pm.splat(b, b.trunc(E, i32), v8i32)
     neg0 = pm.const(v8f32, NEG0)
-    with for_range(b, 0, D, 8, name="r") as o:
-        s = _vload(b, sums, o, v8i32)
+    with for_range(b, 0, a.D, 8, name="r") as o:
+        s = _vload(b, a.sums, o, v8i32)
         r = pm.scale2(b, b.sitofp(s, v8f32), E8)
         r = b.select(b.icmp_signed("==", s, zero8), neg0, r)
-        at = b.add(obase, o)
-        _vstore(b, pm.add(b, _vload(b, pout, at), r), pout, at)
+        at = b.add(t.qbase, o)
+        _vstore(b, pm.add(b, _vload(b, a.pout, at), r), a.pout, at)

@@ -33,12 +33,21 @@ profile's f32 add (a NaN made the one NaN once, at the end). Any exact sum gives
   of weights * 2^24 as an i64), the terms by portable.exact.round_terms.
 Q2_0 codes are unpacked in a permuted order (byte 8p+i is element 4i+p) and the activation
 permuted to match once per column (an integer dot is the same in any order).
-Threads split weight rows; with several columns a thread's rows run in chunks of CHUNK_BYTES
-(kept in L2 while every column passes), the columns in tiles of up to 4 (the weight unpacked
-once per tile).
+Threads split weight rows. The kernel (define_mul_mat), step by step:
+  1. _setup: the node checked; the function; the column tiles' scratch (Cols);
+  2. with several columns, a thread's rows in chunks of CHUNK_BYTES (kept in L2 while every
+     column passes);
+  3. _column_tiles: the columns in tiles of up to 4 (the weight unpacked once per tile), each
+     tile's activation scales and exponents read once (Cols.prep);
+  4. _rows: a Q1_0 decode's weight rows sixteen at a time, one column's int8 rows four at a
+     time, the rest one by one;
+  5. _rows16, _rows4, _row: per row the groups in order, each group's rounded result
+     (q1lut.group16, f64.group4, or group: the exact way) added by add_f32 (arith.add), the
+     one NaN stored (canon_nan).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from llvmlite import ir
@@ -272,8 +281,44 @@ def _ints(t: ir.Type) -> ir.Type:
     return ir.VectorType(i32, t.count) if isinstance(t, ir.VectorType) else i32
 
 
+@dataclass
+class _MulMat:
+    """A portable mul_mat kernel's values: its builder, weight type and sizes, pointers and column tiles."""
+    fn: ir.Function
+    b: ir.IRBuilder
+    wtype: int
+    N: int                         # weight rows
+    K: int
+    wrb: int                       # bytes of a weight row, an activation (pq8) row
+    xrb: int
+    nfull: int                     # whole groups of 256 per row
+    tail: int                      # sub-blocks of 32 in a last group
+    M_hi: int                      # columns at most
+    C: int                         # columns per tile
+    wp: ir.Value
+    xp: ir.Value
+    yp: ir.Value
+    M: ir.Value                    # columns of this call
+    tiles: list                    # Cols of C columns, and of 1 where C > 1
+
+
 @kernel(Op.MUL_MAT, order=po.MUL_MAT, profile="portable")
 def define_mul_mat(m: ir.Module, g: Graph, n: Node) -> ir.Function:
+    """quant.mul_mat on a thread's weight rows, in the steps of the module's docstring."""
+    k, lo, hi = _setup(m, g, n)                                    # 1.
+    b = k.b
+    if k.M_hi == 1:
+        _column_tiles(k, lo, hi)                                   # 3.
+    else:                            # 2. rows in chunks that stay in L2 while every column passes
+        chunk = max(1, CHUNK_BYTES // k.wrb)
+        with for_range(b, lo, hi, step=chunk, name="chunk") as r0:
+            _column_tiles(k, r0, smin(b, b.add(r0, i64(chunk)), hi))
+    b.ret_void()
+    return k.fn
+
+
+def _setup(m: ir.Module, g: Graph, n: Node) -> tuple[_MulMat, ir.Value, ir.Value]:
+    """1. The node checked; the function, the column tiles' scratch (Cols) and this thread's rows [lo, hi)."""
     w, xq = g[n.inputs[0]], g[n.inputs[1]]
     if n.order != po.MUL_MAT or w.op is not Op.WEIGHT or xq.op is not Op.QUANTIZE or xq.params.get("type") != po.ACT_TYPE:
         raise LoweringError(f"mul_mat {n.name or n.id}: portable llvm wants {po.MUL_MAT.kernel} of a weight "
@@ -284,8 +329,6 @@ def define_mul_mat(m: ir.Module, g: Graph, n: Node) -> ir.Function:
         raise LoweringError(f"mul_mat {n.name or n.id}: the portable profile reads no weight type {wtype}")
     if n.shape[-1] != N or xq.shape[-1] != K or K % WEIGHT_TYPES[wtype].block or K % 32:
         raise LoweringError(f"mul_mat {n.name or n.id}: shapes do not fit the weight")
-    wrb, xrb = WEIGHT_TYPES[wtype].row_bytes(K), pq8_bytes(K)
-    nfull, tail = K // 256, K % 256 // 32
     _, M_hi = prod_range(n.shape[:-1])
     fn, b = start(m, n)
     out, wp, xp, ith, nth, dims = fn.args
@@ -295,108 +338,114 @@ def define_mul_mat(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     C = max(1, min(TILE, M_hi))
     lut = wtype == Q1_0 and M_hi == 1 and K % 128 == 0          # the decode: 16 rows by table lookups
     tiles = [Cols(b, K, C, wtype, lut)] + ([Cols(b, K, 1, wtype)] if C > 1 else [])
+    k = _MulMat(fn, b, wtype, N, K, WEIGHT_TYPES[wtype].row_bytes(K), pq8_bytes(K), K // 256, K % 256 // 32,
+                M_hi, C, wp, xp, yp, M, tiles)
+    return k, lo, hi
 
-    def row(cols: Cols, m0, r):
-        """Weight row r against the tile's columns: groups added in order per column."""
-        C = len(cols.x)
-        wrow = b.gep(wp, [b.mul(r, i64(wrb))])
-        slots = []
-        for _ in range(C):
-            with b.goto_entry_block():
-                slots.append(b.alloca(f32, name="acc"))
-            b.store(f32(-0.0), slots[-1])
 
-        def add_group(gi, nsub):
-            for slot, v in zip(slots, group(b, wtype, wrow, gi, nsub, cols)):
-                b.store(add_f32(b, b.load(slot), v), slot)
+def _column_tiles(k: _MulMat, rlo, rhi) -> None:
+    """3. The columns in tiles of C (then one by one), each tile's activation blocks read once (Cols.prep)."""
+    b, C = k.b, k.C
+    full = b.sdiv(k.M, i64(C))
+    with for_range(b, 0, full, name="ct") as t:
+        m0 = b.mul(t, i64(C))
+        cols = k.tiles[0].prep(b, [b.gep(k.xp, [b.mul(b.add(m0, i64(c)), i64(k.xrb))]) for c in range(C)])
+        _rows(k, cols, m0, rlo, rhi)
+    if C > 1:
+        with for_range(b, b.mul(full, i64(C)), k.M, name="c1") as m0:
+            cols = k.tiles[1].prep(b, [b.gep(k.xp, [b.mul(m0, i64(k.xrb))])])
+            _rows(k, cols, m0, rlo, rhi)
 
-        with for_range(b, 0, nfull, name="grp") as gi:
-            add_group(gi, 8)
-        if tail:
-            add_group(i64(nfull), tail)
-        for c, slot in enumerate(slots):
-            b.store(canon_nan(b, b.load(slot)), b.gep(yp, [b.add(b.mul(b.add(m0, i64(c)), i64(N)), r)]))
 
-    def rows4(cols: Cols, m0, r):
-        """Weight rows r..r+3 against one column: groups by group4, else the exact path."""
-        wrows = [b.gep(wp, [b.mul(b.add(r, i64(k)), i64(wrb))]) for k in range(4)]
+def _rows(k: _MulMat, cols: Cols, m0, rlo, rhi) -> None:
+    """4. Weight rows [rlo, rhi) against a tile: sixteen (Q1_0 decode), four (one column) or one at a time."""
+    b = k.b
+    if cols.lut is not None:                             # one Q1_0 column: 16 rows at a time
+        n16 = b.add(rlo, b.mul(b.sdiv(b.sub(rhi, rlo), i64(q1lut.ROWS)), i64(q1lut.ROWS)))
+        with for_range(b, rlo, n16, step=q1lut.ROWS, name="row16") as r:
+            _rows16(k, cols, m0, r)
+        rlo = n16
+    if len(cols.x) == 1 and k.wtype != F16:              # one column: four rows at a time
+        n4 = b.add(rlo, b.mul(b.sdiv(b.sub(rhi, rlo), i64(4)), i64(4)))
+        with for_range(b, rlo, n4, step=4, name="row4") as r:
+            _rows4(k, cols, m0, r)
+        rlo = n4
+    with for_range(b, rlo, rhi, name="row") as r:
+        _row(k, cols, m0, r)
+
+
+def _row(k: _MulMat, cols: Cols, m0, r) -> None:
+    """5. Weight row r against the tile's columns: groups (group) added in order per column (add_f32)."""
+    b = k.b
+    C = len(cols.x)
+    wrow = b.gep(k.wp, [b.mul(r, i64(k.wrb))])
+    slots = []
+    for _ in range(C):
         with b.goto_entry_block():
-            acc = b.alloca(pf.v4f32, name="acc4")
-            exact = b.alloca(ir.ArrayType(f32, 4), name="exact4")
-        b.store(vconst(pf.v4f32, -0.0), acc)
+            slots.append(b.alloca(f32, name="acc"))
+        b.store(f32(-0.0), slots[-1])
 
-        def add_group(gi, nsub):
-            r4, ok = pf.group4(b, wtype, wrows, gi, nsub, cols)
-            with b.if_then(b.not_(ok), likely=False):
-                with for_range(b, 0, 4, name="exact") as k:
-                    wk = b.gep(wp, [b.mul(b.add(r, k), i64(wrb))])
-                    b.store(group(b, wtype, wk, gi, nsub, cols)[0], b.gep(exact, [i64(0), k]))
-            v = b.select(ok, r4, b.load(typed(b, exact, pf.v4f32), align=4))
-            b.store(add_f32(b, b.load(acc), v), acc)
+    def add_group(gi, nsub):
+        for slot, v in zip(slots, group(b, k.wtype, wrow, gi, nsub, cols)):
+            b.store(add_f32(b, b.load(slot), v), slot)
 
-        with for_range(b, 0, nfull, name="grp4") as gi:
-            add_group(gi, 8)
-        if tail:
-            add_group(i64(nfull), tail)
-        b.store(canon_nan(b, b.load(acc)), typed(b, b.gep(yp, [b.add(b.mul(m0, i64(N)), r)]), pf.v4f32), align=4)
+    with for_range(b, 0, k.nfull, name="grp") as gi:
+        add_group(gi, 8)
+    if k.tail:
+        add_group(i64(k.nfull), k.tail)
+    for c, slot in enumerate(slots):
+        b.store(canon_nan(b, b.load(slot)), b.gep(k.yp, [b.add(b.mul(b.add(m0, i64(c)), i64(k.N)), r)]))
 
-    def rows16(cols: Cols, m0, r):
-        """Weight rows r..r+15 against one column: groups by q1lut.group16, else the exact path."""
-        wrows = [b.gep(wp, [b.mul(b.add(r, i64(k)), i64(wrb))]) for k in range(q1lut.ROWS)]
-        with b.goto_entry_block():
-            acc = b.alloca(q1lut.v16f32, name="acc16")
-            exact = b.alloca(ir.ArrayType(f32, q1lut.ROWS), name="exact16")
-        b.store(vconst(q1lut.v16f32, -0.0), acc)
 
-        def add_group(gi, nblk):
-            r16, ok = q1lut.group16(b, K, wrows, gi, nblk, cols)
-            fast = q1lut.all_lanes(b, ok)
-            with b.if_then(b.not_(fast), likely=False):
-                b.store(r16, typed(b, exact, q1lut.v16f32), align=4)
-                with for_range(b, 0, q1lut.ROWS, name="exact16") as k:
-                    with b.if_then(b.not_(b.extract_element(ok, b.trunc(k, i32)))):
-                        wk = b.gep(wp, [b.mul(b.add(r, k), i64(wrb))])
-                        b.store(group(b, wtype, wk, gi, 4 * nblk, cols)[0], b.gep(exact, [i64(0), k]))
-            v = b.select(fast, r16, b.load(typed(b, exact, q1lut.v16f32), align=4))
-            b.store(add_f32(b, b.load(acc), v), acc)
+def _rows4(k: _MulMat, cols: Cols, m0, r) -> None:
+    """5. Weight rows r..r+3 against one column: groups by f64.group4, else the exact path (group)."""
+    b, wp, wrb = k.b, k.wp, k.wrb
+    wrows = [b.gep(wp, [b.mul(b.add(r, i64(j)), i64(wrb))]) for j in range(4)]
+    with b.goto_entry_block():
+        acc = b.alloca(pf.v4f32, name="acc4")
+        exact = b.alloca(ir.ArrayType(f32, 4), name="exact4")
+    b.store(vconst(pf.v4f32, -0.0), acc)
 
-        with for_range(b, 0, nfull, name="grp16") as gi:
-            add_group(gi, 2)
-        if tail:
-            add_group(i64(nfull), tail // 4)
-        b.store(canon_nan(b, b.load(acc)), typed(b, b.gep(yp, [b.add(b.mul(m0, i64(N)), r)]), q1lut.v16f32),
-                align=4)
+    def add_group(gi, nsub):
+        r4, ok = pf.group4(b, k.wtype, wrows, gi, nsub, cols)
+        with b.if_then(b.not_(ok), likely=False):
+            with for_range(b, 0, 4, name="exact") as j:
+                wk = b.gep(wp, [b.mul(b.add(r, j), i64(wrb))])
+                b.store(group(b, k.wtype, wk, gi, nsub, cols)[0], b.gep(exact, [i64(0), j]))
+        v = b.select(ok, r4, b.load(typed(b, exact, pf.v4f32), align=4))
+        b.store(add_f32(b, b.load(acc), v), acc)
 
-    def rows(cols: Cols, m0, rlo, rhi):
-        if cols.lut is not None:                             # one Q1_0 column: 16 rows at a time
-            n16 = b.add(rlo, b.mul(b.sdiv(b.sub(rhi, rlo), i64(q1lut.ROWS)), i64(q1lut.ROWS)))
-            with for_range(b, rlo, n16, step=q1lut.ROWS, name="row16") as r:
-                rows16(cols, m0, r)
-            rlo = n16
-        if len(cols.x) == 1 and wtype != F16:                # one column: four rows at a time
-            n4 = b.add(rlo, b.mul(b.sdiv(b.sub(rhi, rlo), i64(4)), i64(4)))
-            with for_range(b, rlo, n4, step=4, name="row4") as r:
-                rows4(cols, m0, r)
-            rlo = n4
-        with for_range(b, rlo, rhi, name="row") as r:
-            row(cols, m0, r)
+    with for_range(b, 0, k.nfull, name="grp4") as gi:
+        add_group(gi, 8)
+    if k.tail:
+        add_group(i64(k.nfull), k.tail)
+    b.store(canon_nan(b, b.load(acc)), typed(b, b.gep(k.yp, [b.add(b.mul(m0, i64(k.N)), r)]), pf.v4f32), align=4)
 
-    def column_tiles(rlo, rhi):
-        full = b.sdiv(M, i64(C))
-        with for_range(b, 0, full, name="ct") as t:
-            m0 = b.mul(t, i64(C))
-            cols = tiles[0].prep(b, [b.gep(xp, [b.mul(b.add(m0, i64(c)), i64(xrb))]) for c in range(C)])
-            rows(cols, m0, rlo, rhi)
-        if C > 1:
-            with for_range(b, b.mul(full, i64(C)), M, name="c1") as m0:
-                cols = tiles[1].prep(b, [b.gep(xp, [b.mul(m0, i64(xrb))])])
-                rows(cols, m0, rlo, rhi)
 
-    if M_hi == 1:
-        column_tiles(lo, hi)
-    else:                            # rows in chunks that stay in L2 while every column passes
-        chunk = max(1, CHUNK_BYTES // wrb)
-        with for_range(b, lo, hi, step=chunk, name="chunk") as r0:
-            column_tiles(r0, smin(b, b.add(r0, i64(chunk)), hi))
-    b.ret_void()
-    return fn
+def _rows16(k: _MulMat, cols: Cols, m0, r) -> None:
+    """5. Weight rows r..r+15 against one Q1_0 column: groups by q1lut.group16, else the exact path (group)."""
+    b, wp, wrb = k.b, k.wp, k.wrb
+    wrows = [b.gep(wp, [b.mul(b.add(r, i64(j)), i64(wrb))]) for j in range(q1lut.ROWS)]
+    with b.goto_entry_block():
+        acc = b.alloca(q1lut.v16f32, name="acc16")
+        exact = b.alloca(ir.ArrayType(f32, q1lut.ROWS), name="exact16")
+    b.store(vconst(q1lut.v16f32, -0.0), acc)
+
+    def add_group(gi, nblk):
+        r16, ok = q1lut.group16(b, k.K, wrows, gi, nblk, cols)
+        fast = q1lut.all_lanes(b, ok)
+        with b.if_then(b.not_(fast), likely=False):
+            b.store(r16, typed(b, exact, q1lut.v16f32), align=4)
+            with for_range(b, 0, q1lut.ROWS, name="exact16") as j:
+                with b.if_then(b.not_(b.extract_element(ok, b.trunc(j, i32)))):
+                    wk = b.gep(wp, [b.mul(b.add(r, j), i64(wrb))])
+                    b.store(group(b, k.wtype, wk, gi, 4 * nblk, cols)[0], b.gep(exact, [i64(0), j]))
+        v = b.select(fast, r16, b.load(typed(b, exact, q1lut.v16f32), align=4))
+        b.store(add_f32(b, b.load(acc), v), acc)
+
+    with for_range(b, 0, k.nfull, name="grp16") as gi:
+        add_group(gi, 2)
+    if k.tail:
+        add_group(i64(k.nfull), k.tail // 4)
+    b.store(canon_nan(b, b.load(acc)), typed(b, b.gep(k.yp, [b.add(b.mul(m0, i64(k.N)), r)]), q1lut.v16f32),
+            align=4)

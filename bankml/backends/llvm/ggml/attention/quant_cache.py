@@ -10,18 +10,26 @@ ggml.attention.one_chunk.define_flash_attn hand their quantized-cache nodes to t
                                     q = clamp(roundeven(r(x*id)), -128, 127); block = f16(d), q
     q4_0 (quantize_row_q4_0_ref):   max = first x of largest |x|; d = r(max/-8); id = d != 0 ? r(1/d) : 0
                                     nib = min(15, (int8)r(r(x*id) + 8.5)); block = f16(d), lo | hi << 4
-- FLASH_ATTN one_chunk, per (query row, head), threads split rows:
-    K q8_0/q4_0: Q quantized as q8_0 (the q8_0 block above); per key and 32-block
-                 acc = fma(r(f32(K.d)*f32(Q.d)), float(lane sums of 4 int products), acc); s = hsum8(acc)
-    K f16:       Q rounded to f16; s = ggml_vec_dot_f16 (4x8 fma accumulators, GGML_F32x8_REDUCE)
-    s = r(r(s*scale) + mask), keys with a -inf mask skipped; glibc expf for ms and vs
-    V f16:       VKQ = f16(VKQ*ms) on a new max; VKQ = f16(fma(V, vs, VKQ))
-    V q8_0/q4_0: VKQ = r(VKQ*ms) on a new max; VKQ = fma(r(q*d), vs, VKQ)
-    S = fma(S, ms, vs); out = r(VKQ * (S == 0 ? 0 : r(1/S)))
+- FLASH_ATTN one_chunk (ggml_compute_forward_flash_attn_ext_f16_one_chunk), per (query row,
+  head), threads split rows (define_flash_attn_quant):
+    1. _setup: the node checked, the function, the scratch on the stack;
+    2. _q_row: K q8_0/q4_0: Q quantized as q8_0 (the q8_0 block above); K f16: Q rounded to f16;
+    3. _reset_row: VKQ = 0, M = -inf, S = 0;
+    per key whose mask is not -inf, in order (_key):
+    4. _dot, K q8_0/q4_0: per 32-block acc = fma(r(f32(K.d)*f32(Q.d)), float(lane sums of 4 int
+                 products), acc); s = hsum8(acc)
+          K f16: s = ggml_vec_dot_f16 (4x8 fma accumulators, GGML_F32x8_REDUCE);
+       s = r(r(s*scale) + mask)
+    5. _online_step: glibc expf for ms and vs; on a new max M = s and
+          V f16: VKQ = f16(VKQ*ms);   V q8_0/q4_0: VKQ = r(VKQ*ms)
+    6. _add_v, V f16: VKQ = f16(fma(V, vs, VKQ));   V q8_0/q4_0: VKQ = fma(r(q*d), vs, VKQ);
+       S = fma(S, ms, vs)
+    7. _store_row: out = r(VKQ * (S == 0 ? 0 : r(1/S)))
 """
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 from llvmlite import ir
@@ -171,8 +179,76 @@ def _block_values(b, t: str, blk):
     return b.load(at(b, blk, 2, v32i8), align=1) if t == "q8_0" else _q4_0_values(b, b.gep(blk, [i64(2)]))
 
 
+@dataclass
+class _Attn:
+    """A flash_attn kernel over a quantized cache: its builder, cache types, sizes, pointers and scratch."""
+    fn: ir.Function
+    b: ir.IRBuilder
+    kt: str                        # the K and V cache types: f16, q8_0, q4_0
+    vt: str
+    H: int
+    D: int
+    Hkv: int
+    nb: int                        # blocks of 32 per head
+    n_kv: ir.Value
+    kp: ir.Value
+    vp: ir.Value
+    outs: ir.Value
+    qs: ir.Value
+    mask16: ir.Value
+    mask: ir.Value
+    scale: ir.Constant
+    expf: ir.Function
+    qf: ir.Value                   # Q rounded to f16 (an f16 K)
+    qq: ir.Value                   # Q as q8_0 (a quantized K): values, a block, f32(f16(d))
+    qblk: ir.Value
+    qd: ir.Value
+    vkq: ir.Value
+    Mp: ir.Value
+    Sp: ir.Value
+
+    def row_bytes(self, t: str) -> int:
+        return self.Hkv * self.D * 2 if t == "f16" else self.Hkv * self.nb * BLOCK_BYTES[t]
+
+    def head_bytes(self, t: str) -> int:
+        return self.D * 2 if t == "f16" else self.nb * BLOCK_BYTES[t]
+
+    def vload(self, p, off):
+        return self.b.load(self.b.bitcast(self.b.gep(p, [off]), v8f32.as_pointer()), align=4)
+
+    def vstore(self, x, p, off):
+        self.b.store(x, self.b.bitcast(self.b.gep(p, [off]), v8f32.as_pointer()), align=4)
+
+    def round16(self, x):
+        return self.b.fpext(self.b.fptrunc(x, v8f16), v8f32)
+
+    def hload(self, base, off):
+        return self.b.fpext(self.b.load(at(self.b, base, off, v8f16), align=1), v8f32)
+
+
 @kernel(Op.FLASH_ATTN, order=(FA_REFERENCE_QK, FA_REFERENCE_QKV, FA_REFERENCE_QV))
 def define_flash_attn_quant(m: ir.Module, g: Graph, n: Node) -> ir.Function:
+    """one_chunk over a quantized cache per (query row, head), in the steps of the module's docstring."""
+    a, lo, hi = _setup(m, g, n)                                       # 1.
+    b = a.b
+    with for_range(b, lo, hi, name="row") as r:                       # r = mrow*H + h
+        mrow, h = b.sdiv(r, i64(a.H)), b.srem(r, i64(a.H))
+        hk = b.sdiv(h, i64(a.H // a.Hkv))
+        _q_row(a, b.gep(a.qs, [b.mul(r, i64(a.D))]))                  # 2.
+        _reset_row(a)                                                 # 3.
+        kbase = b.mul(hk, i64(a.head_bytes(a.kt)))
+        vbase = b.mul(hk, i64(a.head_bytes(a.vt)))
+        with for_range(b, 0, a.n_kv, name="j") as j:
+            mi = b.add(b.mul(mrow, a.n_kv), j)
+            with b.if_then(b.icmp_unsigned("!=", b.load(b.gep(a.mask16, [mi])), i16(NEG_INF_F16_BITS))):
+                _key(a, j, mi, kbase, vbase)                          # 4. to 6.
+        _store_row(a, r)                                              # 7.
+    b.ret_void()
+    return a.fn
+
+
+def _setup(m: ir.Module, g: Graph, n: Node) -> tuple[_Attn, ir.Value, ir.Value]:
+    """1. The node checked, the function, its scratch and this thread's (row, head) items [lo, hi)."""
     qn, kn, vn, mn = (g[i] for i in n.inputs)
     kt, vt = kn.dtype, vn.dtype
     want = FA_REFERENCE_QV if kt == "f16" else FA_REFERENCE_QK if vt == "f16" else FA_REFERENCE_QKV
@@ -182,7 +258,7 @@ def define_flash_attn_quant(m: ir.Module, g: Graph, n: Node) -> ir.Function:
             or H % Hkv or vn.shape[1:] != (Hkv, DV)):
         raise LoweringError(f"llvm backend: no flash_attn kernel for a {kt}/{vt} cache with "
                             f"{n.order.describe() if n.order else None!r} ({n.name or n.id})")
-    grp, nb = H // Hkv, D // 32
+    nb = D // 32
     fn, b = _start(m, n)
     out, qp, kp, vp, maskp, ith, nth, dims = fn.args
     Mv, n_kv = dim(b, dims, M), dim(b, dims, mn.shape[1])
@@ -190,106 +266,108 @@ def define_flash_attn_quant(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     mask16, mask = typed(b, maskp, i16), typed(b, maskp, f16)
     scale = f32(float(np.float32(n.params["scale"])))
     expf = intrinsic(m, "expf", f32, [f32])
-
-    def row_bytes(t):
-        return Hkv * D * 2 if t == "f16" else Hkv * nb * BLOCK_BYTES[t]
-
-    def head_bytes(t):
-        return D * 2 if t == "f16" else nb * BLOCK_BYTES[t]
-
-    qf = scratch(b, f32, D, "q16")              # Q rounded to f16 (an f16 K)
-    qq = scratch(b, i8, D, "q8.qs")             # Q as q8_0 (a quantized K): values and f32(f16(d))
+    qf = scratch(b, f32, D, "q16")
+    qq = scratch(b, i8, D, "q8.qs")
     qblk = scratch(b, i8, BLOCK_BYTES["q8_0"], "q8.blk")
     qd = scratch(b, f32, nb, "q8.d")
     vkq = scratch(b, f32, DV, "vkq")
     Mp, Sp = scratch(b, f32, 1, "M"), scratch(b, f32, 1, "S")
-
-    def vload(p, off):
-        return b.load(b.bitcast(b.gep(p, [off]), v8f32.as_pointer()), align=4)
-
-    def vstore(x, p, off):
-        b.store(x, b.bitcast(b.gep(p, [off]), v8f32.as_pointer()), align=4)
-
-    def round16(x):
-        return b.fpext(b.fptrunc(x, v8f16), v8f32)
-
-    def hload(base, off):
-        return b.fpext(b.load(at(b, base, off, v8f16), align=1), v8f32)
-
-    def dot(krow):
-        """K.Q of one key (krow: its head's bytes)."""
-        if kt == "f16":
-            accs = [const_vec(0.0)] * 4
-            for i in range(0, D, 32):
-                for a in range(4):
-                    accs[a] = fma(b, hload(krow, i64(2 * (i + 8 * a))), vload(qf, i64(i + 8 * a)), accs[a])
-            return f32x8_reduce(b, accs)
-        acc = const_vec(0.0)
-        for k in range(nb):
-            blk = b.gep(krow, [i64(k * BLOCK_BYTES[kt])])
-            sums = sums_i8(b, _block_values(b, kt, blk), b.load(at(b, qq, 32 * k, v32i8), align=1))
-            d = b.fmul(load_h(b, blk, i64(0)), b.load(b.gep(qd, [i64(k)])))
-            acc = fma(b, broadcast(b, d), b.sitofp(sums, v8f32), acc)
-        return hsum8(b, acc)
-
-    def add_v(vrow, vs):
-        """VKQ += V * vs (ggml_vec_mad_f16 / _f32 after to_float)."""
-        vsb = broadcast(b, vs)
-        if vt == "f16":
-            for i in range(0, DV, 8):
-                vstore(round16(fma(b, hload(vrow, i64(2 * i)), vsb, vload(vkq, i64(i)))), vkq, i64(i))
-            return
-        for k in range(nb):
-            blk = b.gep(vrow, [i64(k * BLOCK_BYTES[vt])])
-            d = broadcast(b, load_h(b, blk, i64(0)))
-            vals = _block_values(b, vt, blk)
-            for a in range(4):
-                q8 = b.shuffle_vector(vals, ir.Constant(v32i8, ir.Undefined),
-                                      ir.Constant(v8i32, list(range(8 * a, 8 * a + 8))))
-                x = b.fmul(b.sitofp(q8, v8f32), d)
-                off = i64(32 * k + 8 * a)
-                vstore(fma(b, x, vsb, vload(vkq, off)), vkq, off)
-
+    a = _Attn(fn, b, kt, vt, H, D, Hkv, nb, n_kv, kp, vp, outs, qs, mask16, mask, scale, expf,
+              qf, qq, qblk, qd, vkq, Mp, Sp)
     lo, hi = thread_range(b, b.mul(Mv, i64(H)), ith, nth)
-    with for_range(b, lo, hi, name="row") as r:                       # r = mrow*H + h
-        mrow, h = b.sdiv(r, i64(H)), b.srem(r, i64(H))
-        hk = b.sdiv(h, i64(grp))
-        qrow = b.gep(qs, [b.mul(r, i64(D))])
-        if kt == "f16":
-            for i in range(0, D, 8):
-                vstore(round16(vload(qrow, i64(i))), qf, i64(i))
-        else:
-            for k in range(nb):
-                quantize_q8_0_block(b, b.gep(qrow, [i64(32 * k)]), qblk)
-                b.store(load_h(b, qblk, i64(0)), b.gep(qd, [i64(k)]))
-                b.store(b.load(at(b, qblk, 2, v32i8), align=1), at(b, qq, 32 * k, v32i8), align=1)
-        for i in range(0, DV, 8):
-            vstore(const_vec(0.0), vkq, i64(i))
-        b.store(f32(float("-inf")), Mp)
-        b.store(f32(0.0), Sp)
-        kbase = b.mul(hk, i64(head_bytes(kt)))
-        vbase = b.mul(hk, i64(head_bytes(vt)))
-        with for_range(b, 0, n_kv, name="j") as j:
-            mi = b.add(b.mul(mrow, n_kv), j)
-            with b.if_then(b.icmp_unsigned("!=", b.load(b.gep(mask16, [mi])), i16(NEG_INF_F16_BITS))):
-                krow = b.gep(kp, [b.add(b.mul(j, i64(row_bytes(kt))), kbase)])
-                s = b.fadd(b.fmul(dot(krow), scale), b.fpext(b.load(b.gep(mask, [mi])), f32), name="s")
-                m_old = b.load(Mp)
-                new = b.fcmp_ordered(">", s, m_old, name="new")
-                e = b.call(expf, [b.select(new, b.fsub(m_old, s), b.fsub(s, m_old))])
-                ms, vs = b.select(new, e, f32(1.0)), b.select(new, f32(1.0), e)
-                with b.if_then(new):                                 # ggml_vec_scale_f16 / _f32
-                    msb = broadcast(b, ms)
-                    for i in range(0, DV, 8):
-                        x = b.fmul(vload(vkq, i64(i)), msb)
-                        vstore(round16(x) if vt == "f16" else x, vkq, i64(i))
-                    b.store(s, Mp)
-                add_v(b.gep(vp, [b.add(b.mul(j, i64(row_bytes(vt))), vbase)]), vs)
-                b.store(fma(b, b.load(Sp), ms, vs), Sp)
-        S = b.load(Sp)
-        s_inv = broadcast(b, b.select(b.fcmp_ordered("==", S, f32(0.0)), f32(0.0), b.fdiv(f32(1.0), S)))
-        out_off = b.mul(r, i64(DV))
-        for i in range(0, DV, 8):
-            vstore(b.fmul(vload(vkq, i64(i)), s_inv), outs, b.add(out_off, i64(i)))
-    b.ret_void()
-    return fn
+    return a, lo, hi
+
+
+def _q_row(a: _Attn, qrow) -> None:
+    """2. The Q row as K's vec_dot wants it: rounded to f16 (an f16 K), else quantize_row_q8_0."""
+    b = a.b
+    if a.kt == "f16":
+        for i in range(0, a.D, 8):
+            a.vstore(a.round16(a.vload(qrow, i64(i))), a.qf, i64(i))
+        return
+    for k in range(a.nb):
+        quantize_q8_0_block(b, b.gep(qrow, [i64(32 * k)]), a.qblk)
+        b.store(load_h(b, a.qblk, i64(0)), b.gep(a.qd, [i64(k)]))
+        b.store(b.load(at(b, a.qblk, 2, v32i8), align=1), at(b, a.qq, 32 * k, v32i8), align=1)
+
+
+def _reset_row(a: _Attn) -> None:
+    """3. VKQ = 0, M = -inf, S = 0."""
+    for i in range(0, a.D, 8):
+        a.vstore(const_vec(0.0), a.vkq, i64(i))
+    a.b.store(f32(float("-inf")), a.Mp)
+    a.b.store(f32(0.0), a.Sp)
+
+
+def _key(a: _Attn, j, mi, kbase, vbase) -> None:
+    """4. to 6. One key j whose mask mi is not -inf: its score, the online softmax step, VKQ and S (one_chunk's)."""
+    b = a.b
+    krow = b.gep(a.kp, [b.add(b.mul(j, i64(a.row_bytes(a.kt))), kbase)])
+    s = b.fadd(b.fmul(_dot(a, krow), a.scale), b.fpext(b.load(b.gep(a.mask, [mi])), f32), name="s")
+    ms, vs = _online_step(a, s)
+    _add_v(a, b.gep(a.vp, [b.add(b.mul(j, i64(a.row_bytes(a.vt))), vbase)]), vs)
+    b.store(fma(b, b.load(a.Sp), ms, vs), a.Sp)
+
+
+def _dot(a: _Attn, krow):
+    """4. K.Q of one key (krow: its head's bytes): ggml_vec_dot_f16, or ggml_vec_dot_q8_0_q8_0 / _q4_0_q8_0."""
+    b = a.b
+    if a.kt == "f16":
+        accs = [const_vec(0.0)] * 4
+        for i in range(0, a.D, 32):
+            for k in range(4):
+                accs[k] = fma(b, a.hload(krow, i64(2 * (i + 8 * k))), a.vload(a.qf, i64(i + 8 * k)), accs[k])
+        return f32x8_reduce(b, accs)
+    acc = const_vec(0.0)
+    for k in range(a.nb):
+        blk = b.gep(krow, [i64(k * BLOCK_BYTES[a.kt])])
+        sums = sums_i8(b, _block_values(b, a.kt, blk), b.load(at(b, a.qq, 32 * k, v32i8), align=1))
+        d = b.fmul(load_h(b, blk, i64(0)), b.load(b.gep(a.qd, [i64(k)])))
+        acc = fma(b, broadcast(b, d), b.sitofp(sums, v8f32), acc)
+    return hsum8(b, acc)
+
+
+def _online_step(a: _Attn, s) -> tuple:
+    """5. The online softmax of score s: ms, vs by expf; on a new max M = s, VKQ *= ms (ggml_vec_scale_f16 / _f32)."""
+    b = a.b
+    m_old = b.load(a.Mp)
+    new = b.fcmp_ordered(">", s, m_old, name="new")
+    e = b.call(a.expf, [b.select(new, b.fsub(m_old, s), b.fsub(s, m_old))])
+    ms, vs = b.select(new, e, f32(1.0)), b.select(new, f32(1.0), e)
+    with b.if_then(new):
+        msb = broadcast(b, ms)
+        for i in range(0, a.D, 8):
+            x = b.fmul(a.vload(a.vkq, i64(i)), msb)
+            a.vstore(a.round16(x) if a.vt == "f16" else x, a.vkq, i64(i))
+        b.store(s, a.Mp)
+    return ms, vs
+
+
+def _add_v(a: _Attn, vrow, vs) -> None:
+    """6. VKQ += V * vs (ggml_vec_mad_f16, or ggml_vec_mad_f32 after V's to_float)."""
+    b = a.b
+    vsb = broadcast(b, vs)
+    if a.vt == "f16":
+        for i in range(0, a.D, 8):
+            a.vstore(a.round16(fma(b, a.hload(vrow, i64(2 * i)), vsb, a.vload(a.vkq, i64(i)))), a.vkq, i64(i))
+        return
+    for k in range(a.nb):
+        blk = b.gep(vrow, [i64(k * BLOCK_BYTES[a.vt])])
+        d = broadcast(b, load_h(b, blk, i64(0)))
+        vals = _block_values(b, a.vt, blk)
+        for c in range(4):
+            q8 = b.shuffle_vector(vals, ir.Constant(v32i8, ir.Undefined),
+                                  ir.Constant(v8i32, list(range(8 * c, 8 * c + 8))))
+            x = b.fmul(b.sitofp(q8, v8f32), d)
+            off = i64(32 * k + 8 * c)
+            a.vstore(fma(b, x, vsb, a.vload(a.vkq, off)), a.vkq, off)
+
+
+def _store_row(a: _Attn, r) -> None:
+    """7. out = r(VKQ * (S == 0 ? 0 : r(1/S)))."""
+    b = a.b
+    S = b.load(a.Sp)
+    s_inv = broadcast(b, b.select(b.fcmp_ordered("==", S, f32(0.0)), f32(0.0), b.fdiv(f32(1.0), S)))
+    out_off = b.mul(r, i64(a.D))
+    for i in range(0, a.D, 8):
+        a.vstore(b.fmul(a.vload(a.vkq, i64(i)), s_inv), a.outs, b.add(out_off, i64(i)))
