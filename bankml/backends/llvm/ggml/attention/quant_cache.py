@@ -1,7 +1,7 @@
 """A quantized K/V cache in the llvm backend, with the bits of backends/reference/attention_quant.py:
 HADAMARD (ggml_compute_forward_fwht), SET_ROWS into a q8_0/q4_0 cache and FLASH_ATTN's one_chunk
-kernel over q8_0/q4_0 rows (FA_REFERENCE_QK, _QKV, _QV). ggml.rows.define_set_rows and
-ggml.attention.one_chunk.define_flash_attn hand their quantized-cache nodes to this file.
+kernel over q8_0/q4_0 rows (FA_REFERENCE_QK, _QKV, _QV). Each registers under those orders, so
+the registry sends a quantized cache's nodes here (an f16 cache's go to rows.py and one_chunk.py).
 
 - HADAMARD, per row of n values (threads split rows): y = r(x * r(1/sqrtf(n))); butterflies of
   len 1, 2, 4, ...: (u, v) -> (r(u+v), r(u-v)).
