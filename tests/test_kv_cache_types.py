@@ -79,7 +79,8 @@ def test_run_with_an_unsupported_cache_type_is_one_error_line():
     assert "iq4_nl" in r.stderr and "Traceback" not in r.stderr
 
 
-@pytest.mark.parametrize("dtype,shape,dt", [("f16", (512, 2, 128), np.float16), ("q8_0", (512, 2 * 128 // 32 * 34), np.uint8),
+@pytest.mark.parametrize("dtype,shape,dt", [("f16", (512, 2, 128), np.float16),
+                                            ("q8_0", (512, 2 * 128 // 32 * 34), np.uint8),
                                             ("q4_0", (512, 2 * 128 // 32 * 18), np.uint8)])
 def test_cache_array_lays_out_each_type(dtype, shape, dt):
     assert cache_array(dtype, (512, 2, 128)) == (shape, np.dtype(dt))

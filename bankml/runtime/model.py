@@ -71,7 +71,7 @@ class Model:
         self.compile_seconds = 0.0      # time this model spent compiling native code so far (llvm backend)
         self._graphs: dict[str, Graph] = {}         # variant name -> generic graph after the passes
         self._ready: set[str] = set()               # variants the backend has prepared
-        self._prepare_lock = threading.Lock()
+        self._prepare_lock = threading.RLock()      # graphs built and prepared once
         self._weights: dict[str, np.ndarray] = {}
         from bankml.backends.spirv.device import for_setting
         self.device = for_setting(o.gpu)            # a ModelGpu (decode's Q1_0 matvecs), or None
@@ -102,9 +102,10 @@ class Model:
 
     def generic_graph(self, v: Variant) -> Graph:
         """The generic graph of a variant after every pass (built once per model)."""
-        if v.name not in self._graphs:
-            self._graphs[v.name] = run_passes(self.build_graph(v.n_tokens, v.n_kv, v.n_outputs, v.n_kv_swa))
-        return self._graphs[v.name]
+        with self._prepare_lock:                   # sessions of several threads share the model
+            if v.name not in self._graphs:
+                self._graphs[v.name] = run_passes(self.build_graph(v.n_tokens, v.n_kv, v.n_outputs, v.n_kv_swa))
+            return self._graphs[v.name]
 
     def prepare(self, v: Variant) -> float:
         """Make a variant ready to run (the llvm backend compiles it); the seconds that took."""

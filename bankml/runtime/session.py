@@ -116,4 +116,4 @@ def new_caches(g: Graph) -> dict[tuple[int, str], np.ndarray]:
     """Every layer's K and V cache as the graph's CACHE nodes lay them out (their type, heads and
     head size, params["cells"]: kv_cache.cache_array), zeroed; any variant's nodes say the same."""
     return {(n.params["layer"], n.params["kind"]): np.zeros(*cache_array(n.dtype, (n.params["cells"], *n.shape[1:])))
-            for n in g if n.op is Op.CACHE}
+            for n in g.nodes.values() if n.op is Op.CACHE}

@@ -19,7 +19,8 @@ def test_defaults_are_llama_cpps_and_the_options_are_frozen():
 @pytest.mark.parametrize("kw,why", [
     ({"backend": "cuda"}, "unknown backend 'cuda'; choose one of reference, llvm"),
     ({"threads": 0}, "threads, llama_threads, n_ubatch and n_ctx must be positive"),
-    ({"llama_threads": 0}, "must be positive"), ({"n_ubatch": 0}, "must be positive"), ({"n_ctx": -1}, "must be positive"),
+    ({"llama_threads": 0}, "must be positive"), ({"n_ubatch": 0}, "must be positive"),
+    ({"n_ctx": -1}, "must be positive"),
     ({"profile": "fast"}, "unknown profile 'fast'; choose one of ggml, portable"),
     ({"profile": "portable", "gpu": 0}, "profile 'portable' has no GPU lowering yet")])
 def test_each_bad_setting_is_refused_in_one_line(kw, why):
