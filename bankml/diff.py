@@ -50,9 +50,10 @@ def diff(model, tokens, outputs: str = "all", decode_from: int | None = None, na
     """Compare every named tensor (or those in `names`) of a prefill (+ decodes) with llama.cpp,
     both with the same K/V cache types."""
     from bankml.runtime.model import Model
-    m = model if isinstance(model, Model) else Model(model, backend=backend, threads=llama_threads,
-                                                      llama_threads=llama_threads, cache_type=cache_type,
-                                                      cache_type_k=cache_type_k, cache_type_v=cache_type_v)
+    from bankml.runtime.options import ModelOptions
+    m = model if isinstance(model, Model) else Model(model, ModelOptions(
+        backend=backend, threads=llama_threads, llama_threads=llama_threads, cache_type=cache_type,
+        cache_type_k=cache_type_k, cache_type_v=cache_type_v))
     tokens = list(tokens)
     decode_from = decode_from or len(tokens)
     ours: list[tuple[int, str, str, np.ndarray]] = []

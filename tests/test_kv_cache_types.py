@@ -9,7 +9,8 @@ import pytest
 
 import bankml
 from bankml.errors import BankmlError
-from bankml.quants.kv_cache import KvCacheTypes
+from bankml.ir.ops import Op
+from bankml.quants.kv_cache import I8_ROWS, KvCacheTypes, cache_array
 from bankml.testing import models
 
 
@@ -77,3 +78,27 @@ def test_run_with_an_unsupported_cache_type_is_one_error_line():
     r = bankml_cli("run", str(models.path("qwen3-small-q1_0")), "--raw", "-p", "Hi", "-n", "1", "-ctk", "iq4_nl")
     assert r.returncode == 1 and r.stderr.startswith("Error: ") and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert "iq4_nl" in r.stderr and "Traceback" not in r.stderr
+
+
+@pytest.mark.parametrize("dtype,shape,dt", [("f16", (512, 2, 128), np.float16),
+                                            ("q8_0", (512, 2 * 128 // 32 * 34), np.uint8),
+                                            ("q4_0", (512, 2 * 128 // 32 * 18), np.uint8)])
+def test_cache_array_lays_out_each_type(dtype, shape, dt):
+    assert cache_array(dtype, (512, 2, 128)) == (shape, np.dtype(dt))
+
+
+def test_cache_array_of_the_portable_rows_is_one_f16_scale_and_the_codes_per_head():
+    shape, dt = cache_array(I8_ROWS, (512, 2, 128))
+    assert shape == (512, 2) and dt.names == ("d", "qs") and dt.itemsize == 2 + 128
+
+
+def test_a_session_allocates_what_the_graphs_cache_nodes_say():
+    with bankml.load(models.path("gemma3-tiny-w48-f16"), backend="reference", n_ctx=2048, swa_full=False) as m:
+        g = m.generic_graph(m.variants[0])
+        caches = m.session().caches
+        assert set(caches) == {(il, kind) for il in range(m.hparams.n_layer) for kind in "kv"}
+        for n in g:
+            if n.op is Op.CACHE:
+                want = m.kv_size_swa if m.hparams.is_swa(n.params["layer"]) else m.kv_size
+                assert n.params["cells"] == want == caches[(n.params["layer"], n.params["kind"])].shape[0]
+        assert m.kv_size_swa < m.kv_size

@@ -42,7 +42,9 @@ class Batch:
     n_tokens: int
     n_kv: int          # padded cache cells the attention reads
     n_outputs: int     # rows whose logits are wanted
-    n_kv_swa: int | None = None   # cells the sliding-window layers read from their own cache
+    kv_size: int       # cells of the whole cache (llama_kv_cache's size: n_ctx padded)
+    n_kv_swa: int | None = None     # cells the sliding-window layers read from their own cache
+    kv_size_swa: int | None = None  # cells of the sliding-window layers' whole cache
 
 
 @dataclass(frozen=True)
@@ -257,7 +259,8 @@ class Builder:
         kv_shape = (b.n_kv_swa if swa else b.n_kv, hp.n_head_kv, hp.head_dim)
         caches = []
         for kind, x, typ in (("k", k, kv.k), ("v", v, kv.v)):
-            cache = self.node(Op.CACHE, (), kv_shape, typ, layer=il, kind=kind)
+            cache = self.node(Op.CACHE, (), kv_shape, typ, layer=il, kind=kind,
+                              cells=b.kv_size_swa if swa else b.kv_size)
             caches.append(self.node(Op.SET_ROWS, (cache, x, idxs), kv_shape, typ,
                                     name=f"cache_{kind}_l{il} (view)", order=_SET_ROWS[typ]))
         fa = self.node(Op.FLASH_ATTN, (q, caches[0], caches[1], mask), q.shape, scale=kq_scale)

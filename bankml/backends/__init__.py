@@ -7,11 +7,12 @@
 
 g is a graph after the passes, generic (sizes T, KV, O: bankml.ir.dims) or concrete; values
 gives this call's sizes ({} for a concrete graph). inputs maps tokens, pos, kq_mask and out_ids
-to arrays of this call's shapes; caches maps (layer, "k" | "v") to the session's caches (f16
-[kv_size, n_head_kv, head_dim], or q8_0/q4_0 block bytes uint8 [kv_size, row_bytes]), which run
-writes in place; weights(name) is a tensor's bytes. run returns the graph's outputs
-by key ({"logits": f32 [rows, n_vocab]}); trace(node, value) sees every named node. gpu is
-the model's device (backends/spirv/device.py: `takes(g, n)` says which nodes it runs), or None.
+to arrays of this call's shapes; caches maps (layer, "k" | "v") to the session's caches (each
+the array quants/kv_cache.cache_array lays out for its CACHE node), which run writes in place;
+weights(name) is a tensor's bytes. run returns the graph's outputs by key ({"logits": f32
+[rows, n_vocab]}); trace(node, value) sees every named node. gpu is the model's device
+(backends/spirv/device.py), or None; it runs the nodes passes/place_on_device.py marked
+(params["device"]).
 """
 from __future__ import annotations
 

@@ -7,7 +7,8 @@ from enum import Enum
 class Op(Enum):
     INPUT = "input"            # a per-micro-batch input: params name in {tokens, pos, kq_mask, out_ids}
     WEIGHT = "weight"          # a model tensor: params tensor (name), ggml_type
-    CACHE = "cache"            # the K or V cache of one layer: params layer, kind ("k" | "v")
+    CACHE = "cache"            # the K or V cache of one layer: params layer, kind ("k" | "v"), cells (the whole
+                               # cache's; the node's shape is the n_kv cells read); its array: kv_cache.cache_array
     GET_ROWS = "get_rows"      # rows of src0 selected by src1 (dequantized when src0 is a weight)
     RMS_NORM = "rms_norm"      # x / sqrt(mean(x^2) + eps) per row: params eps
     MUL = "mul"                # elementwise, src1 broadcast over rows

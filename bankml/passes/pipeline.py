@@ -5,6 +5,7 @@ from bankml.ir.graph import Graph
 from bankml.passes.choose_attention_kernel import choose_attention_kernel
 from bankml.passes.choose_matmul_kernel import choose_matmul_kernel
 from bankml.passes.choose_portable_orders import choose_portable_orders
+from bankml.passes.place_on_device import place_on_device
 from bankml.passes.remove_dead_nodes import remove_dead_nodes
 from bankml.passes.share_portable_activations import share_portable_activations
 from bankml.passes.share_quantized_activations import share_quantized_activations
@@ -15,6 +16,7 @@ PASSES = [
     choose_matmul_kernel,
     choose_attention_kernel,
     share_quantized_activations,
+    place_on_device,
     remove_dead_nodes,
 ]
 

@@ -4,6 +4,7 @@
     kv.k, kv.v                                           # "q8_0", "f16"
     kv.rot_k, kv.rot_v                                   # Hadamard sizes (0: no rotation)
     kv.cell_bytes(n_layer, n_head_kv)                    # bytes one cache cell takes
+    cache_array("q8_0", (4096, 3, 64))                   # a cache node's array: ((4096, 204), uint8)
 
 f16 stores each value as a half; q8_0 and q4_0 store each row of a cell (n_head_kv * head_dim
 values) in ggml blocks of 32 values: q8_0 34 bytes (f16 d, 32 int8), q4_0 18 bytes (f16 d,
@@ -20,17 +21,26 @@ llama.cpp refuses a quantized V cache without flash attention (bankml always run
 attention, as b11434 does by default on the CPU) and a quantized type whose block does not
 divide the head size (llama_init_from_model). Other types (f32, bf16, q4_1, q5_0, q5_1,
 iq4_nl) are llama.cpp's but not reproduced by bankml: refused here.
+
+The portable profile stores its cache as "i8r" rows (profiles/portable/attention.quantize_rows):
+per cell and K/V head an f16 scale and head_dim int8 codes. cache_array gives the array of any
+of these types; the session allocates its caches with it from the graph's CACHE nodes (their
+dtype, their view's heads and head size, params["cells"]) and the llvm backend checks the
+arrays it binds against it.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
 
+import numpy as np
+
 from bankml.errors import BankmlError
 from bankml.quants import F16, Q4_0, Q8_0, WEIGHT_TYPES
 
 # name -> ggml type id (its block and bytes: WEIGHT_TYPES)
 CACHE_TYPES = {"f16": F16, "q8_0": Q8_0, "q4_0": Q4_0}
+I8_ROWS = "i8r"         # the portable profile's rows: an f16 scale and int8 codes per cell and head
 LLAMA_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")  # common/arg.cpp
 
 
@@ -94,3 +104,20 @@ class KvCacheTypes:
     def describe(self) -> str:
         rot = [f"{x} {n}" for x, n in (("K", self.rot_k), ("V", self.rot_v)) if n]
         return f"K {self.k}, V {self.v}" + (f" (Hadamard rotation {', '.join(rot)})" if rot else "")
+
+
+def i8_row(head_dim: int) -> np.dtype:
+    """One "i8r" row: the f16 scale d and head_dim int8 codes qs."""
+    return np.dtype([("d", "<f2"), ("qs", "i1", (head_dim,))])
+
+
+def cache_array(dtype: str, shape: tuple[int, int, int]) -> tuple[tuple[int, ...], np.dtype]:
+    """(shape, numpy dtype) of the array holding a cache of this type with shape [cells, n_head_kv,
+    head_dim]: f16 as it is; q8_0 and q4_0 the ggml block bytes of each cell's row, uint8
+    [cells, row_bytes]; "i8r" [cells, n_head_kv] rows of i8_row(head_dim)."""
+    cells, n_head_kv, head_dim = shape
+    if dtype == "f16":
+        return (cells, n_head_kv, head_dim), np.dtype(np.float16)
+    if dtype == I8_ROWS:
+        return (cells, n_head_kv), i8_row(head_dim)
+    return (cells, WEIGHT_TYPES[CACHE_TYPES[dtype]].row_bytes(n_head_kv * head_dim)), np.dtype(np.uint8)

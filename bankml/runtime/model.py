@@ -4,7 +4,8 @@ A model builds one generic graph per variant (bankml.passes.variants: decode, de
 small/large micro-batches with all or the last rows' logits); the backend compiles each the
 first time it is needed (saying so on stderr) and runs it for any size in its range, so no
 prompt length and no context length compiles again. `Model.close()` (or `with`) releases the
-compiled code, the thread pool, the device and the file.
+compiled code, the thread pool, the device and the file. `Model(path, options)` takes what
+load() takes as one checked ModelOptions (runtime/options.py).
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ import numpy as np
 
 from bankml.arch.blocks import Batch, Builder
 from bankml.arch import registry
-from bankml.backends import BACKENDS, open_backend
+from bankml.backends import open_backend
 from bankml.errors import BankmlError
 from bankml.gguf import read_gguf
 from bankml.arch.plan import plan as make_plan
@@ -28,6 +29,7 @@ from bankml.passes.pipeline import run_passes
 from bankml.passes.variants import Variant, choose_variant, variants
 from bankml.quants import F32
 from bankml.quants.kv_cache import KvCacheTypes
+from bankml.runtime.options import ModelOptions
 from bankml.backends.llvm import jit_cache
 
 if TYPE_CHECKING:
@@ -35,53 +37,46 @@ if TYPE_CHECKING:
 
 
 class Model:
-    def __init__(self, path, backend: str = "llvm", threads: int = 1, llama_threads: int | None = None,
-                 cache_type: str = "f16", n_ubatch: int = 512, n_ctx: int = 4096, gpu: str | int | None = None,
-                 arch: str | None = None, swa_full: bool = True, cache_type_k: str | None = None,
-                 cache_type_v: str | None = None, profile: str = "ggml"):
-        if backend not in BACKENDS:
-            raise BankmlError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-        if threads < 1 or (llama_threads is not None and llama_threads < 1) or n_ubatch < 1 or n_ctx < 1:
-            raise BankmlError("threads, llama_threads, n_ubatch and n_ctx must be positive")
-        _check_profile(profile, backend, gpu)
-        self.profile = profile          # float orders: "ggml" (llama.cpp's bits) | "portable" (docs/PORTABLE.md)
+    def __init__(self, path, options: ModelOptions | None = None):
+        o = self.options = options or ModelOptions()
+        self.profile = o.profile        # float orders: "ggml" (llama.cpp's bits) | "portable" (docs/PORTABLE.md)
         self.path = Path(path)
         self.gguf = read_gguf(self.path)
-        spec = registry.lookup(arch) if arch else None
+        spec = registry.lookup(o.arch) if o.arch else None
         declared = spec is not None and spec.tensors is not None   # a full declaration plans the file itself
-        self.plan = make_plan(self.gguf, arch if declared else None)
+        self.plan = make_plan(self.gguf, o.arch if declared else None)
         self.hparams = self.plan.hparams
-        self.backend, self.threads = backend, threads
-        self.llama_threads = llama_threads or threads
-        self.n_ubatch, self.n_ctx = n_ubatch, n_ctx
+        self.backend, self.threads = o.backend, o.threads
+        self.llama_threads = o.llama_threads or o.threads
+        self.n_ubatch, self.n_ctx = o.n_ubatch, o.n_ctx
         # the K/V cache's types (-ctk/-ctv; cache_type sets both), refused here if not reproduced
-        self.kv = KvCacheTypes.of(cache_type_k or cache_type, cache_type_v or cache_type, self.hparams.head_dim)
+        self.kv = KvCacheTypes.of(o.cache_type_k or o.cache_type, o.cache_type_v or o.cache_type, self.hparams.head_dim)
         self.cache_type_k, self.cache_type_v = self.kv.k, self.kv.v
         self.cache_type = self.kv.k if self.kv.k == self.kv.v else f"{self.kv.k},{self.kv.v}"
-        self.arch = arch or self.plan.arch          # a registered builder may stand in for the file's
+        self.arch = o.arch or self.plan.arch        # a registered builder may stand in for the file's
         self.architecture = registry.get(self.arch)
-        if profile == "portable" and (self.kv.quantized or not self.architecture.portable):
+        if o.profile == "portable" and (self.kv.quantized or not self.architecture.portable):
             raise BankmlError(f"profile 'portable' runs {' and '.join(registry.portable())} graphs with its own int8 "
                               f"cache (cache_type f16); not {self.arch} with a {self.cache_type} cache")
-        self.gpu = gpu              # Q1_0 decode matvecs: None (BANKML_GPU) | "auto" | "off" | index
-        self.kv_size = -(-n_ctx // 256) * 256          # llama-context.cpp: n_ctx padded to 256
+        self.gpu = o.gpu
+        self.kv_size = -(-o.n_ctx // 256) * 256        # llama-context.cpp: n_ctx padded to 256
         # llama_kv_cache_iswa: the sliding-window layers' cache, full size (swa_full, as
         # llama_context_default_params) or PAD256(min(kv_size, n_swa + n_ubatch)) (llama-server)
-        self.swa_full = swa_full
+        self.swa_full = o.swa_full
         self.kv_size_swa = None
         if self.hparams.n_swa:
-            small = -(-min(self.kv_size, self.hparams.n_swa + n_ubatch) // 256) * 256
-            self.kv_size_swa = self.kv_size if swa_full else small
+            small = -(-min(self.kv_size, self.hparams.n_swa + o.n_ubatch) // 256) * 256
+            self.kv_size_swa = self.kv_size if o.swa_full else small
         self.shapes = {name: t.shape for name, t in self.gguf.tensors.items()}
-        self.variants = variants(n_ubatch, self.kv_size, self.kv_size_swa)
+        self.variants = variants(o.n_ubatch, self.kv_size, self.kv_size_swa)
         self.compile_seconds = 0.0      # time this model spent compiling native code so far (llvm backend)
         self._graphs: dict[str, Graph] = {}         # variant name -> generic graph after the passes
         self._ready: set[str] = set()               # variants the backend has prepared
-        self._prepare_lock = threading.Lock()
+        self._prepare_lock = threading.RLock()      # graphs built and prepared once
         self._weights: dict[str, np.ndarray] = {}
         from bankml.backends.spirv.device import for_setting
-        self.device = for_setting(gpu)              # a ModelGpu (decode's Q1_0 matvecs), or None
-        self.runner = open_backend(backend, self.weight, threads, self.device)
+        self.device = for_setting(o.gpu)            # a ModelGpu (decode's Q1_0 matvecs), or None
+        self.runner = open_backend(o.backend, self.weight, o.threads, self.device)
 
     # ---- graphs ----
     def graph(self, n_tokens: int, n_kv: int, n_outputs: int) -> Graph:
@@ -93,21 +88,25 @@ class Model:
         may be numbers or Dims (a generic graph)."""
         if n_kv_swa is None and self.kv_size_swa:
             n_kv_swa = self.n_kv_swa_for(n_kv)
-        b = Builder(self.plan, Batch(n_tokens, n_kv, n_outputs, n_kv_swa), self.shapes, self.kv, self.architecture)
+        b = Builder(self.plan, Batch(n_tokens, n_kv, n_outputs, self.kv_size, n_kv_swa, self.kv_size_swa),
+                    self.shapes, self.kv, self.architecture)
         self.architecture.build(b)
         g = b.g
         g.meta["llama_threads"] = self.llama_threads
         if self.profile != "ggml":
             g.meta["profile"] = self.profile
+        if self.device is not None:         # passes/place_on_device.py puts decode's Q1_0 matvecs there
+            g.meta["device"] = "gpu"
         if n_outputs == 0:          # no logits wanted: only the cache writes stay alive
             g.outputs = {}
         return g
 
     def generic_graph(self, v: Variant) -> Graph:
         """The generic graph of a variant after every pass (built once per model)."""
-        if v.name not in self._graphs:
-            self._graphs[v.name] = run_passes(self.build_graph(v.n_tokens, v.n_kv, v.n_outputs, v.n_kv_swa))
-        return self._graphs[v.name]
+        with self._prepare_lock:                   # sessions of several threads share the model
+            if v.name not in self._graphs:
+                self._graphs[v.name] = run_passes(self.build_graph(v.n_tokens, v.n_kv, v.n_outputs, v.n_kv_swa))
+            return self._graphs[v.name]
 
     def prepare(self, v: Variant) -> float:
         """Make a variant ready to run (the llvm backend compiles it); the seconds that took."""
@@ -227,16 +226,6 @@ class Model:
         self.close()
 
 
-def _check_profile(profile: str, backend: str, gpu) -> None:
-    from bankml.profiles import PROFILES
-    if profile not in PROFILES:
-        raise BankmlError(f"unknown profile {profile!r}; choose one of {', '.join(PROFILES)}")
-    if profile == "portable" and backend not in ("reference", "llvm"):
-        raise BankmlError(f"profile 'portable' runs on the reference and llvm backends, not {backend!r}")
-    if profile == "portable" and gpu not in (None, "off"):
-        raise BankmlError("profile 'portable' has no GPU lowering yet; leave gpu off")
-
-
 def load(path, backend: str = "llvm", threads: int | None = None, llama_threads: int | None = None,
          cache_type: str = "f16", n_ubatch: int = 512, n_ctx: int = 4096, gpu: str | int | None = None, arch: str | None = None,
          swa_full: bool = True, cache_type_k: str | None = None, cache_type_v: str | None = None,
@@ -254,5 +243,7 @@ def load(path, backend: str = "llvm", threads: int | None = None, llama_threads:
     PAD256(n_swa + n_ubatch) cells (False).
     """
     threads = threads or min(4, os.cpu_count() or 1)
-    return Model(path, backend, threads, llama_threads, cache_type, n_ubatch, n_ctx, gpu, arch, swa_full,
-                 cache_type_k, cache_type_v, profile)
+    return Model(path, ModelOptions(backend=backend, threads=threads, llama_threads=llama_threads,
+                                    cache_type=cache_type, cache_type_k=cache_type_k, cache_type_v=cache_type_v,
+                                    n_ubatch=n_ubatch, n_ctx=n_ctx, gpu=gpu, arch=arch, swa_full=swa_full,
+                                    profile=profile))

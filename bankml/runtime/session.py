@@ -6,7 +6,10 @@ from typing import Callable
 import numpy as np
 
 from bankml.errors import BankmlError
+from bankml.ir.graph import Graph
 from bankml.ir.node import Node
+from bankml.ir.ops import Op
+from bankml.quants.kv_cache import cache_array
 from bankml.runtime.kv_cells import SwaCells
 
 
@@ -14,13 +17,9 @@ class Session:
     def __init__(self, model):
         self.model = model
         hp = model.hparams
-        self.caches = {(il, kind): _new_cache(model, kind, model.kv_size_swa if hp.is_swa(il) else model.kv_size)
-                       for il in range(hp.n_layer) for kind in "kv"}
+        self.caches = new_caches(model.generic_graph(model.variants[0]))
         # the sliding-window layers' own cells (llama_kv_cache_iswa), where they have a window
         self.swa = SwaCells(model.kv_size_swa, hp.n_swa) if hp.n_swa else None
-        if model.profile == "portable":     # int8 rows with f16 scales (profiles/portable)
-            from bankml.profiles.portable.attention import cache_dtype
-            self.caches = {key: np.zeros(c.shape[:2], cache_dtype(hp.head_dim)) for key, c in self.caches.items()}
         self.n_past = 0
         self.trace: Callable[[int, Node, np.ndarray], None] | None = None   # (ubatch, node, value)
         self._ubatch_index = 0
@@ -113,10 +112,8 @@ class Session:
         return None if logits is None or not out_ids else logits[:len(out_ids)]
 
 
-def _new_cache(model, kind: str, cells: int) -> np.ndarray:
-    """One layer's K or V cache: f16 [cells, n_head_kv, head_dim], or for a quantized type the
-    ggml block bytes of each cell's row, uint8 [cells, row_bytes]."""
-    hp, kv = model.hparams, model.kv
-    if (kv.k if kind == "k" else kv.v) == "f16":
-        return np.zeros((cells, hp.n_head_kv, hp.head_dim), np.float16)
-    return np.zeros((cells, kv.row_bytes(kind, hp.n_head_kv * hp.head_dim)), np.uint8)
+def new_caches(g: Graph) -> dict[tuple[int, str], np.ndarray]:
+    """Every layer's K and V cache as the graph's CACHE nodes lay them out (their type, heads and
+    head size, params["cells"]: kv_cache.cache_array), zeroed; any variant's nodes say the same."""
+    return {(n.params["layer"], n.params["kind"]): np.zeros(*cache_array(n.dtype, (n.params["cells"], *n.shape[1:])))
+            for n in g.nodes.values() if n.op is Op.CACHE}

@@ -13,7 +13,7 @@ from bankml.ir.ops import Op
 
 def _builder(m) -> Builder:
     """A Builder of a 3-token micro-batch for a loaded model, before its architecture builds anything."""
-    return Builder(m.plan, Batch(3, 256, 3), m.shapes, m.kv, m.architecture)
+    return Builder(m.plan, Batch(3, 256, 3, m.kv_size), m.shapes, m.kv, m.architecture)
 
 
 @pytest.fixture

@@ -36,8 +36,7 @@ from bankml.ir.dims import DIM_SLOTS, Bindings, concrete, upper
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
-from bankml.profiles.portable.attention import cache_dtype
-from bankml.profiles.portable.orders import CACHE_TYPE
+from bankml.quants.kv_cache import cache_array
 
 _NP = {"f32": np.float32, "F32": np.float32, "f16": np.float16, "i32": np.int32}
 
@@ -130,14 +129,11 @@ def _release_freed_heap() -> None:
 def _checked(n: Node, a: np.ndarray) -> np.ndarray:
     if not (isinstance(a, np.ndarray) and a.flags.c_contiguous):
         raise BankmlError(f"{n.params.get('tensor') or n.op.value}: the llvm backend needs a C-contiguous array")
-    if n.op is Op.CACHE and n.dtype == CACHE_TYPE:   # portable: rows [kv_size, n_head_kv] of cache_dtype(head_dim)
-        if a.dtype != cache_dtype(n.shape[-1]) or a.shape[1:] != tuple(n.shape[1:2]) or a.shape[0] < upper(n.shape)[0]:
-            raise BankmlError(f"cache {n.params}: {a.dtype}{list(a.shape)} does not fit {n.dtype} rows {list(upper(n.shape))}")
-    elif n.op is Op.CACHE and n.dtype != "f16":       # a quantized cache: [kv_size, row_bytes] block bytes
-        if a.dtype != np.uint8 or a.ndim != 2 or a.shape[0] < upper(n.shape)[0]:
-            raise BankmlError(f"cache {n.params}: {a.dtype}{list(a.shape)} does not fit {n.dtype} rows")
-    elif n.op is Op.CACHE and (a.dtype != np.float16 or a.shape[1:] != n.shape[1:] or a.shape[0] < upper(n.shape)[0]):
-        raise BankmlError(f"cache {n.params}: {a.dtype}{list(a.shape)} does not fit {list(upper(n.shape))} f16")
+    if n.op is Op.CACHE:        # the session's whole cache (kv_cache.cache_array), at least the cells read
+        shape, dtype = cache_array(n.dtype, upper(n.shape))
+        if a.dtype != dtype or a.shape[1:] != shape[1:] or a.shape[0] < shape[0]:
+            raise BankmlError(f"cache {n.params}: {a.dtype}{list(a.shape)} does not fit {n.dtype} "
+                              f"{dtype}{list(shape)}")
     return a
 
 
@@ -207,11 +203,12 @@ class LlvmBackend:
             self.pool.run(cg.part, bufs.table, dims, lo, hi)
 
     def _run_with_gpu(self, g: Graph, cg: CompiledGraph, bufs: _Buffers) -> None:
-        """The matvecs the device takes (gpu.takes: decode's Q1_0) on the Vulkan device, the
-        kernels between them natively in ranges: graph_part(lo, hi) runs kernels [lo, hi)."""
+        """The matvecs placed on the device (passes/place_on_device.py: decode's Q1_0) on the
+        Vulkan device, the kernels between them natively in ranges: graph_part(lo, hi) runs
+        kernels [lo, hi)."""
         lo = 0
         for k, n in enumerate(cg.kernels):
-            if not self.gpu.takes(g, n):
+            if "device" not in n.params:
                 continue
             w, q = g[n.inputs[0]], g[n.inputs[1]]
             K = q.shape[-1]

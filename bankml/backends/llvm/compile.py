@@ -41,10 +41,13 @@ from bankml.ir.node import Node
 from bankml.ir.ops import Op
 from bankml.profiles.portable import orders as po
 from bankml.quants import ACT_TYPES
+from bankml.quants.kv_cache import cache_array
 
 KERNEL_TABLE = "kernel_table"          # the glue's [n x i8*] of kernel addresses
 KERNEL_FN = "kernel"                   # the function of a kernel module
-_IGNORED_PARAMS = ("tensor", "layer", "n_threads")       # n_threads: llama_threads comes in dims[4]
+# no kernel reads these: n_threads (llama_threads comes in dims[4]); a cache's cells (a kernel reads
+# the cells of its node's shape); device (a node the device takes runs this kernel when it cannot)
+_IGNORED_PARAMS = ("tensor", "layer", "n_threads", "cells", "device")
 ALIGN = 64
 
 
@@ -108,7 +111,8 @@ def nbytes(n: Node) -> int:
             raise ValueError(f"node {n.name or n.id}: no buffer size for activation type {n.params['type']}")
         return math.prod(upper(n.shape[:-1])) * act.row_bytes(n.shape[-1])
     if n.dtype == po.CACHE_TYPE:             # portable K/V rows: an f16 scale, head_dim int8 codes
-        return math.prod(upper(n.shape[:-1])) * (2 + n.shape[-1])
+        shape, dtype = cache_array(n.dtype, upper(n.shape))
+        return math.prod(shape) * dtype.itemsize
     size = {"f32": 4, "f16": 2, "i32": 4, "F32": 4}.get(n.dtype)
     if size is None:
         raise ValueError(f"node {n.name or n.id}: no buffer size for dtype {n.dtype}")

@@ -63,7 +63,7 @@ def _mul_mat(env, g, n, w, x):
     wn = g[n.inputs[0]]
     lead = n.shape[:-1]
     y, gpu = None, getattr(env, "gpu", None)      # backends/spirv/device.py: decode's Q1_0 matvecs on Vulkan
-    if gpu is not None and gpu.takes(g, n):
+    if gpu is not None and "device" in n.params:    # placed there by passes/place_on_device.py
         y = gpu.gpu_matvec(wn.params["tensor"], w, x)   # None when the device kernel does not fit
     if y is None:
         y = matmul.mul_mat(w, wn.params["ggml_type"], x, n.order)

@@ -1,8 +1,10 @@
 """Decode's Q1_0 matvecs on a Vulkan device; every other op stays on the CPU (docs/spirv.md).
 
     mg = for_setting(model.gpu)                 # a ModelGpu, or None: CPU only (Model.device)
-    mg.takes(g, node)                           # the rule: which mat-muls run on the device
     y = mg.gpu_matvec(name, w_raw, act)         # [1, rows] f32, or None when it does not fit
+
+Which mat-muls run here is one pass's rule (passes/place_on_device.py), which marks them when
+the model has a device; the backends hand this the marked nodes.
 
 The device is chosen once per process and setting (load(gpu=...), else BANKML_GPU, default off)
 by q1.device_check.select_device, which admits a device only after the on-device oracle; a refusal
@@ -12,7 +14,6 @@ The kernel is ggml_vec_dot_q1_0_q8_0 bit for bit, the order choose_matmul_kernel
 """
 from __future__ import annotations
 
-import math
 import os
 
 import click
@@ -21,11 +22,6 @@ import numpy as np
 from bankml.backends.spirv.q1 import device_check
 from bankml.backends.spirv.q1.matvec import Q1_BYTES
 from bankml.backends.spirv.runtime import Device, Q1Matvec
-from bankml.ir.dims import is_symbolic
-from bankml.ir.graph import Graph
-from bankml.ir.node import Node
-from bankml.ir.ops import Op
-from bankml.ir.order import Q1_0_DOT
 from bankml.quants.activation import Q8Act, to_bytes
 
 _CHOICES: dict[str, device_check.GpuChoice] = {}            # setting -> choice, per process
@@ -56,15 +52,8 @@ class ModelGpu:
         self.mats: dict[str, Q1Matvec] = {}
         self.calls = 0                                   # matvecs run on the device
 
-    @staticmethod
-    def takes(g: Graph, n: Node) -> bool:
-        """The one rule of what runs on the device: a mul_mat of a Q1_0 weight (in ggml's
-        vec_dot order) by one activation row, as a decode step has."""
-        return (n.op is Op.MUL_MAT and n.order is Q1_0_DOT and g[n.inputs[0]].op is Op.WEIGHT
-                and not is_symbolic(n.shape) and math.prod(n.shape[:-1]) == 1)
-
     def gpu_matvec(self, tensor_name: str, w_raw: np.ndarray, act) -> np.ndarray | None:
-        """w · act for Q1_0 rows w_raw [rows, row_bytes] and one q8_0 row (a node `takes` took):
+        """w · act for Q1_0 rows w_raw [rows, row_bytes] and one q8_0 row (a node placed here):
         [1, rows] f32, or None when the rows do not fit the device kernel (the CPU runs it)."""
         if not isinstance(act, Q8Act) or act.s is not None:
             return None

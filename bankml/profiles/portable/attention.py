@@ -24,10 +24,12 @@ from bankml.profiles.portable.arith import F32, add, canon, fields, int_to_f32, 
 from bankml.profiles.portable.funcs import softmax
 from bankml.profiles.portable.quant import QK, f16_parts, quantize_act
 from bankml.profiles.portable.tables import constants
+from bankml.quants.kv_cache import i8_row
 
 
 def cache_dtype(d: int) -> np.dtype:
-    return np.dtype([("d", "<f2"), ("qs", "i1", (d,))])
+    """One cache row of d values (the cache's layout is quants/kv_cache.py's "i8r")."""
+    return i8_row(d)
 
 
 def quantize_rows(x: np.ndarray) -> np.ndarray:

@@ -9,10 +9,11 @@ tree ("tree8"); dot products exact per group of 256 and rounded once ("exact256"
 from __future__ import annotations
 
 from bankml.ir.order import FloatOrder
+from bankml.quants import kv_cache
 
 PROFILE = "portable"
 ACT_TYPE = "pq8"          # activation blocks of 32 codes at m*2^e scales (quant.quantize_act)
-CACHE_TYPE = "i8r"        # K/V cache rows: int8 codes and one f16 scale (attention.quantize_rows)
+CACHE_TYPE = kv_cache.I8_ROWS  # K/V cache rows: int8 codes and one f16 scale (attention.quantize_rows)
 
 # quant.quantize_act: per 32, m*2^e with m in 8..15, codes rint(x / scale) within +-127
 QUANTIZE = FloatOrder("portable.quantize_act")
