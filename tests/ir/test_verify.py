@@ -159,10 +159,15 @@ def test_refuses_a_view_of_another_size(qwen):
     _refused(g, "remove_dead_nodes", r, "holds another number of elements")
 
 
+def _small_last(m):
+    """A fresh generic graph of the small-last variant (T tokens, O output rows)."""
+    v = next(v for v in m.variants if v.name == "small-last")
+    return run_passes(m.build_graph(v.n_tokens, v.n_kv, v.n_outputs)), v
+
+
 def test_refuses_a_generic_view_that_swaps_sizes(qwen):
-    """[T,4,128] may not view [O,512], whatever T and O may be."""
-    v = next(v for v in qwen.variants if v.name == "small-last")
-    g = run_passes(qwen.build_graph(v.n_tokens, v.n_kv, v.n_outputs))
+    """[O,4,128] may not view [T,512], whatever T and O may be."""
+    g, _ = _small_last(qwen)
     r = _one(g, Op.RESHAPE, "Qcur-0")
     assert isinstance(r.shape[0], Dim) and r.shape[0].name == "T"
     _set(g, r, shape=(Dim("O", 0, 1), 4, 128))
@@ -170,8 +175,7 @@ def test_refuses_a_generic_view_that_swaps_sizes(qwen):
 
 
 def test_refuses_logits_of_the_wrong_rows(qwen):
-    v = next(v for v in qwen.variants if v.name == "small-last")
-    g = run_passes(qwen.build_graph(v.n_tokens, v.n_kv, v.n_outputs))
+    g, v = _small_last(qwen)
     out = g[g.outputs["logits"]]
     _set(g, out, shape=(v.n_tokens, out.shape[1]))
     _refused(g, "remove_dead_nodes", out, f"not [O,{out.shape[1]}]")
