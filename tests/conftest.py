@@ -1,14 +1,21 @@
 """Test tiers: unit (no model), backend, oracle (@pytest.mark.oracle, needs the llama.cpp build).
 
+Every test runs with BANKML_VERIFY=1: the IR verifier checks each graph after every pass.
 An oracle test never quietly skips: without the build, a run that selects oracle tests stops
 with a usage error, locally as in CI. `-m "not oracle"` deselects them on purpose.
 """
 from __future__ import annotations
 
+import os
+
 import pytest
 
 from bankml.oracle.paths import bin_dir
 from bankml.testing import models
+
+# every graph run_passes makes is checked after each pass (bankml/ir/verify.py), in this process
+# and in the bankml processes tests start (they inherit the environment)
+os.environ["BANKML_VERIFY"] = "1"
 
 
 @pytest.hookimpl(trylast=True)              # after -m / -k have deselected what they deselect

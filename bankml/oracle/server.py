@@ -12,25 +12,18 @@ from __future__ import annotations
 
 import atexit
 import json
-import socket
 import subprocess
 import tempfile
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 from bankml.errors import OracleError
+from bankml.oracle.loopback import free_port, stop, wait_for_health
 from bankml.oracle.paths import bin_dir
 
 START_TIMEOUT_S = 120.0
 REQUEST_TIMEOUT_S = 300.0
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class LlamaServer:
@@ -38,7 +31,7 @@ class LlamaServer:
 
     def __init__(self, model, threads: int = 2, n_ctx: int = 4096, extra: tuple[str, ...] = ()):
         self.model = str(model)
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._log = tempfile.TemporaryFile()
         cmd = [str(bin_dir() / "llama-server"), "-m", self.model, "--host", "127.0.0.1",
@@ -47,28 +40,14 @@ class LlamaServer:
         self.proc = subprocess.Popen(cmd, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         atexit.register(self.close)
         try:
-            self._wait_ready()
+            wait_for_health(self.proc, self.url, START_TIMEOUT_S, "llama-server", self._read_log)
         except BaseException:
             self.close()
             raise
 
-    def _wait_ready(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise OracleError(f"llama-server exited with {self.proc.returncode}: {self._tail()}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
-                pass
-            time.sleep(0.2)
-        raise OracleError(f"llama-server not ready after {START_TIMEOUT_S:.0f}s: {self._tail()}")
-
-    def _tail(self) -> str:
+    def _read_log(self) -> str:
         self._log.seek(0)
-        return self._log.read().decode("utf-8", "replace")[-2000:]
+        return self._log.read().decode("utf-8", "replace")
 
     def post(self, path: str, body: dict) -> dict:
         req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(),
@@ -97,13 +76,8 @@ class LlamaServer:
 
     def close(self) -> None:
         proc = getattr(self, "proc", None)
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
+        if proc is not None:
+            stop(proc, 10)
         if not self._log.closed:
             self._log.close()
 

@@ -12,11 +12,9 @@ import os
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
-import httpx
-from bankml.oracle.server import _free_port
+from bankml.oracle.loopback import free_port, stop, wait_for_health
 from bankml.testing import models
 
 REPO = Path(__file__).resolve().parents[2]          # the checkout: the server runs this bankml
@@ -25,7 +23,7 @@ START_TIMEOUT_S = 180.0
 
 class BankmlServer:
     def __init__(self, model: str, *args: str, threads: int = 2):
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._log = tempfile.NamedTemporaryFile("w+b", suffix=".log", delete=False)
         env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -34,23 +32,11 @@ class BankmlServer:
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL)
         try:
-            self._wait()
+            wait_for_health(self.proc, self.url, START_TIMEOUT_S, "bankml serve", self.log, error=RuntimeError,
+                            poll_s=0.3)
         except BaseException:
             self.close()
             raise
-
-    def _wait(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"bankml serve exited with {self.proc.returncode}: {self.log()[-2000:]}")
-            try:
-                if httpx.get(self.url + "/health", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.3)
-        raise RuntimeError(f"bankml serve not ready after {START_TIMEOUT_S:.0f}s: {self.log()[-2000:]}")
 
     def log(self) -> str:
         return Path(self._log.name).read_text("utf-8", "replace")
@@ -62,13 +48,7 @@ class BankmlServer:
         raise RuntimeError("no VmRSS")
 
     def close(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=15)
+        stop(self.proc, 15)
         self._log.close()
 
     def __enter__(self) -> "BankmlServer":

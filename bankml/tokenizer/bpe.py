@@ -264,12 +264,10 @@ class Tokenizer(PieceVocab):
         self._pieces = [self._piece(i) for i in range(len(tokens))]
         self._word_cache: dict[str, list[int]] = {}
 
+    refusal = staticmethod(bpe_vocab_refusal)
+
     @classmethod
-    def from_gguf(cls, gguf, name: str = "model") -> "Tokenizer":
-        md = gguf.metadata
-        why = bpe_vocab_refusal(md, gguf.value_types)
-        if why:
-            raise ModelRefused(f"{name}: {why}")
+    def from_metadata(cls, md: dict, name: str) -> "Tokenizer":
         return cls(md["tokenizer.ggml.tokens"], md["tokenizer.ggml.token_type"], md["tokenizer.ggml.merges"],
                    md["tokenizer.ggml.pre"], md.get("tokenizer.ggml.bos_token_id"),
                    md.get("tokenizer.ggml.eos_token_id"), bool(md.get("tokenizer.ggml.add_bos_token", False)),

@@ -113,12 +113,10 @@ class SpmTokenizer(PieceVocab):
         self._pieces = [self._piece(i) for i in range(n)]
         self._bytes = [self._byte_token(b) for b in range(256)]
 
+    refusal = staticmethod(spm_vocab_refusal)
+
     @classmethod
-    def from_gguf(cls, gguf, name: str = "model") -> "SpmTokenizer":
-        md = gguf.metadata
-        why = spm_vocab_refusal(md, gguf.value_types)
-        if why:
-            raise ModelRefused(f"{name}: {why}")
+    def from_metadata(cls, md: dict, name: str) -> "SpmTokenizer":
         n = len(md["tokenizer.ggml.tokens"])
         return cls(md["tokenizer.ggml.tokens"], md.get("tokenizer.ggml.scores"), md.get("tokenizer.ggml.token_type"),
                    _special_id(md, "tokenizer.ggml.bos_token_id", 1, n),

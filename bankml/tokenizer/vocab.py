@@ -2,8 +2,9 @@
 (tokenizer_st_partition), decoding and streaming pieces as text (llama_token_to_piece)."""
 from __future__ import annotations
 
-from typing import Iterable, Iterator
+from typing import Callable, Iterable, Iterator
 
+from bankml.errors import ModelRefused
 
 # texts llama.cpp's vocab loader marks as end of generation (llama-vocab.cpp, special_eog_ids)
 EOG_TEXTS = {"<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
@@ -34,9 +35,23 @@ def st_partition(text: str, specials: list[tuple[int, str]]) -> list[str | int]:
 
 
 class PieceVocab:
-    """What every tokenizer builds on its `tokens` and `piece(tid, special)`: decode, stream, n_vocab."""
+    """What every tokenizer builds on its `tokens` and `piece(tid, special)`: decode, stream,
+    n_vocab; and its making from a GGUF header, which `refusal` (metadata, value types -> why not,
+    or None) checks before `from_metadata` reads it."""
 
     tokens: list[str]
+    refusal: Callable[[dict, dict], str | None]
+
+    @classmethod
+    def from_gguf(cls, gguf, name: str = "model"):
+        why = cls.refusal(gguf.metadata, gguf.value_types)
+        if why:
+            raise ModelRefused(f"{name}: {why}")
+        return cls.from_metadata(gguf.metadata, name)
+
+    @classmethod
+    def from_metadata(cls, md: dict, name: str):
+        raise NotImplementedError
 
     def piece(self, tid: int, special: bool = True) -> bytes:
         raise NotImplementedError

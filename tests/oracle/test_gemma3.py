@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_logits import assert_rows_identical, decode_case, greedy, prefill_case, tokens
+from test_logits import assert_rows_identical, decode_case, greedy_identical, prefill_case, tokens
 from test_named_tensors import record_diff
 
 import bankml
@@ -90,18 +90,12 @@ def test_gemma3_named_tensors_identical(record, backend, n):
 def test_llvm_gemma3_greedy_decodes_past_the_window(record, llama_threads):
     """A 40-token prompt, then decodes to 400 cells: the window (48) is passed at once, split-KV
     from 257 cells (n_kv 512) with chunks that lie wholly outside the window."""
-    m = load("gemma3-tiny-w48-f16", "llvm", llama_threads)
-    toks, rows = greedy(m, tokens(40, 3), 400)
-    ref = oracle.logits(m.path, toks, threads=llama_threads, outputs="last", decode_from=40)
-    assert_rows_identical(record, rows, ref[1:], **decode_case(m, "gemma3-tiny-w48-f16", 40, 400))
+    greedy_identical(record, load("gemma3-tiny-w48-f16", "llvm", llama_threads), tokens(40, 3), 400)
 
 
 def test_reference_gemma3_greedy_decodes_past_the_window(record):
     """Decodes from 250 to 270 cells on the reference backend: split-KV (n_kv 512) at llama_threads 3."""
-    m = load("gemma3-tiny-w48-q8_0", "reference", 3)
-    toks, rows = greedy(m, tokens(250, 4), 270)
-    ref = oracle.logits(m.path, toks, threads=3, outputs="last", decode_from=250)
-    assert_rows_identical(record, rows, ref[1:], **decode_case(m, "gemma3-tiny-w48-q8_0", 250, 270))
+    greedy_identical(record, load("gemma3-tiny-w48-q8_0", "reference", 3), tokens(250, 4), 270)
 
 
 @pytest.mark.slow
@@ -109,10 +103,7 @@ def test_reference_gemma3_greedy_decodes_past_the_window(record):
 def test_llvm_gemma3_real_window_decodes_to_1100_cells(record, llama_threads):
     """The 512-token window: a 600-token prompt, then decodes to 1,100 cells (split-KV over n_kv
     768..1280, chunks of ceil(n_kv / llama_threads) cells, the oldest leaving the window)."""
-    m = load("gemma3-tiny-w512-f16", "llvm", llama_threads)
-    toks, rows = greedy(m, tokens(600, 5), 1100)
-    ref = oracle.logits(m.path, toks, threads=llama_threads, outputs="last", decode_from=600)
-    assert_rows_identical(record, rows, ref[1:], **decode_case(m, "gemma3-tiny-w512-f16", 600, 1100))
+    greedy_identical(record, load("gemma3-tiny-w512-f16", "llvm", llama_threads), tokens(600, 5), 1100)
 
 
 # ---- llama-server's sliding-window cache (swa_full = false): a ring of PAD256(n_swa + n_ubatch) cells

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from test_logits import assert_rows_identical, decode_case, greedy, prefill_case
+from test_logits import assert_rows_identical, greedy_identical, prefill_case
 from test_named_tensors import record_diff
 
 import bankml
@@ -102,15 +102,9 @@ def test_llvm_gemma3_270m_named_tensors_past_the_window(record):
 def test_llvm_gemma3_270m_decodes_to_1100_cells(record, llama_threads):
     """A 600-token prompt, then greedy decodes to 1,100 cells (n_kv 768..1280, split-KV chunks of
     ceil(n_kv / llama_threads) cells, cells leaving the 512 window on the sliding layers)."""
-    m = load("llvm", llama_threads)
-    toks, rows = greedy(m, tokens(600, 601), 1100)
-    ref = oracle.logits(m.path, toks, threads=llama_threads, outputs="last", decode_from=600)
-    assert_rows_identical(record, rows, ref[1:], **decode_case(m, NAME, 600, 1100))
+    greedy_identical(record, load("llvm", llama_threads), tokens(600, 601), 1100)
 
 
 def test_reference_gemma3_270m_decodes(record):
     """The reference backend's decodes after a prompt of 40 tokens, at llama_threads 3."""
-    m = load("reference", 3)
-    toks, rows = greedy(m, tokens(40, 40), 44)
-    ref = oracle.logits(m.path, toks, threads=3, outputs="last", decode_from=40)
-    assert_rows_identical(record, rows, ref[1:], **decode_case(m, NAME, 40, 44))
+    greedy_identical(record, load("reference", 3), tokens(40, 40), 44)

@@ -16,7 +16,7 @@ import bankml
 from bankml import oracle
 from bankml.diff import diff
 from bankml.testing import models
-from test_logits import assert_rows_identical, greedy
+from test_logits import assert_rows_identical, greedy_identical
 
 pytestmark = pytest.mark.oracle
 
@@ -53,11 +53,7 @@ def test_kquant_prefill_rows_identical(record, name, backend, n, outputs):
 @pytest.mark.parametrize("llama_threads", [2, 3])
 def test_kquant_greedy_decodes_identical(record, backend, prompt, total, llama_threads):
     """Decodes into split-KV attention (padded n_kv 512+), whose chunks follow llama_threads."""
-    m = load(MIX, backend, llama_threads=llama_threads)
-    toks, rows = greedy(m, tokens(prompt, 11), total)
-    ref = oracle.logits(m.path, toks, threads=llama_threads, outputs="last", decode_from=prompt)
-    assert_rows_identical(record, rows, ref[1:], kind="decode", model=MIX, backend=backend, tokens=prompt, cells=total,
-          threads=2, llama_threads=llama_threads)
+    greedy_identical(record, load(MIX, backend, llama_threads=llama_threads), tokens(prompt, 11), total)
 
 
 @pytest.mark.parametrize("backend", ["llvm", "reference"])

@@ -12,7 +12,7 @@ import bankml
 from bankml import oracle
 from bankml.diff import diff
 from bankml.testing import models
-from test_logits import assert_rows_identical, greedy
+from test_logits import assert_rows_identical, greedy_identical
 
 pytestmark = pytest.mark.oracle
 
@@ -115,19 +115,13 @@ def test_llvm_greedy_decodes_to_1100_cells(record, name, kt, vt, llama_threads):
     """A 600-token prompt, then one llama_decode per token to 1,100 cells (n_kv 768 .. 1,280,
     where an f16 cache would split the keys by llama_threads)."""
     m = load(name, "llvm", kt, vt, llama_threads=llama_threads)
-    toks, rows = greedy(m, tokens(600, 11), 1100)
-    ref = oracle.logits(m.path, toks, threads=llama_threads, outputs="last", decode_from=600,
-                        cache_type_k=kt, cache_type_v=vt)
-    assert_rows_identical(record, rows, ref[1:], **case(m, name, kind="decode", tokens=600, cells=1100))
+    greedy_identical(record, m, tokens(600, 11), 1100, cache_type_k=kt, cache_type_v=vt)
 
 
 def test_reference_greedy_decodes(record):
     """The reference backend through decodes into 512 padded cells (where an f16 cache splits)."""
-    name = "qwen3-small-q1_0"
-    m = load(name, "reference", "q8_0", "q8_0", llama_threads=3)
-    toks, rows = greedy(m, tokens(250, 5), 262)
-    ref = oracle.logits(m.path, toks, threads=3, outputs="last", decode_from=250, cache_type="q8_0")
-    assert_rows_identical(record, rows, ref[1:], **case(m, name, kind="decode", tokens=250, cells=262))
+    m = load("qwen3-small-q1_0", "reference", "q8_0", "q8_0", llama_threads=3)
+    greedy_identical(record, m, tokens(250, 5), 262, cache_type_k="q8_0", cache_type_v="q8_0")
 
 
 CHAT = "<|im_start|>user\nName a color.<|im_end|>\n<|im_start|>assistant\n"

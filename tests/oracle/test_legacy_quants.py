@@ -17,7 +17,7 @@ import bankml
 from bankml import oracle
 from bankml.diff import diff
 from bankml.testing import models
-from test_logits import assert_rows_identical, greedy
+from test_logits import assert_rows_identical, greedy_identical
 
 pytestmark = pytest.mark.oracle
 
@@ -84,11 +84,7 @@ DECODES = [("llvm", "smollm2-q4_0", 2), ("llvm", "smollm2-q4_0", 3), ("llvm", "s
 def test_greedy_decodes_cross_into_split_kernel(record, backend, name, llama_threads):
     """A 250-token prompt, then decodes to 264 cells: padded n_kv reaches 512 at 257 cells, whose
     split-KV chunks follow llama_threads."""
-    m = load(name, backend, llama_threads=llama_threads)
-    toks, rows = greedy(m, tokens(250, 7), 264)
-    ref = oracle.logits(m.path, toks, threads=llama_threads, outputs="last", decode_from=250)
-    assert_rows_identical(record, rows, ref[1:], kind="decode", model=name, backend=backend, tokens=250, cells=264,
-                          threads=m.threads, llama_threads=llama_threads)
+    greedy_identical(record, load(name, backend, llama_threads=llama_threads), tokens(250, 7), 264)
 
 
 NAMED = [(b, name, n) for name in MODELS for b in ("llvm", "reference") for n in (7,)] + [("llvm", "smollm2-q4_0", 65)]

@@ -132,6 +132,17 @@ def greedy(m: bankml.Model, prompt: list[int], total: int) -> tuple[list[int], n
     return toks, np.stack(rows)
 
 
+def greedy_identical(record, m: bankml.Model, prompt: list[int], total: int, **what) -> None:
+    """Greedy decodes after `prompt` until the cache holds `total` cells, each decode's logits row
+    against llama.cpp's for the same tokens: the prompt in one llama_decode, then one per token,
+    at the model's llama_threads and cache types. Recorded as decode_case (the model by its file's
+    name) and `what`."""
+    toks, rows = greedy(m, prompt, total)
+    ref = oracle.logits(m.path, toks, threads=m.llama_threads, outputs="last", decode_from=len(prompt),
+                        cache_type_k=m.cache_type_k, cache_type_v=m.cache_type_v)
+    assert_rows_identical(record, rows, ref[1:], **decode_case(m, m.path.stem, len(prompt), total), **what)
+
+
 DECODE_CASES = [(name, lt, 2) for name in ("qwen3-small-q1_0", "smollm2-q4_1", "smollm2-f16", "llama-gqa-f16")
                 for lt in (2, 3)] + [("qwen3-small-q1_0", lt, t) for lt in (2, 3) for t in (1, 3)]
 
@@ -140,17 +151,11 @@ DECODE_CASES = [(name, lt, 2) for name in ("qwen3-small-q1_0", "smollm2-q4_1", "
 def test_llvm_greedy_decodes_to_1100_cells(record, name, llama_threads, threads):
     """600-token prompt, then one llama_decode per token to 1,100 cells: split-KV from the first
     decode (padded n_kv 768 and up), whose chunks follow llama_threads, never our threads."""
-    m = load(name, "llvm", threads=threads, llama_threads=llama_threads)
-    toks, rows = greedy(m, tokens(600, 11), 1100)
-    ref = oracle.logits(m.path, toks, threads=llama_threads, outputs="last", decode_from=600)
-    assert_rows_identical(record, rows, ref[1:], **decode_case(m, name, 600, 1100))
+    greedy_identical(record, load(name, "llvm", threads=threads, llama_threads=llama_threads), tokens(600, 11), 1100)
 
 
 @pytest.mark.parametrize("name,llama_threads,total", [("qwen3-small-q1_0", 2, 300), ("qwen3-small-q1_0", 3, 300),
                                                        ("llama-gqa-f16", 3, 300)])
 def test_reference_greedy_decodes_cross_into_split_kernel(record, name, llama_threads, total):
     """Decodes from 250 cells on: padded n_kv reaches 512 at 257 cells (split-KV)."""
-    m = load(name, "reference", llama_threads=llama_threads)
-    toks, rows = greedy(m, tokens(250, 7), total)
-    ref = oracle.logits(m.path, toks, threads=llama_threads, outputs="last", decode_from=250)
-    assert_rows_identical(record, rows, ref[1:], **decode_case(m, name, 250, total))
+    greedy_identical(record, load(name, "reference", llama_threads=llama_threads), tokens(250, 7), total)
