@@ -74,9 +74,6 @@ class MT19937:
         return r if r < 1.0 else float(np.nextafter(1.0, 0.0))
 
 
-# ---------------------------------------------------------------- libstdc++ std::partial_sort
-
-
 def bucket_partial_sort(logits: np.ndarray, npartial: int) -> np.ndarray:
     """llama_token_data_array_partial_sort (src/llama-sampler.cpp): indices of the top npartial
     (and the rest of the last bucket they reach), bucketed by logit in 128 buckets over
