@@ -458,8 +458,7 @@ def _generate(m, sess, ids: list[int], n_predict: int, params, seed: int, echo: 
     n = room if n_predict < 0 else min(n_predict, room)
     out, pieces = [], []
     dec = StreamDecoder(tokenizer_for(m), special=False)
-    c0, t0 = m.compile_seconds, _now()
-    m.prepare_for(sess.n_past, len(ids), n)        # compile (the first time) before any text streams
+    c0, t0 = m.compile_seconds, _now()             # generate() compiles (the first time) before any text streams
     c_first = t_first = None
     for t in generate(m, ids, n, params, seed=seed, session=sess):
         if t_first is None:

@@ -6,15 +6,44 @@
 Stops after n tokens, after an end-of-generation token (yielded: llama-server's process_token
 pushes every sampled token into its returned tokens, the EOG one included, then stops), or
 once the text holds a stop string (the token that completes it is yielded).
+
+Before the prompt runs, every graph variant the prompt and the n decodes after it will meet is
+made ready (Model.prepare_for: compiled, or loaded from the JIT cache), so that no step of the
+stream waits for one, such as the split-KV decode from 512 cells.
 """
 from __future__ import annotations
 
+import codecs
 from typing import Iterator, Sequence
 
 from bankml.runtime.sampler import GREEDY, LLAMA_DEFAULT_SEED, Sampler, SamplerParams
 from bankml.tokenizer import tokenizer_for
 
-__all__ = ["generate", "GREEDY", "SamplerParams"]
+__all__ = ["generate", "GREEDY", "SamplerParams", "StopScan"]
+
+
+class StopScan:
+    """Whether the text generated so far holds a stop string, one token's bytes at a time.
+
+    The answer is `any(s in text.decode("utf-8", "ignore") for s in stop)` over all the bytes
+    so far, without decoding them all again each token: that decoded text only grows at its end
+    (an incremental decoder that holds back an unfinished UTF-8 sequence gives it), so a stop
+    string it did not hold before ends in the characters just added, and starts at most
+    len(stop) - 1 characters before them."""
+
+    def __init__(self, stop: Sequence[str]):
+        self.stop = tuple(stop)
+        self.reach = max(len(s) for s in self.stop) - 1 if self.stop else 0
+        self._decoder = codecs.getincrementaldecoder("utf-8")("ignore")
+        self._tail = ""             # the last `reach` characters of the text so far
+
+    def push(self, piece: bytes) -> bool:
+        """Add one token's bytes; True once the text holds a stop string."""
+        look = self._tail + self._decoder.decode(piece)
+        if any(s in look for s in self.stop):
+            return True
+        self._tail = look[-self.reach:] if self.reach else ""
+        return False
 
 
 def generate(model, prompt_ids: Sequence[int], n: int, sampler_params: SamplerParams = SamplerParams(),
@@ -26,17 +55,16 @@ def generate(model, prompt_ids: Sequence[int], n: int, sampler_params: SamplerPa
     tok = tokenizer_for(model)
     sess = session if session is not None else model.session()
     sampler = Sampler(sampler_params, seed)
+    model.prepare_for(sess.n_past, len(prompt_ids), n)
     row = sess.prefill(list(prompt_ids), outputs="last")[-1]
-    text = b""
+    eog = frozenset() if ignore_eos else tok.eog
+    scan = StopScan(stop) if stop else None
     for i in range(n):
         t = sampler.sample(row)
         yield t
-        if t in tok.eog and not ignore_eos:
+        if t in eog:
             return
-        if stop:
-            text += tok.piece(t)
-            decoded = text.decode("utf-8", "ignore")
-            if any(s in decoded for s in stop):
-                return
+        if scan is not None and scan.push(tok.piece(t)):
+            return
         if i + 1 < n:
             row = sess.decode(t)

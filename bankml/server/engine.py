@@ -87,8 +87,9 @@ def run_job(model, slot: Slot, job: Job, on_text: Callable[[str, int], None] = l
     slot.tokens = list(job.prompt)
     t1 = time.perf_counter()
     out: list[int] = []
-    raw = b""                   # every piece so far
+    raw = bytearray()           # every piece so far
     text = ""                   # generated_text (complete UTF-8), stop word cut
+    n_text = 0                  # of raw, the bytes text decodes: raw decodes when raw[n_text:] does
     sent = 0                    # n_sent_text
     finish, stop_type, word = "length", "limit", ""
     incomplete = False
@@ -99,15 +100,16 @@ def run_job(model, slot: Slot, job: Job, on_text: Callable[[str, int], None] = l
         t = sampler.sample(row)
         out.append(t)
         eog = t in tok.eog
-        raw += b"" if eog else tok.piece(t, special=False)
+        piece = b"" if eog else tok.piece(t, special=False)
+        raw += piece
         has_next = True
         try:
-            text = raw.decode("utf-8")
-            incomplete = False
+            text += raw[n_text:].decode("utf-8")     # UTF-8 is whole at the end of text: raw.decode("utf-8")
+            n_text, incomplete = len(raw), False
         except UnicodeDecodeError:
             incomplete = True
         if not incomplete:
-            piece_len = len(tok.piece(t, special=False).decode("utf-8", "ignore")) if not eog else 0
+            piece_len = len(piece.decode("utf-8", "ignore"))
             window = text[sent:]
             stop_pos = -1
             for w in job.stop:

@@ -11,7 +11,7 @@ import os
 import pytest
 
 import bankml
-from bankml.runtime.generate import generate
+from bankml.runtime.generate import StopScan, generate
 from bankml.runtime.sampler import GREEDY, SamplerParams
 from bankml.testing import models
 
@@ -89,3 +89,54 @@ def test_stops_at_stop_string(model):
 def model_text(model, ids):
     from bankml.tokenizer import tokenizer_for
     return tokenizer_for(model).decode(ids)
+
+
+def _stops_whole(pieces: list[bytes], stop: list[str]) -> list[bool]:
+    """The check generate() made before StopScan: every token, all the text decoded again."""
+    return [any(s in b"".join(pieces[:i + 1]).decode("utf-8", "ignore") for s in stop) for i in range(len(pieces))]
+
+
+def _stops_scanned(pieces: list[bytes], stop: list[str]) -> list[bool]:
+    scan = StopScan(stop)
+    out, done = [], False
+    for p in pieces:
+        done = done or scan.push(p)         # generate() stops at the first True
+        out.append(done)
+    return out
+
+
+@pytest.mark.parametrize("pieces, stop, first", [
+    ([b"Hel", b"lo wor", b"ld", b"!"], ["o w"], 1),                     # within one piece
+    ([b"Hel", b"lo wor", b"ld", b"!"], ["world"], 2),                   # across two pieces
+    ([b"a", b"b", b"c", b"d"], ["abcd"], 3),                            # across four
+    ([b"ab\xc3", b"\xa9", b"!"], ["\xe9!"], 2),                         # an e-acute split across tokens
+    ([b"x\xf0\x9f", b"\x98", b"\x80y"], ["x\U0001f600y"], 2),           # a four-byte emoji in three
+    ([b"\xf0\x9f", b"A", b"B"], ["AB"], 2),                             # an unfinished sequence dropped
+    ([b"q", b"\x80", b"r"], ["qr"], 2),                                  # a stray continuation byte ignored
+    ([b"no", b" stop", b" here"], ["xyz", "stop!"], None),
+    ([b"a", b"b"], [""], 0),                                            # "" is in every text
+])
+def test_stop_scan_stops_where_the_whole_text_does(pieces, stop, first):
+    want = _stops_whole(pieces, stop)
+    assert _stops_scanned(pieces, stop) == [i >= first if first is not None else False for i in range(len(pieces))]
+    assert _stops_scanned(pieces, stop) == [any(want[:i + 1]) for i in range(len(want))]
+
+
+def test_stop_scan_equals_whole_text_on_random_pieces():
+    """Random token pieces cut anywhere, through multi-byte characters and invalid bytes, and stop
+    strings taken from the text itself: the first stop is where the whole-text check finds it."""
+    import random
+    rng = random.Random(25)
+    alphabet = ["a", "b", " ", ",", "\n", "\xe9", "\u20ac", "\u4e2d", "\U0001f600"]
+    for _ in range(400):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(1, 30))).encode()
+        if rng.random() < 0.3:                                          # a stray or truncated byte
+            k = rng.randrange(len(text) + 1)
+            text = text[:k] + rng.choice([b"\x80", b"\xc3", b"\xf0\x9f", b"\xff"]) + text[k:]
+        cuts = sorted(rng.sample(range(1, len(text)), min(len(text) - 1, rng.randint(0, 12)))) if len(text) > 1 else []
+        pieces = [text[i:j] for i, j in zip([0, *cuts], [*cuts, len(text)])]
+        decoded = text.decode("utf-8", "ignore")
+        i = rng.randrange(len(decoded) + 1)
+        stop = [decoded[i:i + rng.randint(1, 5)] or "zz", "\u20ac\u20ac,"]
+        want = _stops_whole(pieces, stop)
+        assert _stops_scanned(pieces, stop) == [any(want[:k + 1]) for k in range(len(want))], (pieces, stop)
