@@ -72,6 +72,7 @@ class Model:
         self.compile_seconds = 0.0      # time this model spent compiling native code so far (llvm backend)
         self._graphs: dict[str, Graph] = {}         # variant name -> generic graph after the passes
         self._ready: set[str] = set()               # variants the backend has prepared
+        self._ready_for: dict[tuple, tuple[Graph, dict]] = {}   # run_ubatch's sizes -> (prepared graph, Dim values)
         self._prepare_lock = threading.RLock()      # graphs built and prepared once
         self._weights: dict[str, np.ndarray] = {}
         from bankml.backends.spirv.device import for_setting
@@ -179,9 +180,13 @@ class Model:
         """One micro-batch through the variant that takes these sizes."""
         if self.runner is None:
             raise BankmlError(f"{self.path.name}: the model is closed")
-        v, values = choose_variant(self.variants, n_tokens, n_kv, n_outputs, n_kv_swa)
-        self.prepare(v)
-        return self.runner.run(self.generic_graph(v), values, inputs, caches, trace)
+        sizes = (n_tokens, n_kv, n_outputs, n_kv_swa)
+        ready = self._ready_for.get(sizes)      # a decode meets the same sizes 256 steps in a row
+        if ready is None:
+            v, values = choose_variant(self.variants, *sizes)
+            self.prepare(v)
+            ready = self._ready_for[sizes] = (self.generic_graph(v), values)
+        return self.runner.run(*ready, inputs, caches, trace)
 
     # ---- weights ----
     def weight(self, name: str) -> np.ndarray:
@@ -216,6 +221,7 @@ class Model:
             self.device = None
         self._graphs.clear()
         self._ready.clear()
+        self._ready_for.clear()
         self._weights.clear()
         self.gguf = None            # the file's map goes with the last array that views it
 

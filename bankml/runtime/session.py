@@ -21,6 +21,8 @@ class Session:
         # the sliding-window layers' own cells (llama_kv_cache_iswa), where they have a window
         self.swa = SwaCells(model.kv_size_swa, hp.n_swa) if hp.n_swa else None
         self.n_past = 0
+        # kv_size zeros then kv_size -inf: a decode's mask row (cells < used visible) is a slice of it
+        self._mask_row = np.repeat(np.array([0, -np.inf], np.float16), model.kv_size)
         self.trace: Callable[[int, Node, np.ndarray], None] | None = None   # (ubatch, node, value)
         self._ubatch_index = 0
 
@@ -89,9 +91,12 @@ class Session:
         used = self.n_past + T
         n_kv = m.n_kv(used)
         pos = np.arange(self.n_past, used, dtype=np.int32)
-        cells = np.arange(n_kv)
-        visible = (cells[None, :] <= pos[:, None]) & (cells[None, :] < used)
-        mask = np.where(visible, np.float16(0), np.float16(-np.inf)).astype(np.float16)
+        if T == 1:          # a decode: the cells before `used` (a view of the 0 | -inf row, no new mask)
+            mask = self._mask_row[None, m.kv_size - used:m.kv_size - used + n_kv]
+        else:
+            cells = np.arange(n_kv)
+            visible = (cells[None, :] <= pos[:, None]) & (cells[None, :] < used)
+            mask = np.where(visible, np.float16(0), np.float16(-np.inf)).astype(np.float16)
         inputs = {"tokens": np.asarray(tokens, np.int64), "pos": pos, "kq_mask": mask,
                   "out_ids": np.asarray(out_ids, np.int64)}
         n_kv_swa = None

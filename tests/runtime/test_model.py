@@ -97,3 +97,26 @@ def test_a_closed_model_refuses_to_run():
     m.close()
     with pytest.raises(bankml.BankmlError, match="closed"):
         s.prefill([1, 2])
+
+
+def test_two_sessions_decoding_in_turn_give_the_bits_each_gives_alone():
+    """A decode binds only what differs from the last call (another session's cache arrays, other
+    sizes, another variant): two sessions decoding in turn, one of them across 256 cells into the
+    split-KV variant, give the same logits as each one alone."""
+    with bankml.load(models.path("smollm2-q4_1"), threads=2, n_ctx=512) as m:
+        prompts, n = (_tokens(250, 1), _tokens(9, 2)), 12
+
+        def start(ids):
+            s = m.session()
+            return s, [s.prefill(ids, outputs="last")[-1]]
+        alone = []
+        for ids in prompts:
+            s, rows = start(ids)
+            alone.append(rows + [s.decode(100 + i) for i in range(n)])
+        (sa, ra), (sb, rb) = start(prompts[0]), start(prompts[1])
+        for i in range(n):
+            ra.append(sa.decode(100 + i))
+            rb.append(sb.decode(100 + i))
+        assert sa.n_past > 256 >= sb.n_past
+        for got, want in zip((ra, rb), alone):
+            assert all(np.array_equal(x.view(np.uint32), y.view(np.uint32)) for x, y in zip(got, want))

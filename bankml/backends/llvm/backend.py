@@ -56,10 +56,16 @@ class _Buffers:
         self.aliases: list[tuple[int, int]] = []
         self.weight_nodes = [n for n in cg.order if n.op is Op.WEIGHT]
         self.cache_nodes = [(n, (n.params["layer"], n.params["kind"])) for n in cg.order if n.op is Op.CACHE]
+        self.cache_keys = [key for _, key in self.cache_nodes]
         self.weights_bound = False
         self.stale = True                               # the aliases' entries need copying from their roots
         self.dims = np.zeros(len(DIM_SLOTS), np.int64)
-        self.values: Bindings = {}
+        self.dims_ptr = self.dims.ctypes.data           # the kernels' sizes vector, as graph_part takes it
+        self.values: Bindings = {}                      # the last call's sizes
+        self.shaped_for: Bindings | None = None         # the sizes `shaped` and `outputs` are for
+        self.cache_ids: tuple[int, ...] = ()           # id() of each cache array last bound (held in leaves)
+        self.shaped: list[tuple[str, np.ndarray, tuple[int, ...]]] = []   # (input, buffer, shape) at these values
+        self.outputs: list[tuple[str, np.ndarray]] = []  # (key, view of its buffer) at these values, once placed
         self.in_arena: list[tuple[int, int]] = []       # (table slot, arena offset)
         for n in cg.order:
             s = cg.slot[n.id]
@@ -80,6 +86,7 @@ class _Buffers:
         for s, off in self.in_arena:
             self.table[s] = base + off
         self.stale = True
+        self.shaped_for = None                          # the output views point at the old arena
 
     def view(self, n: Node) -> np.ndarray:
         """Node n's buffer at this call's sizes."""
@@ -91,23 +98,30 @@ class _Buffers:
     def bind(self, g: Graph, cg: CompiledGraph, weights, caches, inputs, values: Bindings) -> None:
         """Point the table at the weights (on the first call: a backend's weights never change),
         this call's caches and inputs; set the sizes. A decode step runs this for every token, so
-        it touches only what can change: the cache arrays (another session's) and the inputs."""
-        self.values = dict(values)
-        self.dims[:] = [values.get(k, 0) for k in DIM_SLOTS[:-1]] + [int(g.meta.get("llama_threads", 1))]
+        it touches only what can change: the cache arrays (another session's), the inputs, and
+        the sizes when they differ from the last call's (every 256 cells of a decode)."""
+        if values != self.shaped_for:
+            self.values = dict(values)
+            self.dims[:] = [values.get(k, 0) for k in DIM_SLOTS[:-1]] + [int(g.meta.get("llama_threads", 1))]
+            self.shaped = [(name, buf, concrete(g[i].shape, values)) for i, (name, buf) in self.inputs.items()]
+            self.outputs = [(k, self.view(g[i]) if i in self.offsets else None) for k, i in g.outputs.items()]
+            self.shaped_for = self.values
         if not self.weights_bound:
             for n in self.weight_nodes:
                 a = self.leaves[n.id] = _checked(n, weights(n.params["tensor"]))
                 self.table[cg.slot[n.id]] = a.ctypes.data
             self.weights_bound = self.stale = True
-        for n, key in self.cache_nodes:
-            a = caches[key]
-            if self.leaves.get(n.id) is not a:
-                self.table[cg.slot[n.id]] = _checked(n, a).ctypes.data
-                self.leaves[n.id] = a
-                self.stale = True
-        for i, (name, buf) in self.inputs.items():
+        arrays = list(map(caches.__getitem__, self.cache_keys))
+        ids = tuple(map(id, arrays))        # the arrays last bound are held in leaves: no id is reused
+        if ids != self.cache_ids:
+            for (n, _), a in zip(self.cache_nodes, arrays):
+                if self.leaves.get(n.id) is not a:
+                    self.table[cg.slot[n.id]] = _checked(n, a).ctypes.data
+                    self.leaves[n.id] = a
+                    self.stale = True
+            self.cache_ids = ids
+        for name, buf, want in self.shaped:
             src = np.asarray(inputs[name])
-            want = concrete(g[i].shape, values)
             if src.shape != want:
                 raise BankmlError(f"input {name}: shape {src.shape}, the graph wants {want}")
             np.copyto(buf[:src.size], src.reshape(-1), casting="unsafe")
@@ -184,7 +198,7 @@ class LlvmBackend:
                         self.call(cg, bufs, k, k + 1)
                     if n.name and n.op not in (Op.WEIGHT, Op.CACHE, Op.INPUT):
                         trace(n, value(g, bufs, n).copy())
-            return {k: value(g, bufs, g[i]).copy() for k, i in g.outputs.items()}
+            return {k: (v if v is not None else value(g, bufs, g[g.outputs[k]])).copy() for k, v in bufs.outputs}
 
     def close(self) -> None:
         """Release the compiled code, the buffers and the pool threads."""
@@ -196,7 +210,7 @@ class LlvmBackend:
 
     def call(self, cg: CompiledGraph, bufs: _Buffers, lo: int, hi: int) -> None:
         """Kernels [lo, hi) of cg (graph_part) on every thread, with the sizes bound in bufs."""
-        dims = bufs.dims.ctypes.data
+        dims = bufs.dims_ptr
         if self.pool is None:
             cg.part(bufs.table, 0, 1, None, dims, lo, hi)
         else:
