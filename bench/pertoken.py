@@ -16,7 +16,7 @@ chunks it writes). Per rep, in turn:
 - server: `bankml serve` (the stand-in installed, in its own process) streaming n tokens of
   /v1/completions to a client in this process: the median time between two token chunks.
 
-Medians of steps, so that a step another process delayed moves none of them. Printed: each
+Each run starts after a pause (the last one's pool workers asleep again). Medians of steps, so that a step another process delayed moves none of them. Printed: each
 one's ms per token per rep, their medians over the reps, and cli/bare, server/bare.
 Not a test: timings vary by machine; compare ratios of one run.
 """
@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 PROMPT = "The history of the city of Rome begins"
+PAUSE_S = 0.3       # between runs: the other process's pool workers stop spinning and sleep
 
 
 def argmax_stand_in() -> None:
@@ -136,10 +137,12 @@ def main() -> None:
     rows: dict[str, list[float]] = {"bare": [], "cli": [], "server": []}
     try:
         for _ in range(a.reps):
-            rows["bare"].append(bare_ms(m, ids, a.n))
-            rows["cli"].append(cli_ms(m, ids, a.n))
-            if srv is not None:
-                rows["server"].append(server_ms(url, a.n))
+            for name, run in (("bare", lambda: bare_ms(m, ids, a.n)), ("cli", lambda: cli_ms(m, ids, a.n)),
+                              ("server", lambda: server_ms(url, a.n))):
+                if name == "server" and srv is None:
+                    continue
+                time.sleep(PAUSE_S)
+                rows[name].append(run())
     finally:
         if srv is not None:
             stop(srv, 15)

@@ -5,8 +5,9 @@
 
 The event loop only parses, queues and streams: tokenizing runs in the thread pool, and each
 slot runs its generations in its own worker thread (the llvm backend releases the GIL in native
-code and runs one micro-batch of the shared model at a time). A client that goes away
-mid-stream cancels its generation between two tokens, and its slot is released.
+code and runs one micro-batch of the shared model at a time); a streamed token's text reaches
+the loop through one hand-off thread (handoff.py) while the next decode runs. A client that goes
+away mid-stream cancels its generation between two tokens, and its slot is released.
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import json
 import sys
 import threading
 import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 from starlette.applications import Starlette
@@ -27,6 +29,7 @@ from starlette.routing import Route
 from bankml.server import ollama, openai
 from bankml.server.engine import Job, run_job
 from bankml.server.fields import BadRequest, boolean, job_fields
+from bankml.server.handoff import Handoff
 from bankml.server.slots import Busy, SlotPool
 
 PUBLIC = {"/health", "/v1/health"}
@@ -41,10 +44,12 @@ class Server:
         self.workers = {s.id: ThreadPoolExecutor(1, thread_name_prefix=f"bankml-slot-{s.id}") for s in self.pool.slots}
         self.api_key = api_key
         self.started = time.time()
+        self.handoff = Handoff()                # the workers' events to the loop (handoff.py)
+        weakref.finalize(self, self.handoff.close)
 
-    async def generate(self, prompt: list[int], fields: dict):
+    async def generate(self, prompt: list[int], fields: dict, stream: bool = True):
         """A slot for the prompt (Busy when the queue is full), then its events as they come:
-        ("text", str) per token, then ("done", Result) or ("error", exception)."""
+        ("text", str) per token when streaming, then ("done", Result) or ("error", exception)."""
         if len(prompt) >= self.model.n_ctx:
             raise BadRequest(f"request ({len(prompt)} tokens) exceeds the available context size "
                              f"({self.model.n_ctx} tokens), try increasing it", 400, "exceed_context_size_error")
@@ -55,16 +60,17 @@ class Server:
         cancel = threading.Event()
 
         def put(ev):
-            loop.call_soon_threadsafe(q.put_nowait, ev)
+            self.handoff.put(loop, q.put_nowait, ev)
 
         def work():
+            on_text = (lambda s, t: put(("text", s))) if stream else (lambda s, t: None)
             try:
-                put(("done", run_job(self.model, slot, job, lambda s, t: put(("text", s)), cancel.is_set)))
+                put(("done", run_job(self.model, slot, job, on_text, cancel.is_set)))
             except Exception as e:          # a bankml bug: reported to the client and logged
                 print(f"bankml serve: generation failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
                 put(("error", e))
             finally:
-                loop.call_soon_threadsafe(self.pool.release, slot)
+                self.handoff.put(loop, self.pool.release, slot)
 
         loop.run_in_executor(self.workers[slot.id], work)
         return _Events(q, cancel)
@@ -167,7 +173,7 @@ async def _openai(request: Request, chat: bool):
             fields["user_starts"] = openai.user_starts(srv.model, prompt)
         else:
             prompt = await run_in_threadpool(openai.completion_prompt, srv.model, body)
-        events = await srv.generate(prompt, fields)
+        events = await srv.generate(prompt, fields, stream)
     except BadRequest as e:
         return oai_error(str(e), e.status, e.kind)
     except Busy:
@@ -233,7 +239,7 @@ async def _ollama(request: Request, kind: str):
         prompt = await run_in_threadpool(build, srv.model, body)
         if kind == "chat":
             fields["user_starts"] = openai.user_starts(srv.model, prompt)
-        events = await srv.generate(prompt, fields)
+        events = await srv.generate(prompt, fields, stream)
     except BadRequest as e:
         return JSONResponse(ollama.error_body(str(e)), status_code=e.status)
     except Busy:
