@@ -43,6 +43,7 @@ def child(model: str, n: int, threads: int) -> dict:
     k = int(a.argmax())
     return {"tokens": n_out, "steps": len(a), "median_ms": float(np.median(a)), "max_ms": float(a[k]),
             "max_at_cells": len(ids) + k + 1, "ratio": float(a[k] / np.median(a)),
+            "first_ms": [round(float(x), 1) for x in a[:4]],
             "largest": [(round(float(a[i]), 1), len(ids) + int(i) + 1) for i in np.argsort(a)[-5:][::-1]]}
 
 
@@ -63,7 +64,7 @@ def main() -> None:
         r = json.loads(out.stdout.strip().splitlines()[-1])
         print(f"{a.model}: {r['steps']} decode steps in a fresh process, median {r['median_ms']:.2f} ms, "
               f"max {r['max_ms']:.2f} ms at {r['max_at_cells']} cells ({r['ratio']:.2f}x the median); "
-              f"largest (ms, cells) {r['largest']}")
+              f"largest (ms, cells) {r['largest']}; the first four {r['first_ms']} ms")
 
 
 if __name__ == "__main__":

@@ -119,8 +119,11 @@ async def read_json(request: Request) -> dict:
     return body
 
 
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))   # json.dumps with these, made once
+
+
 def _dumps(obj) -> str:
-    return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    return _ENCODER.encode(obj)
 
 
 def sse(obj) -> bytes:
