@@ -91,7 +91,9 @@ def bucket_partial_sort(logits: np.ndarray, npartial: int) -> np.ndarray:
     bucket keeps index order within one)."""
     lg = np.ascontiguousarray(logits, np.float32)
     f = np.float32(6.4) * lg + np.float32(64.0)       # bucket_scale * val + bucket_inter, in f32
-    ib_all = np.clip(np.trunc(np.nan_to_num(f, nan=0.0, posinf=1e9, neginf=-1e9)), 0, 127).astype(np.uint8)
+    # int(f) truncates; NaN and f >= 2^31 give INT_MIN on x86 (cvttss2si), clamped to bucket 0
+    fits = f < np.float32(2.0 ** 31)
+    ib_all = np.clip(np.trunc(np.where(fits, f, np.float32(0))), 0, 127).astype(np.uint8)
     histo = np.bincount(ib_all, minlength=128)
     have = np.cumsum(histo[::-1])
     ib = max(127 - int(np.searchsorted(have, npartial)), 0)    # the first bucket (from the top) reaching npartial

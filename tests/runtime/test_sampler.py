@@ -239,6 +239,19 @@ def test_top_k_above_128_orders_ties_as_llama_cpp(k, seed):
     assert stable != want                       # the case is one where tie order matters
 
 
+@pytest.mark.oracle
+def test_top_k_above_128_buckets_logits_past_int_range_last_as_llama_cpp():
+    """int(6.4 * logit + 64) of a logit past 3.3e8 (or inf, or NaN) is INT_MIN on x86, so llama.cpp's
+    bucketed sort files it in the lowest bucket: a top_k above 128 leaves such logits out."""
+    logits = tied_logits(np.random.default_rng(3), 49152)
+    logits[[5, 100, 7000, 9000]] = [np.inf, 1e10, 3.4e8, np.nan]
+    for k in (129, 300, 49152):
+        c = Candidates(logits)
+        top_k(c, k)
+        assert c.ids.tolist() == _llama_top_k(logits, k)
+    assert 5 not in c.ids[:300]
+
+
 def _rows(rng: np.random.Generator, n: int):
     """Logit rows of every kind the chain meets: peaked with many ties (top_p stops within its first
     256), broad and flat with many ties (it runs past them), continuous, and with NaNs (which
