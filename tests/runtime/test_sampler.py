@@ -169,12 +169,13 @@ def _libllama():
     from bankml.oracle.paths import bin_dir
     lib = ctypes.CDLL(str(bin_dir() / "libllama.so"))
     P, F = ctypes.c_void_p, ctypes.c_float
-    for name, args in {"top_k": [ctypes.c_int32], "top_p": [F, ctypes.c_size_t], "min_p": [F, ctypes.c_size_t],
-                       "temp_ext": [F, F, F], "dist": [ctypes.c_uint32]}.items():
+    I, N = ctypes.c_int32, ctypes.c_size_t
+    for name, args in {"penalties": [I, I, F, F, F], "top_n_sigma": [F], "top_k": [I], "typical": [F, N],
+                       "top_p": [F, N], "min_p": [F, N], "xtc": [F, F, N, ctypes.c_uint32], "temp_ext": [F, F, F],
+                       "dist": [ctypes.c_uint32]}.items():
         fn = getattr(lib, f"llama_sampler_init_{name}")
         fn.restype, fn.argtypes = P, args
-    lib.llama_sampler_chain_default_params.restype = ctypes.c_bool     # llama_sampler_chain_params {no_perf}
-    lib.llama_sampler_chain_init.restype, lib.llama_sampler_chain_init.argtypes = P, [ctypes.c_bool]
+    lib.llama_sampler_chain_init.restype, lib.llama_sampler_chain_init.argtypes = P, [ctypes.c_bool]   # {no_perf}
     lib.llama_sampler_chain_add.argtypes = [P, P]
     lib.llama_sampler_apply.argtypes = [P, ctypes.POINTER(_TokenDataArray)]
     lib.llama_sampler_free.argtypes = [P]
@@ -191,10 +192,13 @@ class LlamaChain:
             lib.llama_sampler_chain_add(self.chain, getattr(lib, f"llama_sampler_init_{name}")(*args))
 
     @classmethod
-    def common(cls, p: SamplerParams, seed: int) -> LlamaChain:
-        """common/sampling.cpp's chain for these params (its no-op samplers left out)."""
-        return cls(("top_k", p.top_k), ("top_p", p.top_p, p.min_keep), ("min_p", p.min_p, p.min_keep),
-                   ("temp_ext", p.temp, 0.0, 1.0), ("dist", seed))
+    def common(cls, p: SamplerParams, seed: int, n_vocab: int) -> LlamaChain:
+        """common/sampling.cpp's chain for these params, in common.h's order, with common.h's
+        defaults for what SamplerParams leaves off (dry, which needs a vocabulary, left out)."""
+        return cls(("penalties", n_vocab, 64, p.repeat_penalty, p.frequency_penalty, p.presence_penalty),
+                   ("top_n_sigma", p.top_n_sigma), ("top_k", p.top_k), ("typical", p.typical_p, p.min_keep),
+                   ("top_p", p.top_p, p.min_keep), ("min_p", p.min_p, p.min_keep),
+                   ("xtc", p.xtc_probability, 0.1, p.min_keep, seed), ("temp_ext", p.temp, 0.0, 1.0), ("dist", seed))
 
     def apply(self, logits: np.ndarray) -> tuple[np.ndarray, int, bool]:
         """llama_sampler_apply on the row as llama_sampler_sample lays it out: the candidates left,
@@ -311,7 +315,7 @@ def test_chain_draws_llama_cpp_tokens(params, n):
     rng = np.random.default_rng(n + 1)
     rows = _rows(rng, n)
     for seed in range(24):
-        ours, theirs = Sampler(params, seed), LlamaChain.common(params, seed)
+        ours, theirs = Sampler(params, seed), LlamaChain.common(params, seed, n)
         for _ in range(8):
             logits = next(rows)
             assert ours.sample(logits) == theirs.sample(logits), seed
