@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import functools
+import threading
 
 import numpy as np
 
@@ -58,10 +58,25 @@ exit:
 """
 
 _F32P = ctypes.POINTER(ctypes.c_float)
+_UNARY_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)   # (x, y, n), addresses
 
 
-@functools.cache
-def _lib():
+_building = threading.Lock()
+_built: tuple | None = None
+
+
+def _lib() -> tuple:
+    """The engine and its functions, built once (the sampler calls these from server threads: a
+    second engine made by a thread that lost a race would be freed under its caller)."""
+    global _built
+    if _built is None:
+        with _building:
+            if _built is None:
+                _built = _build()
+    return _built
+
+
+def _build() -> tuple:
     import llvmlite.binding as llvm
 
     llvm.initialize_native_target()
@@ -76,8 +91,7 @@ def _lib():
     libm.powf.restype = ctypes.c_float
     libm.powf.argtypes = [ctypes.c_float, ctypes.c_float]
     fns = {
-        **{f: ctypes.CFUNCTYPE(None, _F32P, _F32P, ctypes.c_int64)(engine.get_function_address(f"v_{f}"))
-           for f in _UNARY},
+        **{f: _UNARY_FN(engine.get_function_address(f"v_{f}")) for f in _UNARY},
         "sincosf": ctypes.CFUNCTYPE(None, _F32P, _F32P, _F32P, ctypes.c_int64)(
             engine.get_function_address("v_sincosf")),
         "powf": libm.powf,
@@ -88,7 +102,7 @@ def _lib():
 def _unary(name: str, x) -> np.ndarray:
     x = np.ascontiguousarray(x, np.float32)
     y = np.empty_like(x)
-    _lib()[1][name](x.ctypes.data_as(_F32P), y.ctypes.data_as(_F32P), x.size)
+    _lib()[1][name](x.ctypes.data, y.ctypes.data, x.size)
     return y
 
 

@@ -7,18 +7,26 @@ The default chain (common/common.h) is penalties, dry, top_n_sigma, top_k, typic
 min_p, xtc, temperature, then dist. At their defaults penalties, dry, top_n_sigma, typical_p and
 xtc are llama.cpp's empty samplers; SamplerParams accepts only those off values for them.
 Each step follows src/llama-sampler.cpp: float32 math in llama.cpp's order, glibc's expf/logf,
-libstdc++'s std::partial_sort (its heap order decides ties) and std::mt19937 with
-std::uniform_real_distribution<double> (generate_canonical, two 32-bit draws).
+libstdc++'s std::partial_sort and std::sort (their heap and introsort moves decide the order of
+equal logits) and std::mt19937 with std::uniform_real_distribution<double> (generate_canonical,
+two 32-bit draws).
+
+Per token only the sorts touch the whole row, and they run as native code over all of it
+(bankml/backends/llvm/stdsort.py: the heap's layout depends on every element that entered it, so
+no pre-selection of the top k gives the same order of ties). What follows works on the k kept
+candidates with numpy: elementwise f32 operations round as C's, and numpy's cumsum (add.accumulate)
+is the running sum `s += x[i]` in order, f32 or double as llama.cpp declares it.
 """
 from __future__ import annotations
 
+import functools
 import random
 from dataclasses import dataclass
 
 import numpy as np
 
+from bankml.backends.llvm import stdsort as native
 from bankml.numerics import libm
-from bankml.numerics.stdsort import partial_sort, std_sort
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
 f32 = np.float32
@@ -75,81 +83,87 @@ class MT19937:
 
 
 def bucket_partial_sort(logits: np.ndarray, npartial: int) -> np.ndarray:
-    """llama_token_data_array_partial_sort (src/llama-sampler.cpp): indices of the top npartial
-    (and the rest of the last bucket they reach), bucketed by logit in 128 buckets over
-    [-10, 10] (f32 mul then add: libllama has no FMA), each bucket gathered in index order,
-    std::sort'ed, the last one std::partial_sort'ed. A bucket without equal logits sorts the
-    same in any algorithm, so only those with ties run the libstdc++ port."""
-    lg = np.asarray(logits, np.float32)
+    """llama_token_data_array_partial_sort (src/llama-sampler.cpp): positions (i32) of the top
+    npartial, in its order. The logits are bucketed in 128 buckets over [-10, 10] (f32 mul then
+    add: libllama has no FMA) down to the first bucket that reaches npartial, each bucket gathered
+    in index order; then std::sort of each bucket and std::partial_sort of the last (native:
+    backends/llvm/stdsort.py). The histogram and the gathering are numpy (a stable sort by
+    bucket keeps index order within one)."""
+    lg = np.ascontiguousarray(logits, np.float32)
     f = np.float32(6.4) * lg + np.float32(64.0)       # bucket_scale * val + bucket_inter, in f32
-    ib_all = np.clip(np.trunc(np.nan_to_num(f, nan=0.0, posinf=1e9, neginf=-1e9)), 0, 127).astype(np.int64)
+    # int(f) truncates; NaN and f >= 2^31 give INT_MIN on x86 (cvttss2si), clamped to bucket 0
+    fits = f < np.float32(2.0 ** 31)
+    ib_all = np.clip(np.trunc(np.where(fits, f, np.float32(0))), 0, 127).astype(np.uint8)
     histo = np.bincount(ib_all, minlength=128)
     have = np.cumsum(histo[::-1])
-    ib = 127 - int(np.searchsorted(have, npartial))   # the first bucket (from the top) reaching npartial
-    ib = max(ib, 0)
-    out, done = [], 0
-    for j in range(127, ib - 1, -1):
-        idx = np.flatnonzero(ib_all == j)             # gathered in index order
-        vals = lg[idx]
-        if j > ib:
-            out.append(_sorted_like_std(idx, vals, None))
-            done += len(idx)
-        else:
-            out.append(_sorted_like_std(idx, vals, npartial - done))
-    return np.concatenate(out) if out else np.zeros(0, np.int64)
-
-
-def _sorted_like_std(idx: np.ndarray, vals: np.ndarray, middle: int | None) -> np.ndarray:
-    """std::sort (middle None) or std::partial_sort(first, first + middle, last) of one bucket (a
-    heap sort even when middle is the whole bucket); the caller keeps the first `middle`."""
-    if len(np.unique(vals)) == len(vals):             # no ties: the order of the first `middle` is the sorted one
-        return idx[np.argsort(-vals, kind="stable")]
-    a = idx.tolist()
-    key = dict(zip(a, vals.tolist())).__getitem__
-    if middle is None:
-        std_sort(a, key)
-    else:
-        partial_sort(a, middle, key)
-    return np.asarray(a, np.int64)
+    ib = max(127 - int(np.searchsorted(have, npartial)), 0)    # the first bucket (from the top) reaching npartial
+    pos = np.flatnonzero(ib_all >= ib)
+    pos = pos[np.argsort(np.uint8(127) - ib_all[pos], kind="stable")].astype(np.int32)
+    keys = lg[pos]
+    native.sort_buckets(keys, pos, histo[::-1][:128 - ib], npartial)
+    return pos[:npartial]
 
 
 # ---------------------------------------------------------------- the chain
 
+@functools.cache
+def _positions(n: int) -> np.ndarray:
+    ids = np.arange(n, dtype=np.int32)
+    ids.flags.writeable = False
+    return ids
+
+
 class Candidates:
-    """llama_token_data_array: ids, logits (f32), p (f32), sorted."""
+    """llama_token_data_array: ids (i32), logits (f32), p (f32, once a softmax set it), sorted.
+    The arrays are never written in place (the first logits are the caller's row)."""
 
     def __init__(self, logits: np.ndarray):
-        self.ids = np.arange(len(logits), dtype=np.int64)
-        self.logit = np.ascontiguousarray(logits, np.float32).copy()
-        self.p = np.zeros(len(logits), np.float32)
+        self.logit = np.ascontiguousarray(logits, np.float32)
+        self.ids = _positions(len(self.logit))
+        self.p: np.ndarray | None = None
         self.sorted = False
 
     def keep(self, order) -> None:
-        self.ids, self.logit, self.p = self.ids[order], self.logit[order], self.p[order]
+        self.ids, self.logit = self.ids[order], self.logit[order]
+        if self.p is not None:
+            self.p = self.p[order]
 
     def sort_top(self, n: int) -> None:
         """llama_token_data_array_partial_sort_inplace(cur_p, n)."""
-        idx = list(range(len(self.ids)))
-        lg = self.logit.tolist()
-        if n <= 128:
-            partial_sort(idx, n, lg.__getitem__)
-            idx = idx[:n]
-        else:                                       # the bucketed sort of larger selections
-            idx = bucket_partial_sort(self.logit, n)[:n]
-        self.keep(np.asarray(idx, np.int64))
+        self.keep(top_positions(self.logit, n))
         self.sorted = True
 
 
+def top_positions(logits: np.ndarray, n: int) -> np.ndarray:
+    """The positions llama_token_data_array_partial_sort_inplace(cur_p, n) leaves first, in order:
+    std::partial_sort up to 128, the bucketed sort above."""
+    return native.partial_sort(logits, n) if n <= 128 else bucket_partial_sort(logits, n)
+
+
+def _max_logit(x: np.ndarray, init=None) -> np.float32:
+    """max_l = std::max(max_l, x[i]) from max_l = init (or x[0]): a NaN never replaces the max."""
+    m = np.fmax.reduce(x)
+    if init is None:
+        return x[0] if np.isnan(x[0]) else m
+    return init if not m > init else m
+
+
+def _cumsum_f32(x: np.ndarray) -> np.ndarray:
+    """The running f32 sums of `s += x[i]`: numpy's add.accumulate is that loop, in order
+    (np.sum is pairwise, not this)."""
+    return x.cumsum(dtype=np.float32)
+
+
 def _softmax(c: Candidates) -> None:
-    """llama_sampler_softmax_impl(cur_p, do_sort=false) on sorted candidates."""
-    e = libm.expf(c.logit - c.logit[0] if c.sorted else c.logit - c.logit.max())
-    total = f32(0)
-    for v in e:
-        total = f32(total + v)
-    c.p = (e / total).astype(np.float32)
+    """llama_sampler_softmax_impl(cur_p, do_sort=false): expf(l - max) (glibc), their f32 sum in
+    order, each divided by it."""
+    max_l = c.logit[0] if c.sorted else _max_logit(c.logit)
+    e = libm.expf(c.logit - max_l)
+    c.p = e / _cumsum_f32(e)[-1]
 
 
 def top_k(c: Candidates, k: int) -> None:
+    """llama_sampler_top_k_impl."""
     if k <= 0:
         return
     k = min(k, len(c.ids))
@@ -158,73 +172,95 @@ def top_k(c: Candidates, k: int) -> None:
     c.keep(slice(0, k))
 
 
+def _first(hit: np.ndarray) -> int | None:
+    """The first index where hit is true, or None."""
+    i = int(hit.argmax()) if len(hit) else 0
+    return i if len(hit) and hit[i] else None
+
+
+def _at_least(n: int, min_keep: int, start: int) -> np.ndarray | bool:
+    """index + start >= min_keep over n indices (True when every one is)."""
+    return True if min_keep <= start else np.arange(start, start + n) >= min_keep
+
+
 def top_p(c: Candidates, p: float, min_keep: int) -> None:
+    """llama_sampler_top_p_apply: keep the first tokens whose f32 running sum of p reaches p (and
+    at least min_keep). Unsorted above 1,024 candidates it sorts the top 256 first (bucketed) and
+    the whole array only when the sum gets past them: the p values in order are the same in both
+    (the same sorted values), only the order of equal logits can differ, so the kept ids come from
+    the sort that was current when the sum stopped."""
     if p >= 1.0:
         return
     _softmax(c)
-    if not c.sorted:
-        c.sort_top(len(c.ids))
-    p32, total, last = f32(p), f32(0), len(c.ids)
-    for i, v in enumerate(c.p):
-        total = f32(total + v)
-        if total >= p32 and i + 1 >= min_keep:
-            last = i + 1
-            break
-    c.keep(slice(0, last))
+    n = len(c.ids)
+    first = None                                    # positions of the adaptive top-256 sort
+    if not c.sorted and n > 1024:
+        first = bucket_partial_sort(c.logit, min(256, n))
+    elif not c.sorted:
+        c.sort_top(n)
+    p32 = np.float32(p)
+    head = c.p[first] if first is not None else c.p
+    last = _first((_cumsum_f32(head) >= p32) & _at_least(len(head), min_keep, 1))
+    if last is not None and first is not None:
+        c.keep(first[:last + 1])
+        c.sorted = True
+        return
+    if last is None and first is not None:          # past the top 256: the whole array, sorted
+        c.sort_top(n)
+        last = _first((_cumsum_f32(c.p) >= p32) & _at_least(n, min_keep, 1))
+    c.keep(slice(0, n if last is None else last + 1))
+
+
+@functools.cache
+def _logf(p: float) -> np.float32:
+    return libm.logf(np.array([p], np.float32))[0]
 
 
 def min_p(c: Candidates, p: float, min_keep: int) -> None:
+    """llama_sampler_min_p_apply: logits at least max + logf(p) (f32), in their order; sorted (or
+    when that keeps too few) the first ones down to the first below the cut past min_keep."""
     if p <= 0.0 or not len(c.ids):
         return
-    log_p = libm.logf(np.array([p], np.float32))[0]
+    log_p = _logf(p)
     if not c.sorted:
-        cut = f32(c.logit.max() + log_p)
+        cut = np.float32(_max_logit(c.logit, np.float32(-np.finfo(np.float32).max)) + log_p)
         mask = c.logit >= cut
-        if mask.any() and mask.sum() >= min_keep:
-            c.keep(np.nonzero(mask)[0])
+        kept = int(np.count_nonzero(mask))
+        if kept and kept >= min_keep:
+            c.keep(np.flatnonzero(mask))
             return
         c.sort_top(len(c.ids))
-    cut = f32(c.logit[0] + log_p)
-    i = 1
-    while i < len(c.ids) and not (c.logit[i] < cut and i >= min_keep):
-        i += 1
-    c.keep(slice(0, i))
+    cut = np.float32(c.logit[0] + log_p)
+    stop = _first((c.logit[1:] < cut) & _at_least(len(c.ids) - 1, min_keep, 1))
+    c.keep(slice(0, len(c.ids) if stop is None else stop + 1))
 
 
 def temperature(c: Candidates, temp: float) -> None:
-    """llama_sampler_temp_impl."""
+    """llama_sampler_temp_impl: logits / temp in f32; temp <= 0 keeps the first of the highest
+    (a later one only when strictly higher; NaN never is) and sets every other to -inf."""
     if temp == 1.0 or not len(c.ids):
         return
     if temp <= 0.0:
-        best = 0
-        for i in range(1, len(c.ids)):
-            if c.logit[i] > c.logit[best]:
-                c.logit[best] = -np.inf
-                best = i
-            else:
-                c.logit[i] = -np.inf
+        best = 0 if np.isnan(c.logit[0]) else int(np.argmax(np.where(np.isnan(c.logit), -np.inf, c.logit)))
+        out = np.full(len(c.ids), -np.inf, np.float32)
+        out[best] = c.logit[best]
+        c.logit = out
         return
-    c.logit = (c.logit / f32(temp)).astype(np.float32)
+    c.logit = c.logit / np.float32(temp)
 
 
 def dist(c: Candidates, rng: MT19937) -> int:
-    """llama_sampler_dist_apply: the token whose running sum first reaches sum * U[0, 1)."""
+    """llama_sampler_dist_apply: the token whose running double sum of expf(l - max) (f32 values)
+    first reaches sum * U[0, 1); U is drawn even for a single candidate."""
     if len(c.ids) == 0:
         raise ValueError("no candidate tokens left to sample")
     rnd = rng.canonical()
     if len(c.ids) == 1:
         return int(c.ids[0])
-    max_l = c.logit[0] if c.sorted else c.logit.max()
-    e = libm.expf((c.logit - max_l).astype(np.float32)).tolist()   # exact f32 values as floats
-    total = 0.0
-    for v in e:
-        total += v
-    target, run = total * rnd, 0.0
-    for i, v in enumerate(e):
-        run += v
-        if run >= target:
-            return int(c.ids[i])
-    return int(c.ids[-1])
+    max_l = c.logit[0] if c.sorted else _max_logit(c.logit)
+    run = libm.expf(c.logit - max_l).cumsum(dtype=np.float64)     # sum_cum += p, in order
+    i = _first(run >= run[-1] * rnd)
+    return int(c.ids[-1 if i is None else i])
 
 
 class Sampler:
