@@ -11,8 +11,8 @@ both count the decodes after the first token); the whole process's wall time sta
 Cold: the model's first bankml run, on an empty BANKML_CACHE (its graphs compiled inside the
 run), against llama-completion's first run of the same setting (llama.cpp has no compiled-code
 cache; the model file is in the page cache for both). Warm: best of --reps afterwards on that
-cache, each bankml run followed by the llama.cpp run of the same setting. "same text": both
-printed the same text.
+cache (the run of the higher tok/s, its wall time beside), each bankml run followed by the
+llama.cpp run of the same setting. "same text": both printed the same text.
 
 sampler: in one bankml process (load, graphs compiled, a warm-up generation), --gen-tokens[0]
 tokens of each sampler after PROMPT with Sampler.sample and Session.decode timed apart; the
