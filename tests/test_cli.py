@@ -150,6 +150,25 @@ def test_n_minus_one_stops_at_the_end_of_generation_token(smollm2):
     assert out["tokens"][-1] in tokenizer_for(smollm2).eog and len(out["tokens"]) < 100
 
 
+@pytest.mark.oracle
+@pytest.mark.parametrize("temp", ["0", "0.8"])
+def test_ignore_eos_runs_past_the_end_token_as_llama_server(smollm2, servers, temp):
+    """--ignore-eos is llama.cpp's: every end-of-generation token gets a logit bias of -inf, so a
+    reply that would stop after a few tokens runs to -n, token for token llama-server's."""
+    from bankml.tokenizer import tokenizer_for
+    eog = tokenizer_for(smollm2).eog
+    args = ("run", str(models.path("smollm2-q4_1")), "-p", "Say hi.", "--system", "You are terse.",
+            "--temp", temp, "--seed", "7", "-n", "24", "--json")
+    short, r = invoke(*args), invoke(*args, "--ignore-eos")
+    assert short.exit_code == 0 and r.exit_code == 0, r.output
+    got = json.loads(r.stdout)["tokens"]
+    if temp == "0":
+        assert len(json.loads(short.stdout)["tokens"]) < 24            # greedy stops at its end token
+    assert len(got) == 24 and not set(got) & eog
+    ids = chat_ids(smollm2, [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Say hi."}])
+    assert got == servers("smollm2-q4_1").completion(ids, 24, temperature=float(temp), seed=7, ignore_eos=True)
+
+
 def test_prompt_longer_than_the_context_is_one_error_line():
     r = invoke("run", str(models.path("smollm2-q4_1")), "-p", QUESTION, "--ctx", "16")
     assert r.exit_code == 1 and "Traceback" not in r.output

@@ -88,6 +88,20 @@ class LlamaServer:
         self.close()
 
 
+def chat_reply(body: dict) -> dict:
+    """A /v1/chat/completions answer (llama-server's, and `bankml serve`'s, of the same shape) as the
+    figures a benchmark reads: the text, usage's token counts and the server's own `timings`
+    (predicted_per_second: its generation phase; prompt_ms: the prompt's processing)."""
+    try:
+        choice, usage, t = body["choices"][0], body["usage"], body["timings"]
+        return {"text": choice["message"]["content"], "finish_reason": choice["finish_reason"],
+                "prompt_tokens": int(usage["prompt_tokens"]), "completion_tokens": int(usage["completion_tokens"]),
+                "prompt_ms": float(t["prompt_ms"]), "predicted_n": int(t["predicted_n"]),
+                "predicted_ms": float(t["predicted_ms"]), "predicted_per_second": float(t["predicted_per_second"])}
+    except (KeyError, IndexError, TypeError, ValueError) as e:
+        raise OracleError(f"not a chat completion with usage and timings ({e!r}): {str(body)[:500]}") from None
+
+
 def generate(model, prompt, n: int, temp: float = 0.0, seed: int = 0, threads: int = 2) -> list[int]:
     """llama-server's generated token ids (prompt as text or ids), one server for this call."""
     with LlamaServer(Path(model), threads=threads) as srv:

@@ -5,7 +5,9 @@
 
 Stops after n tokens, after an end-of-generation token (yielded: llama-server's process_token
 pushes every sampled token into its returned tokens, the EOG one included, then stops), or
-once the text holds a stop string (the token that completes it is yielded).
+once the text holds a stop string (the token that completes it is yielded). ignore_eos is
+llama.cpp's --ignore-eos (common/common.cpp): every end-of-generation token's logit gets a bias
+of -inf before the chain, so none is ever sampled, unless the vocabulary has no EOS token.
 
 Before the prompt runs, every graph variant the prompt and the n decodes after it will meet is
 made ready (Model.prepare_for: compiled, or loaded from the JIT cache), so that no step of the
@@ -15,6 +17,8 @@ from __future__ import annotations
 
 import codecs
 from typing import Iterator, Sequence
+
+import numpy as np
 
 from bankml.runtime.sampler import GREEDY, LLAMA_DEFAULT_SEED, Sampler, SamplerParams
 from bankml.tokenizer import tokenizer_for
@@ -55,11 +59,16 @@ def generate(model, prompt_ids: Sequence[int], n: int, sampler_params: SamplerPa
     tok = tokenizer_for(model)
     sess = session if session is not None else model.session()
     sampler = Sampler(sampler_params, seed)
+    ignore_eos = ignore_eos and tok.eos is not None      # llama.cpp drops the flag for a vocab without EOS
+    banned = sorted(tok.eog) if ignore_eos else []        # its logit_bias_eog
     model.prepare_for(sess.n_past, len(prompt_ids), n)
     row = sess.prefill(list(prompt_ids), outputs="last")[-1]
     eog = frozenset() if ignore_eos else tok.eog
     scan = StopScan(stop) if stop else None
     for i in range(n):
+        if banned:
+            row = row.copy()
+            row[banned] = -np.inf
         t = sampler.sample(row)
         yield t
         if t in eog:

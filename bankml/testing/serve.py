@@ -22,17 +22,19 @@ START_TIMEOUT_S = 180.0
 
 
 class BankmlServer:
-    def __init__(self, model: str, *args: str, threads: int = 2):
+    def __init__(self, model: str, *args: str, threads: int = 2, env: dict | None = None,
+                 start_timeout_s: float = START_TIMEOUT_S):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self._log = tempfile.NamedTemporaryFile("w+b", suffix=".log", delete=False)
-        env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+        env = {**(os.environ if env is None else env)}
+        env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
         cmd = [sys.executable, "-m", "bankml.cli", "serve", str(models.path(model)), "--host", "127.0.0.1",
                "--port", str(self.port), "--threads", str(threads), *args]
         self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=self._log, stderr=subprocess.STDOUT,
                                      stdin=subprocess.DEVNULL)
         try:
-            wait_for_health(self.proc, self.url, START_TIMEOUT_S, "bankml serve", self.log, error=RuntimeError,
+            wait_for_health(self.proc, self.url, start_timeout_s, "bankml serve", self.log, error=RuntimeError,
                             poll_s=0.3)
         except BaseException:
             self.close()
