@@ -1,8 +1,10 @@
-"""glibc's expf, logf, tanhf, powf and sincosf over numpy arrays.
+"""glibc's expf, logf, tanhf, powf, sincosf and exp over numpy arrays.
 
 ggml calls these libm functions (GGML_MAP §7, §4); numpy's own exp/sin/cos give other
 bits. A few lines of LLVM IR, JIT-compiled once with llvmlite, loop over an array and
-call the process's libm, so each element gets exactly what ggml's call gets.
+call the process's libm, so each element gets exactly what ggml's call gets. One more loop
+is C's `float acc; acc += (double)term;` (each add in double, rounded to float), which
+llama.cpp's top-n-sigma runs and no numpy reduction spells.
 """
 from __future__ import annotations
 
@@ -36,6 +38,46 @@ exit:
 _IR = "".join(f"declare float @{f}(float)\n" for f in _UNARY) + r"""
 declare float @powf(float, float)
 declare void @sincosf(float, float*, float*)
+declare double @exp(double)
+
+define void @v_exp(double* %x, double* %y, i64 %n) {
+entry:
+  br label %loop
+loop:
+  %i = phi i64 [0, %entry], [%next, %body]
+  %done = icmp sge i64 %i, %n
+  br i1 %done, label %exit, label %body
+body:
+  %px = getelementptr double, double* %x, i64 %i
+  %v = load double, double* %px
+  %r = call double @exp(double %v)
+  %py = getelementptr double, double* %y, i64 %i
+  store double %r, double* %py
+  %next = add i64 %i, 1
+  br label %loop
+exit:
+  ret void
+}
+
+define float @sum_f32_of_f64(double* %x, i64 %n) {
+entry:
+  br label %loop
+loop:
+  %i = phi i64 [0, %entry], [%next, %body]
+  %acc = phi float [0.0, %entry], [%acc.next, %body]
+  %done = icmp sge i64 %i, %n
+  br i1 %done, label %exit, label %body
+body:
+  %px = getelementptr double, double* %x, i64 %i
+  %v = load double, double* %px
+  %wide = fpext float %acc to double
+  %s = fadd double %wide, %v
+  %acc.next = fptrunc double %s to float
+  %next = add i64 %i, 1
+  br label %loop
+exit:
+  ret float %acc
+}
 """ + "".join(_UNARY_LOOP.format(f=f) for f in _UNARY) + r"""
 define void @v_sincosf(float* %x, float* %s, float* %c, i64 %n) {
 entry:
@@ -95,6 +137,9 @@ def _build() -> tuple:
         "sincosf": ctypes.CFUNCTYPE(None, _F32P, _F32P, _F32P, ctypes.c_int64)(
             engine.get_function_address("v_sincosf")),
         "powf": libm.powf,
+        "exp": _UNARY_FN(engine.get_function_address("v_exp")),
+        "sum_f32_of_f64": ctypes.CFUNCTYPE(ctypes.c_float, ctypes.c_void_p, ctypes.c_int64)(
+            engine.get_function_address("sum_f32_of_f64")),
     }
     return engine, fns
 
@@ -132,3 +177,18 @@ def sincosf(x) -> tuple[np.ndarray, np.ndarray]:
 def powf(x: float, y: float) -> np.float32:
     """glibc powf of two scalars."""
     return np.float32(_lib()[1]["powf"](x, y))
+
+
+def exp(x) -> np.ndarray:
+    """glibc exp (double), elementwise."""
+    x = np.ascontiguousarray(x, np.float64)
+    y = np.empty_like(x)
+    _lib()[1]["exp"](x.ctypes.data, y.ctypes.data, x.size)
+    return y
+
+
+def sum_f32_of_f64(terms) -> np.float32:
+    """`float acc = 0; for (...) acc += terms[i];` with double terms: each add in double, then
+    rounded to float (C's float += double), in order."""
+    terms = np.ascontiguousarray(terms, np.float64)
+    return np.float32(_lib()[1]["sum_f32_of_f64"](terms.ctypes.data, terms.size))
