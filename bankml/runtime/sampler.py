@@ -4,8 +4,8 @@
     tok = s.sample(logits_row)          # one token id; the RNG state carries to the next call
 
 The default chain (common/common.h) is penalties, dry, top_n_sigma, top_k, typical_p, top_p,
-min_p, xtc, temperature, then dist. At their defaults penalties, dry, top_n_sigma, typical_p and
-xtc are llama.cpp's empty samplers; SamplerParams accepts only those off values for them.
+min_p, xtc, temperature (temp_ext: dynamic temperature), then dist. At their off values the
+filters are llama.cpp's empty samplers and are skipped here too.
 Each step follows src/llama-sampler.cpp: float32 math in llama.cpp's order, glibc's expf/logf,
 libstdc++'s std::partial_sort and std::sort (their heap and introsort moves decide the order of
 equal logits) and std::mt19937 with std::uniform_real_distribution<double> (generate_canonical,
@@ -36,27 +36,27 @@ f32 = np.float32
 class SamplerParams:
     """common_params_sampling's fields that the chain reads (defaults as in common/common.h)."""
     temp: float = 0.8           # <= 0: the highest logit (greedy)
+    dynatemp_range: float = 0.0     # <= 0: off (plain temp)
+    dynatemp_exponent: float = 1.0
     top_k: int = 40             # <= 0: off
     top_p: float = 0.95         # 1.0: off
     min_p: float = 0.05         # 0.0: off
-    min_keep: int = 0
-    typical_p: float = 1.0      # only 1.0 (off)
-    repeat_penalty: float = 1.0  # only off values for penalties, dry, xtc, top_n_sigma
+    min_keep: int = 0           # the samplers take it as a size_t (a negative one keeps everything)
+    typical_p: float = 1.0      # >= 1.0: off
+    top_n_sigma: float = -1.0   # <= 0: off
+    xtc_probability: float = 0.0    # <= 0: off
+    xtc_threshold: float = 0.1      # > 0.5: off
+    repeat_penalty: float = 1.0  # only off values for penalties, dry
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     dry_multiplier: float = 0.0
-    xtc_probability: float = 0.0
-    top_n_sigma: float = -1.0
 
     def __post_init__(self):
-        off = {"typical_p": 1.0, "repeat_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
-               "dry_multiplier": 0.0, "xtc_probability": 0.0}
+        off = {"repeat_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "dry_multiplier": 0.0}
         for name, value in off.items():
             if getattr(self, name) != value:
                 raise ValueError(f"sampler {name}={getattr(self, name)}: bankml's sampler supports only "
                                  f"{name}={value} (off), llama.cpp's default")
-        if self.top_n_sigma > 0:
-            raise ValueError("sampler top_n_sigma: bankml's sampler supports only top_n_sigma <= 0 (off)")
 
 
 GREEDY = SamplerParams(temp=0.0)
@@ -122,6 +122,8 @@ class Candidates:
         self.ids = _positions(len(self.logit))
         self.p: np.ndarray | None = None
         self.sorted = False
+        self.weights: np.ndarray | None = None      # dist's expf(l - max) and their double sum
+        self.total = 0.0
 
     def keep(self, order) -> None:
         self.ids, self.logit = self.ids[order], self.logit[order]
@@ -251,34 +253,165 @@ def temperature(c: Candidates, temp: float) -> None:
 
 def dist(c: Candidates, rng: MT19937) -> int:
     """llama_sampler_dist_apply: the token whose running double sum of expf(l - max) (f32 values)
-    first reaches sum * U[0, 1); U is drawn even for a single candidate."""
+    first reaches sum * U[0, 1); U is drawn even for a single candidate. Each p becomes the f32
+    value divided by that double sum (1 for a single candidate): c.weights and c.total hold them
+    until Sampler.candidates() asks."""
     if len(c.ids) == 0:
         raise ValueError("no candidate tokens left to sample")
     rnd = rng.canonical()
     if len(c.ids) == 1:
+        c.weights, c.total = np.ones(1, np.float32), 1.0
         return int(c.ids[0])
     max_l = c.logit[0] if c.sorted else _max_logit(c.logit)
-    run = libm.expf(c.logit - max_l).cumsum(dtype=np.float64)     # sum_cum += p, in order
+    e = libm.expf(c.logit - max_l)
+    run = e.cumsum(dtype=np.float64)                # sum_cum += p, in order
+    c.weights, c.total = e, run[-1]
     i = _first(run >= run[-1] * rnd)
     return int(c.ids[-1 if i is None else i])
 
 
+# ---------------------------------------------------------------- filters: typical, top-n-sigma, xtc, dynamic temperature
+
+def _softmax_sorted(c: Candidates) -> None:
+    """llama_sampler_softmax_impl(cur_p, do_sort=true): the whole array sorted first (the bucketed
+    sort above 128 candidates), then the softmax."""
+    if not c.sorted:
+        c.sort_top(len(c.ids))
+    _softmax(c)
+
+
+def top_n_sigma(c: Candidates, n: float) -> None:
+    """llama_sampler_top_n_sigma_apply: over the logits other than -inf (NaN counts), the max
+    (std::max from the first logit, whatever it is), the f32 mean of their in-order f32 sum, and
+    the f32 sum of (double)(l - mean)^2 (pow(float, 2) is in double, each add rounded to float);
+    std = sqrt in double of that / count. Logits below max - n * std become -inf, in place."""
+    n32 = f32(n)
+    if n32 <= 0 or len(c.ids) <= 1:
+        return
+    x = c.logit
+    finite = x != -np.inf
+    xv = x if finite.all() else x[finite]
+    count = len(xv)
+    max_l, mean, std = x[0], f32(0), f32(0)
+    if count:
+        max_l = _max_logit(xv, x[0])
+        mean = _cumsum_f32(xv)[-1] / f32(count)
+        d = (xv - mean).astype(np.float64)
+        std = f32(np.sqrt(np.float64(libm.sum_f32_of_f64(d * d) / f32(count))))
+    cut = f32(max_l - n32 * std)
+    below = x < cut
+    if below.any():
+        c.logit = np.where(below, f32(-np.inf), x)
+
+
+def typical(c: Candidates, p: float, min_keep: int) -> None:
+    """llama_sampler_typical_apply: softmax (sorted), entropy as the f32 running sum of -p * logf(p)
+    (NaN once a p is 0), shifted scores |-logf(p) - entropy|, std::sort of the indices by them
+    (ascending: the native introsort on the negated scores, comp -a > -b being a < b for every
+    float, NaN included), then the first tokens in that order whose f32 running sum of p passes p
+    (and at least min_keep). The kept tokens are in score order: unsorted."""
+    p32 = f32(p)
+    if p32 >= 1.0:
+        return
+    _softmax_sorted(c)
+    log_p = libm.logf(c.p)
+    with np.errstate(invalid="ignore"):                 # -0 * logf(0) is NaN, as in C
+        entropy = _cumsum_f32(-c.p * log_p)[-1]
+    keys, order = -np.abs(-log_p - entropy), _positions(len(c.ids)).copy()
+    native.std_sort(keys, order)
+    last = _first((_cumsum_f32(c.p[order]) > p32) & _at_least(len(order), min_keep, 1))
+    c.keep(order if last is None else order[:last + 1])
+    c.sorted = False
+
+
+def uniform_f32(rng: MT19937) -> np.float32:
+    """std::uniform_real_distribution<float>(0, 1): generate_canonical<float, 24>, one 32-bit draw,
+    float(g) * 2^-32 in float (a float(g) that rounds up to 2^32 gives the float below 1)."""
+    r = f32(rng()) * f32(2.0 ** -32)
+    return r if r < 1 else np.nextafter(f32(1), f32(0))
+
+
+def xtc(c: Candidates, probability: float, threshold: float, min_keep: int, rng: MT19937) -> None:
+    """llama_sample_xtc_apply: with two or more candidates, a draw from its own RNG; when it is at
+    most the probability, softmax (sorted) and drop the leading tokens with p >= threshold but the
+    last of them, unless that leaves fewer than min_keep."""
+    if f32(probability) <= 0 or f32(threshold) > 0.5 or len(c.ids) < 2:
+        return
+    if uniform_f32(rng) > f32(probability):
+        return
+    _softmax_sorted(c)
+    run = _first(~(c.p >= f32(threshold)))          # the leading run with p >= threshold
+    run = len(c.ids) if run is None else run
+    pos_last = max(run - 1, 0)
+    if len(c.ids) - pos_last >= min_keep and pos_last > 0:
+        c.keep(slice(pos_last, None))
+
+
+def temp_ext(c: Candidates, temp: float, delta: float, exponent: float) -> None:
+    """llama_sampler_temp_ext_apply: plain temperature when delta <= 0; else, with two or more
+    candidates, softmax (sorted), entropy as the f32 running sum of -p * logf(p) over p > 0,
+    normalised by -logf(1 / n), dyn_temp = min_temp + (max_temp - min_temp) * powf(that, exponent)
+    in f32, that temperature (greedy at <= 0), and p again in double: exp(l - l[0]) (glibc exp),
+    their in-order double sum, each f32 p divided by it."""
+    t, d = f32(temp), f32(delta)
+    if not d > 0:
+        temperature(c, t)
+        return
+    low = t - d
+    min_temp, max_temp = (low if low > 0 else f32(0)), t + d
+    n = len(c.ids)
+    if n <= 1:
+        return
+    max_entropy = -libm.logf(np.array([f32(1) / f32(n)]))[0]
+    _softmax_sorted(c)
+    p = c.p[c.p > 0]
+    entropy = -_cumsum_f32(p * libm.logf(p))[-1] if len(p) else f32(0)
+    dyn_temp = min_temp + (max_temp - min_temp) * libm.powf(entropy / max_entropy, f32(exponent))
+    temperature(c, dyn_temp)
+    e = libm.exp(c.logit.astype(np.float64) - np.float64(c.logit[0]))
+    c.p = (e.astype(np.float32).astype(np.float64) / e.cumsum()[-1]).astype(np.float32)
+
+
 class Sampler:
-    """One generation's sampler chain (the dist RNG is its state)."""
+    """One generation's sampler chain (the dist and xtc RNGs are its state)."""
 
     def __init__(self, params: SamplerParams = SamplerParams(), seed: int = LLAMA_DEFAULT_SEED):
-        if seed == LLAMA_DEFAULT_SEED:
-            seed = random.SystemRandom().getrandbits(32)   # llama.cpp: std::random_device
-        self.params, self.seed, self.rng = params, seed, MT19937(seed)
+        self.params, self.seed = params, _rng_seed(seed)
+        self.rng = MT19937(self.seed)
+        self.xtc_rng = MT19937(_rng_seed(seed))          # llama_sampler_init_xtc: its own get_rng_seed(seed)
+        self.min_keep = params.min_keep % 2 ** 64       # common_params_sampling's int32, as the size_t samplers take it
+        self._last: Candidates | None = None
 
     def sample(self, logits: np.ndarray) -> int:
-        p = self.params
-        c = Candidates(logits)
+        p, keep = self.params, self.min_keep
+        c = self._last = Candidates(logits)
+        top_n_sigma(c, p.top_n_sigma)
         top_k(c, p.top_k)
-        top_p(c, p.top_p, p.min_keep)
-        min_p(c, p.min_p, p.min_keep)
-        temperature(c, p.temp)
+        typical(c, p.typical_p, keep)
+        top_p(c, p.top_p, keep)
+        min_p(c, p.min_p, keep)
+        xtc(c, p.xtc_probability, p.xtc_threshold, keep, self.xtc_rng)
+        temp_ext(c, p.temp, p.dynatemp_range, p.dynatemp_exponent)
         return dist(c, self.rng)
+
+    def candidates(self) -> tuple[np.ndarray, np.ndarray]:
+        """common_sampler_get_candidates(smpl, do_sort=true) after the last sample(): the candidates
+        the chain left (ids i32) with the p dist gave them (f32); when the chain left them unsorted,
+        std::sort by p descending (the native introsort: equal p in its order)."""
+        c = self._last
+        if c is None or c.weights is None:
+            raise ValueError("candidates(): no token sampled yet")
+        p = (c.weights.astype(np.float64) / c.total).astype(np.float32)
+        if c.sorted:
+            return c.ids.copy(), p
+        order = _positions(len(p)).copy()
+        native.std_sort(p, order)
+        return c.ids[order], p
+
+
+def _rng_seed(seed: int) -> int:
+    """get_rng_seed: LLAMA_DEFAULT_SEED draws one from std::random_device, each time it is asked."""
+    return random.SystemRandom().getrandbits(32) if seed == LLAMA_DEFAULT_SEED else seed
 
 
 def greedy(logits: np.ndarray) -> int:
