@@ -198,16 +198,18 @@ class LlamaChain:
         return cls(("penalties", n_vocab, 64, p.repeat_penalty, p.frequency_penalty, p.presence_penalty),
                    ("top_n_sigma", p.top_n_sigma), ("top_k", p.top_k), ("typical", p.typical_p, p.min_keep),
                    ("top_p", p.top_p, p.min_keep), ("min_p", p.min_p, p.min_keep),
-                   ("xtc", p.xtc_probability, 0.1, p.min_keep, seed), ("temp_ext", p.temp, 0.0, 1.0), ("dist", seed))
+                   ("xtc", p.xtc_probability, p.xtc_threshold, p.min_keep, seed),
+                   ("temp_ext", p.temp, p.dynatemp_range, p.dynatemp_exponent), ("dist", seed))
 
     def apply(self, logits: np.ndarray) -> tuple[np.ndarray, int, bool]:
         """llama_sampler_apply on the row as llama_sampler_sample lays it out: the candidates left,
-        the selected index (-1: none), sorted."""
+        the selected index (-1: none), sorted. (XTC drops the first ones by moving data on.)"""
         data = np.zeros(len(logits), TOKEN_DATA)
         data["id"], data["logit"] = np.arange(len(logits)), logits
         arr = _TokenDataArray(data.ctypes.data, len(logits), -1, False)
         self.lib.llama_sampler_apply(self.chain, ctypes.byref(arr))
-        return data[:arr.size].copy(), arr.selected, arr.sorted
+        start = (arr.data - data.ctypes.data) // TOKEN_DATA.itemsize
+        return data[start:start + arr.size].copy(), arr.selected, arr.sorted
 
     def sample(self, logits: np.ndarray) -> int:
         data, selected, _ = self.apply(logits)
