@@ -379,6 +379,12 @@ def _functions() -> tuple:
     return _compiled
 
 
+def prepare() -> None:
+    """Compile the sorts now (or load them from the JIT cache), before a first token needs them:
+    `bankml compile` calls it so that a run compiles nothing."""
+    _functions()
+
+
 def _compile():
     eng = jit.compile_module(module())
     addr = eng.get_function_address
