@@ -369,3 +369,45 @@ class Tokenizer(PieceVocab):
         if not special and self.types[tid] in (CONTROL, UNKNOWN):
             return b""
         return self._pieces[tid]
+
+    def detokenize_bytes(self, ids: Iterable[int], remove_special: bool = False,
+                         unparse_special: bool = False) -> bytes:
+        """llama_detokenize for a BPE vocabulary: a leading BOS / trailing EOS dropped on request,
+        the pieces joined, then (clean_spaces) llama.cpp's three clean-up passes."""
+        ids = list(ids)
+        if remove_special and self.add_bos and ids and ids[0] == self.bos:
+            ids = ids[1:]
+        if remove_special and self.add_eos and ids and ids[-1] == self.eos:
+            ids = ids[:-1]
+        text = b"".join(self.piece(i, unparse_special) for i in ids)
+        return clean_spaces(text) if self.clean_spaces else text
+
+
+def clean_spaces(text: bytes) -> bytes:
+    """llama_vocab::impl::detokenize's clean_spaces passes: drop the space before ? ! . , ; drop
+    the spaces around a lone apostrophe; drop the space before 's 'm 're 've."""
+    t = bytearray(text)
+    out = t[:1]                                     # " ?", " !", " .", " ,"
+    for i in range(1, len(t)):
+        if t[i - 1] == 0x20 and t[i] in b"?!.,":
+            out.pop()
+        out.append(t[i])
+    t, out = out, out[:1]                           # " ' "
+    i = 1
+    while i < len(t):
+        x = t[i]
+        if x == 0x27 and i + 1 < len(t) and t[i - 1] == 0x20 and t[i + 1] == 0x20:
+            out.pop()
+            i += 1
+            t[i] = 0                                # C writes '\0' over the next space and keeps it
+        out.append(x)
+        i += 1
+    t, out = out, out[:1]                           # " 's", " 'm", " 're", " 've"
+    for i in range(1, len(t)):
+        x = t[i]
+        if t[i - 1] == 0x20 and x == 0x27 and i + 1 < len(t):
+            x1 = t[i + 1]
+            if x1 in b"sm" or (i + 2 < len(t) and (t[i + 1:i + 3] in (b"re", b"ve"))):
+                out.pop()
+        out.append(x)
+    return bytes(out)
