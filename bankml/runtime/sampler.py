@@ -1,11 +1,14 @@
-"""llama.cpp's sampler chain, bit for bit: greedy and common/sampling.cpp's default chain.
+"""llama.cpp's sampler chain, bit for bit: common/sampling.cpp's common_sampler.
 
-    s = Sampler(SamplerParams(temp=0.8), seed=42)
-    tok = s.sample(logits_row)          # one token id; the RNG state carries to the next call
+    s = Sampler(SamplerParams(temp=0.8), seed=42, tokenizer=tok)
+    s.accept(prompt_ids)                # the history penalties and DRY look at
+    tok = s.sample(logits_row)          # one token id, accepted; the RNG state carries to the next call
 
-The default chain (common/common.h) is penalties, dry, top_n_sigma, top_k, typical_p, top_p,
-min_p, xtc, temperature (temp_ext: dynamic temperature), then dist. At their off values the
-filters are llama.cpp's empty samplers and are skipped here too.
+The chain (common_sampler_init) is logit bias, then params.samplers in order (common.h's
+default: penalties, dry, top_n_sigma, top_k, typ_p, top_p, min_p, xtc, temperature (temp_ext:
+dynamic temperature)), then dist; or, with mirostat 1 or 2, temperature and mirostat alone. At
+their off values the samplers are llama.cpp's empty samplers and are skipped here too. The
+history samplers (logit bias, penalties, DRY) are in sampler_history.py.
 Each step follows src/llama-sampler.cpp: float32 math in llama.cpp's order, glibc's expf/logf,
 libstdc++'s std::partial_sort and std::sort (their heap and introsort moves decide the order of
 equal logits) and std::mt19937 with std::uniform_real_distribution<double> (generate_canonical,
@@ -27,9 +30,15 @@ import numpy as np
 
 from bankml.backends.llvm import stdsort as native
 from bankml.numerics import libm
+from bankml.runtime import sampler_history as history
 
 LLAMA_DEFAULT_SEED = 0xFFFFFFFF
 f32 = np.float32
+
+
+# common_sampler_type_to_str names, in common_params_sampling.samplers' default order
+DEFAULT_SAMPLERS = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
+OTHER_SAMPLERS = ("infill", "adaptive_p")      # common knows them; bankml does not implement them
 
 
 @dataclass(frozen=True)
@@ -46,17 +55,40 @@ class SamplerParams:
     top_n_sigma: float = -1.0   # <= 0: off
     xtc_probability: float = 0.0    # <= 0: off
     xtc_threshold: float = 0.1      # > 0.5: off
-    repeat_penalty: float = 1.0  # only off values for penalties, dry
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
-    dry_multiplier: float = 0.0
+    repeat_last_n: int = 64         # penalty_last_n; <= 0: off (llama_sampler_init_penalties: max(n, 0))
+    repeat_penalty: float = 1.0     # penalty_repeat; 1.0 (with freq and present 0): off
+    frequency_penalty: float = 0.0  # penalty_freq
+    presence_penalty: float = 0.0   # penalty_present
+    dry_multiplier: float = 0.0     # 0.0: off
+    dry_base: float = 1.75          # < 1.0: off
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = 64    # <= 0: off (llama_sampler_init_dry: max(n, 0))
+    dry_sequence_breakers: tuple[str, ...] = ("\n", ":", "\"", "*")
+    mirostat: int = 0               # 0 off, 1 mirostat, 2 mirostat 2.0 (then only temp and it run)
+    mirostat_tau: float = 5.0
+    mirostat_eta: float = 0.1
+    logit_bias: tuple[tuple[int, float], ...] = ()     # (token, bias), in order; -inf bans
+    samplers: tuple[str, ...] = DEFAULT_SAMPLERS
 
     def __post_init__(self):
-        off = {"repeat_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "dry_multiplier": 0.0}
-        for name, value in off.items():
-            if getattr(self, name) != value:
-                raise ValueError(f"sampler {name}={getattr(self, name)}: bankml's sampler supports only "
-                                 f"{name}={value} (off), llama.cpp's default")
+        """What common_sampler_init refuses (throws or asserts on), as ValueError."""
+        for name in ("dry_sequence_breakers", "samplers"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        object.__setattr__(self, "logit_bias", tuple((int(t), float(b)) for t, b in self.logit_bias))
+        with np.errstate(all="ignore"):
+            rp = f32(self.repeat_penalty)
+            if not (np.isfinite(rp) and rp > 0 and np.isfinite(f32(1) / rp)):
+                raise ValueError(f"sampler repeat_penalty={self.repeat_penalty}: must be finite and greater than 0")
+            for name in ("frequency_penalty", "presence_penalty"):
+                if not np.isfinite(f32(getattr(self, name))):
+                    raise ValueError(f"sampler {name}={getattr(self, name)}: must be finite")
+        if self.mirostat not in (0, 1, 2):
+            raise ValueError(f"sampler mirostat={self.mirostat}: llama.cpp knows 0 (off), 1 and 2")
+        for name in self.samplers:
+            if name in OTHER_SAMPLERS:
+                raise ValueError(f"sampler {name!r}: bankml does not implement it; use {' '.join(DEFAULT_SAMPLERS)}")
+            if name not in DEFAULT_SAMPLERS:
+                raise ValueError(f"sampler {name!r}: unknown; llama.cpp's are {' '.join(DEFAULT_SAMPLERS + OTHER_SAMPLERS)}")
 
 
 GREEDY = SamplerParams(temp=0.0)
@@ -124,6 +156,7 @@ class Candidates:
         self.sorted = False
         self.weights: np.ndarray | None = None      # dist's expf(l - max) and their double sum
         self.total = 0.0
+        self.selected: int | None = None            # cur_p->selected: the position dist (or mirostat) picked
 
     def keep(self, order) -> None:
         self.ids, self.logit = self.ids[order], self.logit[order]
@@ -252,7 +285,7 @@ def temperature(c: Candidates, temp: float) -> None:
 
 
 def dist(c: Candidates, rng: MT19937) -> int:
-    """llama_sampler_dist_apply: the token whose running double sum of expf(l - max) (f32 values)
+    """llama_sampler_dist_apply: c.selected, and its token, is the one whose running double sum of expf(l - max) (f32 values)
     first reaches sum * U[0, 1); U is drawn even for a single candidate. Each p becomes the f32
     value divided by that double sum (1 for a single candidate): c.weights and c.total hold them
     until Sampler.candidates() asks."""
@@ -260,14 +293,15 @@ def dist(c: Candidates, rng: MT19937) -> int:
         raise ValueError("no candidate tokens left to sample")
     rnd = rng.canonical()
     if len(c.ids) == 1:
-        c.weights, c.total = np.ones(1, np.float32), 1.0
+        c.weights, c.total, c.selected = np.ones(1, np.float32), 1.0, 0
         return int(c.ids[0])
     max_l = c.logit[0] if c.sorted else _max_logit(c.logit)
     e = libm.expf(c.logit - max_l)
     run = e.cumsum(dtype=np.float64)                # sum_cum += p, in order
     c.weights, c.total = e, run[-1]
     i = _first(run >= run[-1] * rnd)
-    return int(c.ids[-1 if i is None else i])
+    c.selected = len(c.ids) - 1 if i is None else i
+    return int(c.ids[c.selected])
 
 
 # ---------------------------------------------------------------- filters: typical, top-n-sigma, xtc, dynamic temperature
@@ -372,32 +406,200 @@ def temp_ext(c: Candidates, temp: float, delta: float, exponent: float) -> None:
     c.p = (e.astype(np.float32).astype(np.float64) / e.cumsum()[-1]).astype(np.float32)
 
 
-class Sampler:
-    """One generation's sampler chain (the dist and xtc RNGs are its state)."""
+# ---------------------------------------------------------------- mirostat
 
-    def __init__(self, params: SamplerParams = SamplerParams(), seed: int = LLAMA_DEFAULT_SEED):
-        self.params, self.seed = params, _rng_seed(seed)
-        self.rng = MT19937(self.seed)
-        self.xtc_rng = MT19937(_rng_seed(seed))          # llama_sampler_init_xtc: its own get_rng_seed(seed)
-        self.min_keep = params.min_keep % 2 ** 64       # common_params_sampling's int32, as the size_t samplers take it
+def discrete(p: np.ndarray, rng: MT19937) -> int:
+    """llama_sample_dist: std::discrete_distribution<int> over the f32 p (libstdc++): fewer than
+    two weights give 0 without a draw; else each weight in double over their in-order double sum,
+    the running sums of those (the last set to 1), and the first that reaches U[0, 1)."""
+    if len(p) < 2:
+        return 0
+    w = p.astype(np.float64)
+    cp = (w / w.cumsum()[-1]).cumsum()
+    cp[-1] = 1.0
+    return int(np.searchsorted(cp, rng.canonical(), side="left"))
+
+
+def c_int(x: np.float32) -> int:
+    """int(float) on x86 (cvttss2si): truncation; NaN and values out of int32 give INT_MIN."""
+    return int(x) if np.isfinite(x) and -2.0 ** 31 <= x < 2.0 ** 31 else -2 ** 31
+
+
+@functools.cache
+def _mirostat_t(m: int) -> np.ndarray:
+    """t_i = logf(float(i + 2) / float(i + 1)) for i < m - 1."""
+    i = np.arange(max(m - 1, 0), dtype=np.float32)
+    t = libm.logf((i + f32(2)) / (i + f32(1)))
+    t.flags.writeable = False
+    return t
+
+
+class Mirostat:
+    """llama_sampler_mirostat (v1) and llama_sampler_mirostat_v2: they pick the token (cur_p->selected)
+    with their own RNG, and mu (2 * tau at the start and on reset) follows the surprise of each
+    pick: mu - eta * (-log2f(p) - tau), in f32. Mirostat 1's n_vocab (llama_vocab_n_tokens) is the
+    row's length: set_logits makes one candidate per vocabulary token, and temp before it keeps them all."""
+
+    def __init__(self, version: int, seed: int, tau: float, eta: float, m: int = 100):
+        self.version, self.m = version, m
+        self.seed, self.tau, self.eta = seed, f32(tau), f32(eta)
+        self.reset()
+
+    def reset(self) -> None:
+        self.mu = f32(2) * self.tau
+        self.rng = MT19937(_rng_seed(self.seed))
+
+    def accept(self, token: int) -> None:
+        pass
+
+    def apply(self, c: Candidates) -> None:
+        _softmax_sorted(c)
+        if self.version == 1:
+            self._top_k(c)
+        else:
+            surprise = -libm.log2f(c.p)
+            cut = _first(surprise > self.mu)
+            c.keep(slice(0, max(len(c.ids) if cut is None else cut, 1)))
+        _softmax_sorted(c)
+        idx = discrete(c.p, self.rng)
+        c.selected, c.weights, c.total = idx, c.p, 1.0
+        e = -libm.log2f(c.p[idx:idx + 1])[0] - self.tau
+        self.mu = f32(self.mu - self.eta * e)
+
+    def _top_k(self, c: Candidates) -> None:
+        """Mirostat 1: s_hat from the top m p (f32 sums of t_i * b_i and t_i^2, b_i = logf(p_i /
+        p_i+1)), k = powf(eps * powf(2, mu) / (1 - powf(n_vocab, -eps)), 1 / s_hat) with eps =
+        s_hat - 1, then llama_sampler_top_k_impl(max(int(k), 1))."""
+        n_vocab, n = len(c.ids), min(self.m - 1, len(c.ids) - 1)
+        t = _mirostat_t(self.m)[:n]
+        with np.errstate(all="ignore"):
+            b = libm.logf(c.p[:n] / c.p[1:n + 1])
+            sum_ti_bi = _cumsum_f32(t * b)[-1] if n else f32(0)
+            sum_ti_sq = _cumsum_f32(t * t)[-1] if n else f32(0)
+            s_hat = f32(sum_ti_bi / sum_ti_sq)
+            eps = f32(s_hat - f32(1))
+            num = f32(eps * libm.powf(2.0, self.mu))
+            den = f32(f32(1) - libm.powf(float(f32(n_vocab)), -eps))
+            k = libm.powf(num / den, f32(1) / s_hat)
+        top_k(c, max(c_int(k), 1))
+
+
+# ---------------------------------------------------------------- the chain
+
+class _Filter:
+    """A stateless llama_sampler of the chain: apply is fn(c, *args)."""
+
+    def __init__(self, fn, *args):
+        self.fn, self.args = fn, args
+
+    def apply(self, c: Candidates) -> None:
+        self.fn(c, *self.args)
+
+    def accept(self, token: int) -> None:
+        pass
+
+    def reset(self) -> None:
+        pass
+
+
+class _Seeded(_Filter):
+    """xtc and dist: their RNG is std::mt19937(get_rng_seed(seed)), made again on reset."""
+
+    def __init__(self, fn, seed: int, *args):
+        super().__init__(fn, *args)
+        self.seed = seed
+        self.reset()
+
+    def apply(self, c: Candidates) -> None:
+        self.fn(c, *self.args, self.rng)
+
+    def reset(self) -> None:
+        self.rng = MT19937(_rng_seed(self.seed))
+
+
+def _chain(p: SamplerParams, seed: int, tokenizer) -> list:
+    """common_sampler_init's chain: logit bias first (the vocabulary's suppress tokens are not
+    read: bankml's tokenizers carry none), then params.samplers in their order and dist, or temp
+    and mirostat. Off samplers (llama.cpp's empty ones) are left out."""
+    keep = p.min_keep % 2 ** 64                     # common_params_sampling's int32 as the size_t samplers take it
+    steps: list = []
+    if p.logit_bias:
+        steps.append(history.LogitBias(p.logit_bias))
+    if p.mirostat:
+        steps.append(_Filter(temperature, p.temp))
+        steps.append(Mirostat(p.mirostat, seed, p.mirostat_tau, p.mirostat_eta))
+        return steps
+    for name in p.samplers:
+        if name == "penalties":
+            last_n = max(p.repeat_last_n, 0)
+            if not history.Penalties.disabled(last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty):
+                steps.append(history.Penalties(last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty))
+        elif name == "dry":
+            last_n = max(p.dry_penalty_last_n, 0)
+            if not history.Dry.disabled(p.dry_multiplier, p.dry_base, last_n):
+                if tokenizer is None:
+                    raise ValueError("sampler dry_multiplier: DRY needs the model's vocabulary; pass Sampler(..., tokenizer=)")
+                breakers = history.dry_breakers(tokenizer, p.dry_sequence_breakers)
+                steps.append(history.Dry(p.dry_multiplier, p.dry_base, p.dry_allowed_length, last_n, breakers))
+        elif name == "top_n_sigma":
+            steps.append(_Filter(top_n_sigma, p.top_n_sigma))
+        elif name == "top_k":
+            steps.append(_Filter(top_k, p.top_k))
+        elif name == "typ_p":
+            steps.append(_Filter(typical, p.typical_p, keep))
+        elif name == "top_p":
+            steps.append(_Filter(top_p, p.top_p, keep))
+        elif name == "min_p":
+            steps.append(_Filter(min_p, p.min_p, keep))
+        elif name == "xtc":
+            steps.append(_Seeded(xtc, seed, p.xtc_probability, p.xtc_threshold, keep))
+        elif name == "temperature":
+            steps.append(_Filter(temp_ext, p.temp, p.dynatemp_range, p.dynatemp_exponent))
+    steps.append(_Seeded(dist, seed))
+    return steps
+
+
+class Sampler:
+    """One generation's sampler chain, common/sampling.cpp's common_sampler: its samplers' RNGs
+    and histories are its state.
+
+        s = Sampler(params, seed, tokenizer=tok)     # tok: DRY's sequence breakers need the vocabulary
+        s.accept(prompt_ids)                         # common_sampler_accept(tok, false) each
+        tok = s.sample(row)                          # the chain, then the token accepted
+        s.reset()                                    # llama_sampler_reset: RNGs re-seeded, history cleared
+
+    n_ctx is taken for the server's sake and unused: b11434 never maps a negative last_n to the
+    context size (llama_sampler_init_penalties and _dry make it 0, off)."""
+
+    def __init__(self, params: SamplerParams = SamplerParams(), seed: int = LLAMA_DEFAULT_SEED, *,
+                 tokenizer=None, n_ctx: int | None = None):
+        self.params, self.seed = params, seed
+        self.steps = _chain(params, seed, tokenizer)
         self._last: Candidates | None = None
 
+    def accept(self, ids) -> None:
+        """llama_sampler_accept of the chain for each token, in order."""
+        for token in ids:
+            token = int(token)
+            for step in self.steps:
+                step.accept(token)
+
     def sample(self, logits: np.ndarray) -> int:
-        p, keep = self.params, self.min_keep
         c = self._last = Candidates(logits)
-        top_n_sigma(c, p.top_n_sigma)
-        top_k(c, p.top_k)
-        typical(c, p.typical_p, keep)
-        top_p(c, p.top_p, keep)
-        min_p(c, p.min_p, keep)
-        xtc(c, p.xtc_probability, p.xtc_threshold, keep, self.xtc_rng)
-        temp_ext(c, p.temp, p.dynatemp_range, p.dynatemp_exponent)
-        return dist(c, self.rng)
+        for step in self.steps:
+            step.apply(c)
+        token = int(c.ids[c.selected])
+        self.accept([token])
+        return token
+
+    def reset(self) -> None:
+        for step in self.steps:
+            step.reset()
 
     def candidates(self) -> tuple[np.ndarray, np.ndarray]:
         """common_sampler_get_candidates(smpl, do_sort=true) after the last sample(): the candidates
-        the chain left (ids i32) with the p dist gave them (f32); when the chain left them unsorted,
-        std::sort by p descending (the native introsort: equal p in its order)."""
+        the chain left (ids i32) with the p dist (or mirostat) gave them (f32); when the chain left
+        them unsorted, std::sort by p descending (the native introsort: equal p in its order)."""
         c = self._last
         if c is None or c.weights is None:
             raise ValueError("candidates(): no token sampled yet")
