@@ -518,13 +518,14 @@ class _Seeded(_Filter):
 
 
 def _chain(p: SamplerParams, seed: int, tokenizer) -> list:
-    """common_sampler_init's chain: logit bias first (the vocabulary's suppress tokens are not
-    read: bankml's tokenizers carry none), then params.samplers in their order and dist, or temp
-    and mirostat. Off samplers (llama.cpp's empty ones) are left out."""
+    """common_sampler_init's chain: logit bias first (params.logit_bias, then -inf for each of the
+    vocabulary's suppress tokens), then params.samplers in their order and dist, or temp and
+    mirostat. Off samplers (llama.cpp's empty ones) are left out."""
     keep = p.min_keep % 2 ** 64                     # common_params_sampling's int32 as the size_t samplers take it
     steps: list = []
-    if p.logit_bias:
-        steps.append(history.LogitBias(p.logit_bias))
+    biases = list(p.logit_bias) + [(t, -np.inf) for t in getattr(tokenizer, "suppress_tokens", ())]
+    if biases:
+        steps.append(history.LogitBias(biases))
     if p.mirostat:
         steps.append(_Filter(temperature, p.temp))
         steps.append(Mirostat(p.mirostat, seed, p.mirostat_tau, p.mirostat_eta))

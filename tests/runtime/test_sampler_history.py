@@ -309,3 +309,40 @@ def test_reset_starts_over_as_llama_sampler_reset(params):
             want = theirs.sample(row)
             theirs.accept([want])
             assert ours.sample(row) == want == fresh.sample(row)
+
+
+@pytest.mark.oracle
+def test_suppress_tokens_are_read_as_llama_vocab_and_banned(tmp_path):
+    """tokenizer.ggml.suppress_tokens (out-of-range ids dropped, as llama_vocab's loader does)
+    join the logit biases at -inf: the ids libllama's vocabulary reports, never sampled."""
+    import ctypes
+
+    import gguf
+
+    from bankml.oracle.vocab import Vocab
+    from bankml.testing import models
+    from bankml.tokenizer import tokenizer_for
+    src, dst = models.path("smollm2-vocab-specials"), tmp_path / "suppress.gguf"
+    reader = gguf.GGUFReader(src)
+    w = gguf.GGUFWriter(str(dst), reader.get_field("general.architecture").contents())
+    for key, field in reader.fields.items():
+        if not key.startswith("GGUF.") and key != "general.architecture":
+            sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+            w.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
+    w.add_key_value("tokenizer.ggml.suppress_tokens", [11, -3, 2, 10 ** 6, 11], gguf.GGUFValueType.ARRAY,
+                    sub_type=gguf.GGUFValueType.INT32)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    tok = tokenizer_for(dst)
+    with Vocab(dst) as v:
+        fn = v.lib.llama_vocab_get_suppress_tokens
+        fn.restype, fn.argtypes = ctypes.POINTER(ctypes.c_int32), [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int32)]
+        n = ctypes.c_int32()
+        ids = fn(v.vocab, ctypes.byref(n))
+        assert tok.suppress_tokens == tuple(ids[:n.value]) == (11, 2, 11)
+    row = np.zeros(tok.n_vocab, np.float32)
+    row[[2, 11]] = 50.0
+    s = Sampler(SamplerParams(top_k=3), 0, tokenizer=tok)
+    assert {s.sample(row) for _ in range(20)} <= set(range(tok.n_vocab)) - {2, 11}
