@@ -1,19 +1,22 @@
-"""llama.cpp's samplers that change logits by what came before: logit bias, penalties, DRY.
+"""llama.cpp's samplers with a history or a state: logit bias, penalties, DRY, mirostat 1 and 2.
 
 Each is a step of Sampler's chain (bankml/runtime/sampler.py) with llama_sampler's three calls:
 apply(c) on the Candidates, accept(token) for every token the chain accepts (the prompt's and
 the sampled ones), reset(). They touch only c.ids, c.logit and c.sorted, and write new arrays
 (the first logits are the caller's row). Float math is f32 in src/llama-sampler.cpp's order; the
-history is llama.cpp's ring_buffer (a deque with maxlen) and its token counts.
+history is llama.cpp's ring_buffer (a deque with maxlen) and its token counts. Mirostat picks the
+token itself, with its own RNG.
 """
 from __future__ import annotations
 
+import functools
 import weakref
 from collections import Counter, deque
 
 import numpy as np
 
 from bankml.numerics import libm
+from bankml.runtime.sampler_filters import MT19937, Candidates, _cumsum_f32, _first, _rng_seed, _softmax_sorted, top_k
 
 f32 = np.float32
 
@@ -265,3 +268,81 @@ class Dry:
         if self.max_exponent > 0 and exp > self.max_exponent:
             exp = self.max_exponent
         return f32(float(self.multiplier) * libm.pow(float(self.base), float(exp)))
+
+
+# ---------------------------------------------------------------- mirostat
+
+def discrete(p: np.ndarray, rng: MT19937) -> int:
+    """llama_sample_dist: std::discrete_distribution<int> over the f32 p (libstdc++): fewer than
+    two weights give 0 without a draw; else each weight in double over their in-order double sum,
+    the running sums of those (the last set to 1), and the first that reaches U[0, 1)."""
+    if len(p) < 2:
+        return 0
+    w = p.astype(np.float64)
+    cp = (w / w.cumsum()[-1]).cumsum()
+    cp[-1] = 1.0
+    return int(np.searchsorted(cp, rng.canonical(), side="left"))
+
+
+def c_int(x: np.float32) -> int:
+    """int(float) on x86 (cvttss2si): truncation; NaN and values out of int32 give INT_MIN."""
+    return int(x) if np.isfinite(x) and -2.0 ** 31 <= x < 2.0 ** 31 else -2 ** 31
+
+
+@functools.cache
+def _mirostat_t(m: int) -> np.ndarray:
+    """t_i = logf(float(i + 2) / float(i + 1)) for i < m - 1."""
+    i = np.arange(max(m - 1, 0), dtype=np.float32)
+    t = libm.logf((i + f32(2)) / (i + f32(1)))
+    t.flags.writeable = False
+    return t
+
+
+class Mirostat:
+    """llama_sampler_mirostat (v1) and llama_sampler_mirostat_v2: they pick the token (cur_p->selected)
+    with their own RNG, and mu (2 * tau at the start and on reset) follows the surprise of each
+    pick: mu - eta * (-log2f(p) - tau), in f32. Mirostat 1's n_vocab (llama_vocab_n_tokens) is the
+    row's length: set_logits makes one candidate per vocabulary token, and temp before it keeps them all."""
+
+    def __init__(self, version: int, seed: int, tau: float, eta: float, m: int = 100):
+        self.version, self.m = version, m
+        self.seed, self.tau, self.eta = seed, f32(tau), f32(eta)
+        self.reset()
+
+    def reset(self) -> None:
+        self.mu = f32(2) * self.tau
+        self.rng = MT19937(_rng_seed(self.seed))
+
+    def accept(self, token: int) -> None:
+        pass
+
+    def apply(self, c: Candidates) -> None:
+        _softmax_sorted(c)
+        if self.version == 1:
+            self._top_k(c)
+        else:
+            surprise = -libm.log2f(c.p)
+            cut = _first(surprise > self.mu)
+            c.keep(slice(0, max(len(c.ids) if cut is None else cut, 1)))
+        _softmax_sorted(c)
+        idx = discrete(c.p, self.rng)
+        c.selected, c.weights, c.total = idx, c.p, 1.0
+        e = -libm.log2f(c.p[idx:idx + 1])[0] - self.tau
+        self.mu = f32(self.mu - self.eta * e)
+
+    def _top_k(self, c: Candidates) -> None:
+        """Mirostat 1: s_hat from the top m p (f32 sums of t_i * b_i and t_i^2, b_i = logf(p_i /
+        p_i+1)), k = powf(eps * powf(2, mu) / (1 - powf(n_vocab, -eps)), 1 / s_hat) with eps =
+        s_hat - 1, then llama_sampler_top_k_impl(max(int(k), 1))."""
+        n_vocab, n = len(c.ids), min(self.m - 1, len(c.ids) - 1)
+        t = _mirostat_t(self.m)[:n]
+        with np.errstate(all="ignore"):
+            b = libm.logf(c.p[:n] / c.p[1:n + 1])
+            sum_ti_bi = _cumsum_f32(t * b)[-1] if n else f32(0)
+            sum_ti_sq = _cumsum_f32(t * t)[-1] if n else f32(0)
+            s_hat = f32(sum_ti_bi / sum_ti_sq)
+            eps = f32(s_hat - f32(1))
+            num = f32(eps * libm.powf(2.0, self.mu))
+            den = f32(f32(1) - libm.powf(float(f32(n_vocab)), -eps))
+            k = libm.powf(num / den, f32(1) / s_hat)
+        top_k(c, max(c_int(k), 1))

@@ -11,17 +11,8 @@ import pytest
 from bankml.backends.llvm import stdsort as native
 from bankml.numerics import stdsort
 from bankml.numerics.stdsort import partial_sort
-from bankml.runtime.sampler import (
-    GREEDY,
-    MT19937,
-    Candidates,
-    Sampler,
-    SamplerParams,
-    min_p,
-    temperature,
-    top_k,
-    top_p,
-)
+from bankml.runtime.sampler import GREEDY, Sampler, SamplerParams
+from bankml.runtime.sampler_filters import MT19937, Candidates, min_p, temperature, top_k, top_p
 
 
 def test_mt19937_matches_std_reference_values():

@@ -10,7 +10,8 @@ import pytest
 from test_sampler import LlamaChain, dry_breakers_arg, logit_bias_arg, tied_logits
 
 from bankml.runtime import sampler_history as history
-from bankml.runtime.sampler import Candidates, Sampler, SamplerParams, top_k
+from bankml.runtime.sampler import Sampler, SamplerParams
+from bankml.runtime.sampler_filters import Candidates, top_k
 from bankml.tokenizer.bpe import clean_spaces
 
 N_VOCAB = 49152
@@ -346,3 +347,29 @@ def test_suppress_tokens_are_read_as_llama_vocab_and_banned(tmp_path):
     row[[2, 11]] = 50.0
     s = Sampler(SamplerParams(top_k=3), 0, tokenizer=tok)
     assert {s.sample(row) for _ in range(20)} <= set(range(tok.n_vocab)) - {2, 11}
+
+
+@pytest.mark.oracle
+def test_dry_on_a_sentencepiece_vocabulary_as_llama_cpp():
+    """Gemma's SentencePiece vocabulary with add_space_prefix: the breakers' tails tokenize with
+    the leading space llama_tokenize adds, over 262,158 tokens' texts."""
+    from bankml.oracle.vocab import Vocab
+    from bankml.testing import models
+    from bankml.tokenizer import tokenizer_for
+    path = models.path("gemma3-vocab-prefix")
+    tok, breakers = tokenizer_for(path), ("\n", ":", " brown fox", "日本", "ing the")
+    rng = np.random.default_rng(8)
+    phrases = [tok.encode(s, False) for s in ("the quick brown fox", ": jumping the", "\n", "日本語", " singing the")]
+    hist = [t for i in rng.integers(0, len(phrases), 120) for t in phrases[i]]
+    row = rng.normal(0, 3, tok.n_vocab).astype(np.float32)
+    with Vocab(path) as v:
+        cfg = (0.8, 1.75, 1, 128)
+        step = history.Dry(*cfg, history.dry_breakers(tok, breakers))
+        chain = LlamaChain(("dry", v.vocab, *cfg, *dry_breakers_arg(breakers)))
+        changed = 0
+        for i, t in enumerate(hist):
+            step.accept(t)
+            chain.accept([t])
+            if i % 8 == 7:
+                changed += _apply_alone(step, chain, row)
+    assert changed > 0
