@@ -230,8 +230,9 @@ def bpe_vocab_refusal(metadata: dict, value_types: dict) -> str | None:
     return None
 
 
-# pre-tokenizers whose llama.cpp vocab loader sets clean_spaces = false (others: true)
-_NO_CLEAN_SPACES = {"smollm"}
+# pre-tokenizers whose llama.cpp vocab loader sets clean_spaces = false (others: true); both of
+# PRE_TOKENIZERS are (llama_vocab::impl::load: "smollm" and the "qwen2" family)
+_NO_CLEAN_SPACES = {"smollm", "qwen2"}
 
 
 class Tokenizer(PieceVocab):

@@ -312,30 +312,57 @@ def test_reset_starts_over_as_llama_sampler_reset(params):
             assert ours.sample(row) == want == fresh.sample(row)
 
 
+def _vocab_copy(src, dst, keys: dict):
+    """src's header (no tensors) with `keys` set (new int lists are INT32 arrays): a vocabulary
+    libllama loads vocab_only."""
+    import gguf
+    reader = gguf.GGUFReader(src)
+    w = gguf.GGUFWriter(str(dst), reader.get_field("general.architecture").contents())
+    for key, field in reader.fields.items():
+        if not key.startswith("GGUF.") and key != "general.architecture":
+            sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
+            w.add_key_value(key, keys.pop(key, field.contents()), field.types[0], sub_type=sub)
+    for key, value in keys.items():
+        w.add_key_value(key, value, gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.INT32)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return dst
+
+
+@pytest.mark.oracle
+def test_clean_spaces_is_llama_detokenize_with_clean_spaces(tmp_path):
+    """SmolLM2's vocabulary relabelled with the gpt-2 pre-tokenizer, for which llama.cpp sets
+    clean_spaces: llama_detokenize of texts where the three passes bite is clean_spaces() of the
+    joined pieces (bankml's tokenizer does not take gpt-2, so the pieces come from smollm's)."""
+    from bankml.oracle.vocab import Vocab
+    from bankml.testing import models
+    tok = _tok()
+    dst = _vocab_copy(models.path("smollm2-vocab-specials"), tmp_path / "gpt2.gguf", {"tokenizer.ggml.pre": "gpt-2"})
+    texts = ["Is it ? Yes ! a , b . c", "it 's he 'd we 're they 've I 'm don 't you 'll", " ' x ' ' y", "a ' ' ' b",
+             "' s", " '", "x '", " 're", "  , ,", "'s 'm"]
+    cleaned = 0
+    with Vocab(dst) as v:
+        for text in texts:
+            ids = tok.encode(text, False)
+            want, joined = v.detokenize(ids, False, True), b"".join(tok.piece(i) for i in ids)
+            assert clean_spaces(joined) == want, text
+            cleaned += want != joined
+    assert cleaned >= 7
+
+
 @pytest.mark.oracle
 def test_suppress_tokens_are_read_as_llama_vocab_and_banned(tmp_path):
     """tokenizer.ggml.suppress_tokens (out-of-range ids dropped, as llama_vocab's loader does)
     join the logit biases at -inf: the ids libllama's vocabulary reports, never sampled."""
     import ctypes
 
-    import gguf
-
     from bankml.oracle.vocab import Vocab
     from bankml.testing import models
     from bankml.tokenizer import tokenizer_for
-    src, dst = models.path("smollm2-vocab-specials"), tmp_path / "suppress.gguf"
-    reader = gguf.GGUFReader(src)
-    w = gguf.GGUFWriter(str(dst), reader.get_field("general.architecture").contents())
-    for key, field in reader.fields.items():
-        if not key.startswith("GGUF.") and key != "general.architecture":
-            sub = field.types[-1] if field.types[0] == gguf.GGUFValueType.ARRAY else None
-            w.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
-    w.add_key_value("tokenizer.ggml.suppress_tokens", [11, -3, 2, 10 ** 6, 11], gguf.GGUFValueType.ARRAY,
-                    sub_type=gguf.GGUFValueType.INT32)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    dst = _vocab_copy(models.path("smollm2-vocab-specials"), tmp_path / "suppress.gguf",
+                      {"tokenizer.ggml.suppress_tokens": [11, -3, 2, 10 ** 6, 11]})
     tok = tokenizer_for(dst)
     with Vocab(dst) as v:
         fn = v.lib.llama_vocab_get_suppress_tokens
@@ -373,3 +400,23 @@ def test_dry_on_a_sentencepiece_vocabulary_as_llama_cpp():
             if i % 8 == 7:
                 changed += _apply_alone(step, chain, row)
     assert changed > 0
+
+
+@pytest.mark.oracle
+def test_bpe_detokenize_bytes_is_llama_detokenize_for_qwen2():
+    """Qwen2's vocabulary (llama.cpp turns clean_spaces off for its pre-tokenizer, as for smollm):
+    single tokens as DRY reads them, and texts where the clean-up passes would bite (" ?", " ' ",
+    " 's", " 're", " 't") but must not."""
+    from bankml.oracle.vocab import Vocab
+    from bankml.testing import models
+    from bankml.tokenizer import tokenizer_for
+    path = models.path("qwen3-small-q2_0")
+    tok = tokenizer_for(path)
+    assert not tok.clean_spaces
+    texts = ["Is it ? Yes ! a , b .", "it 's he 'd we 're they 've I 'm don 't you 'll", " ' x ' ' y", "a ' ' ' b",
+             "' s", " '", "x '"]
+    with Vocab(path) as v:
+        assert all(tok.detokenize_bytes([i], False, True) == v.detokenize([i], False, True) for i in range(tok.n_vocab))
+        for text in texts:
+            ids = tok.encode(text, False)
+            assert tok.detokenize_bytes(ids, False, True) == v.detokenize(ids, False, True), text
