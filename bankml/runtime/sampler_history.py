@@ -109,25 +109,6 @@ DRY_MAX_CHAR_LEN, DRY_MAX_SEQ_LEN = 40, 20     # llama_sampler_init_dry
 FLOAT_MAX_LOG = f32(88.7228391)
 
 
-def utf8_lossy(b: bytes) -> str:
-    """unicode_cpts_from_utf8 (src/unicode.cpp): a byte that does not start a complete sequence
-    becomes U+FFFD and the scan goes on at the next byte (Python's "replace" groups bytes otherwise)."""
-    out, i, n = [], 0, len(b)
-    while i < n:
-        x = b[i]
-        need = 0 if x < 0x80 else -1 if x < 0xC0 else 1 if x < 0xE0 else 2 if x < 0xF0 else 3 if x < 0xF8 else -1
-        if need < 0 or i + need >= n or any((b[i + j] & 0xC0) != 0x80 for j in range(1, need + 1)):
-            out.append("\ufffd")
-            i += 1
-            continue
-        cpt = x & (0x7F, 0x1F, 0x0F, 0x07)[need]
-        for j in range(1, need + 1):
-            cpt = (cpt << 6) | (b[i + j] & 0x3F)
-        out.append(chr(cpt) if cpt <= 0x10FFFF else "\ufffd")
-        i += need + 1
-    return "".join(out)
-
-
 def _token_texts(tokenizer) -> list[bytes]:
     """llama_vocab::detokenize({id}, special=true) of every token, once per tokenizer."""
     texts = _TEXTS.get(tokenizer)
@@ -174,7 +155,7 @@ def dry_breakers_of(tokenizer, breakers) -> dict[int, list[tuple[int, ...]]]:
                     continue
                 rest = s[k:]
                 if rest not in tails:
-                    tails[rest] = tuple(tokenizer.encode(utf8_lossy(rest), False, False)[:DRY_MAX_SEQ_LEN])
+                    tails[rest] = tuple(tokenizer.encode_bytes(rest, False, False)[:DRY_MAX_SEQ_LEN])
                 seqs = out.setdefault(tid, [])
                 if tails[rest] not in seqs:
                     seqs.append(tails[rest])

@@ -290,6 +290,10 @@ class Tokenizer(PieceVocab):
             out.append(self.eos)
         return out
 
+    def encode_bytes(self, raw: bytes, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """llama_tokenize of bytes that need not be UTF-8 (unicode_cpts_from_utf8: see utf8_lossy)."""
+        return self.encode(utf8_lossy(raw), add_special, parse_special)
+
     def _partition(self, text: str, parse_special: bool) -> list[str | int]:
         return st_partition(text, [(sid, self.tokens[sid]) for sid in self.special
                                    if parse_special or self.types[sid] not in (CONTROL, UNKNOWN)])
@@ -412,3 +416,22 @@ def clean_spaces(text: bytes) -> bytes:
                 out.pop()
         out.append(x)
     return bytes(out)
+
+
+def utf8_lossy(b: bytes) -> str:
+    """unicode_cpts_from_utf8 (src/unicode.cpp): a byte that does not start a complete sequence
+    becomes U+FFFD and the scan goes on at the next byte (Python's "replace" groups bytes otherwise)."""
+    out, i, n = [], 0, len(b)
+    while i < n:
+        x = b[i]
+        need = 0 if x < 0x80 else -1 if x < 0xC0 else 1 if x < 0xE0 else 2 if x < 0xF0 else 3 if x < 0xF8 else -1
+        if need < 0 or i + need >= n or any((b[i + j] & 0xC0) != 0x80 for j in range(1, need + 1)):
+            out.append("\ufffd")
+            i += 1
+            continue
+        cpt = x & (0x7F, 0x1F, 0x0F, 0x07)[need]
+        for j in range(1, need + 1):
+            cpt = (cpt << 6) | (b[i + j] & 0x3F)
+        out.append(chr(cpt) if cpt <= 0x10FFFF else "\ufffd")
+        i += need + 1
+    return "".join(out)

@@ -12,7 +12,7 @@ from test_sampler import LlamaChain, dry_breakers_arg, logit_bias_arg, tied_logi
 from bankml.runtime import sampler_history as history
 from bankml.runtime.sampler import Sampler, SamplerParams
 from bankml.runtime.sampler_filters import Candidates, top_k
-from bankml.tokenizer.bpe import clean_spaces
+from bankml.tokenizer.bpe import clean_spaces, utf8_lossy
 
 N_VOCAB = 49152
 
@@ -50,9 +50,31 @@ def test_dry_without_a_vocabulary_is_refused():
 
 
 def test_utf8_lossy_replaces_each_bad_byte_as_unicode_cpts_from_utf8():
-    assert history.utf8_lossy("日本".encode()[1:]) == "\ufffd\ufffd本"
-    assert history.utf8_lossy(b"a\xe6\x97") == "a\ufffd\ufffd"         # Python's "replace" gives one
-    assert history.utf8_lossy("x€y".encode()) == "x€y"
+    assert utf8_lossy("日本".encode()[1:]) == "\ufffd\ufffd本"
+    assert utf8_lossy(b"a\xe6\x97") == "a\ufffd\ufffd"         # Python's "replace" gives one
+    assert utf8_lossy("x€y".encode()) == "x€y"
+
+
+TAILS = ["日本".encode()[1:], "日本".encode()[2:], "日本".encode()[4:], b"\x80abc", "é:".encode()[1:],
+         "🙂x".encode()[1:], "🙂x".encode()[3:], b"\xe6\x9c", b"ok \xff\xfe done", "日本".encode()]
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("name", ["smollm2-q4_1", "gemma3-vocab-prefix"])
+def test_encode_bytes_is_llama_tokenize_of_bytes_that_are_not_utf8(name):
+    """DRY tokenizes the rest of a breaker from a byte inside a character on: BPE reads such bytes
+    as U+FFFD each, SentencePiece gives them byte tokens."""
+    import ctypes
+
+    from bankml.oracle.vocab import Vocab
+    from bankml.testing import models
+    from bankml.tokenizer import tokenizer_for
+    tok = tokenizer_for(models.path(name))
+    with Vocab(models.path(name)) as v:
+        for raw in TAILS:
+            out = (ctypes.c_int32 * 64)()
+            n = v.lib.llama_tokenize(v.vocab, raw, len(raw), out, 64, False, False)
+            assert tok.encode_bytes(raw, False, False) == list(out[:n]), raw
 
 
 def test_clean_spaces_passes():
@@ -387,6 +409,7 @@ def test_dry_on_a_sentencepiece_vocabulary_as_llama_cpp():
     tok, breakers = tokenizer_for(path), ("\n", ":", " brown fox", "日本", "ing the")
     rng = np.random.default_rng(8)
     phrases = [tok.encode(s, False) for s in ("the quick brown fox", ": jumping the", "\n", "日本語", " singing the")]
+    phrases += [[tok.encode_bytes("日".encode()[:1], False)[-1]] + tok.encode_bytes("日本".encode()[1:], False)]
     hist = [t for i in rng.integers(0, len(phrases), 120) for t in phrases[i]]
     row = rng.normal(0, 3, tok.n_vocab).astype(np.float32)
     with Vocab(path) as v:
