@@ -257,11 +257,14 @@ def test_chain_with_history_draws_llama_cpp_tokens(params):
 @pytest.mark.parametrize("params", [SamplerParams(mirostat=1), SamplerParams(mirostat=1, temp=1.0, mirostat_tau=3.0),
                                     SamplerParams(mirostat=2), SamplerParams(mirostat=2, temp=1.2, mirostat_eta=0.4,
                                                                              logit_bias=((7, -np.inf),)),
-                                    SamplerParams(mirostat=2, temp=0.0)], ids=lambda p: f"m{p.mirostat}-t{p.temp}")
+                                    SamplerParams(mirostat=2, temp=0.0), SamplerParams(mirostat=1, temp=0.0),
+                                    SamplerParams(mirostat=1, temp=1.5, mirostat_tau=12.0, mirostat_eta=1.0)],
+                         ids=lambda p: f"m{p.mirostat}-t{p.temp}-tau{p.mirostat_tau}")
 def test_mirostat_draws_llama_cpp_tokens_as_mu_moves(params):
     """temp then mirostat (1: k from s_hat, 2: the surprise cut), 20 seeds, 6 draws each (mu carries
     from draw to draw; penalties in params.samplers are ignored), and after each run the candidates
-    it left with their p: libllama's."""
+    it left with their p and mu: libllama's. At temp 0 every p but one is 0: mirostat 1's s_hat is
+    NaN and int(k) INT_MIN (one candidate), mirostat 2 cuts at the first."""
     rng = np.random.default_rng(4)
     p = SamplerParams(**{**params.__dict__, "repeat_penalty": 1.5})
     sizes = set()
