@@ -1,4 +1,4 @@
-"""glibc's expf, logf, tanhf, powf, sincosf and exp over numpy arrays.
+"""glibc's expf, logf, log2f, tanhf, powf, sincosf, exp and pow over numpy arrays (pow, powf: scalars).
 
 ggml calls these libm functions (GGML_MAP §7, §4); numpy's own exp/sin/cos give other
 bits. A few lines of LLVM IR, JIT-compiled once with llvmlite, loop over an array and
@@ -14,7 +14,7 @@ import threading
 
 import numpy as np
 
-_UNARY = ("expf", "logf", "tanhf")
+_UNARY = ("expf", "logf", "log2f", "tanhf")
 _UNARY_LOOP = r"""
 define void @v_{f}(float* %x, float* %y, i64 %n) {{
 entry:
@@ -132,11 +132,14 @@ def _build() -> tuple:
     libm = ctypes.CDLL(ctypes.util.find_library("m"))
     libm.powf.restype = ctypes.c_float
     libm.powf.argtypes = [ctypes.c_float, ctypes.c_float]
+    libm.pow.restype = ctypes.c_double
+    libm.pow.argtypes = [ctypes.c_double, ctypes.c_double]
     fns = {
         **{f: _UNARY_FN(engine.get_function_address(f"v_{f}")) for f in _UNARY},
         "sincosf": ctypes.CFUNCTYPE(None, _F32P, _F32P, _F32P, ctypes.c_int64)(
             engine.get_function_address("v_sincosf")),
         "powf": libm.powf,
+        "pow": libm.pow,
         "exp": _UNARY_FN(engine.get_function_address("v_exp")),
         "sum_f32_of_f64": ctypes.CFUNCTYPE(ctypes.c_float, ctypes.c_void_p, ctypes.c_int64)(
             engine.get_function_address("sum_f32_of_f64")),
@@ -161,6 +164,11 @@ def logf(x) -> np.ndarray:
     return _unary("logf", x)
 
 
+def log2f(x) -> np.ndarray:
+    """glibc log2f, elementwise (mirostat's surprise)."""
+    return _unary("log2f", x)
+
+
 def tanhf(x) -> np.ndarray:
     """glibc tanhf, elementwise (ggml_gelu_f32 calls it to fill the GELU table)."""
     return _unary("tanhf", x)
@@ -177,6 +185,11 @@ def sincosf(x) -> tuple[np.ndarray, np.ndarray]:
 def powf(x: float, y: float) -> np.float32:
     """glibc powf of two scalars."""
     return np.float32(_lib()[1]["powf"](x, y))
+
+
+def pow(x: float, y: float) -> float:
+    """glibc pow (double) of two scalars (std::pow(float, int) promotes both to double)."""
+    return float(_lib()[1]["pow"](x, y))
 
 
 def exp(x) -> np.ndarray:

@@ -230,8 +230,9 @@ def bpe_vocab_refusal(metadata: dict, value_types: dict) -> str | None:
     return None
 
 
-# pre-tokenizers whose llama.cpp vocab loader sets clean_spaces = false (others: true)
-_NO_CLEAN_SPACES = {"smollm"}
+# pre-tokenizers whose llama.cpp vocab loader sets clean_spaces = false (others: true); both of
+# PRE_TOKENIZERS are (llama_vocab::impl::load: "smollm" and the "qwen2" family)
+_NO_CLEAN_SPACES = {"smollm", "qwen2"}
 
 
 class Tokenizer(PieceVocab):
@@ -288,6 +289,10 @@ class Tokenizer(PieceVocab):
         if add_special and self.add_eos:
             out.append(self.eos)
         return out
+
+    def encode_bytes(self, raw: bytes, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """llama_tokenize of bytes that need not be UTF-8 (unicode_cpts_from_utf8: see utf8_lossy)."""
+        return self.encode(utf8_lossy(raw), add_special, parse_special)
 
     def _partition(self, text: str, parse_special: bool) -> list[str | int]:
         return st_partition(text, [(sid, self.tokens[sid]) for sid in self.special
@@ -369,3 +374,64 @@ class Tokenizer(PieceVocab):
         if not special and self.types[tid] in (CONTROL, UNKNOWN):
             return b""
         return self._pieces[tid]
+
+    def detokenize_bytes(self, ids: Iterable[int], remove_special: bool = False,
+                         unparse_special: bool = False) -> bytes:
+        """llama_detokenize for a BPE vocabulary: a leading BOS / trailing EOS dropped on request,
+        the pieces joined, then (clean_spaces) llama.cpp's three clean-up passes."""
+        ids = list(ids)
+        if remove_special and self.add_bos and ids and ids[0] == self.bos:
+            ids = ids[1:]
+        if remove_special and self.add_eos and ids and ids[-1] == self.eos:
+            ids = ids[:-1]
+        text = b"".join(self.piece(i, unparse_special) for i in ids)
+        return clean_spaces(text) if self.clean_spaces else text
+
+
+def clean_spaces(text: bytes) -> bytes:
+    """llama_vocab::impl::detokenize's clean_spaces passes: drop the space before ? ! . , ; drop
+    the spaces around a lone apostrophe; drop the space before 's 'm 're 've."""
+    t = bytearray(text)
+    out = t[:1]                                     # " ?", " !", " .", " ,"
+    for i in range(1, len(t)):
+        if t[i - 1] == 0x20 and t[i] in b"?!.,":
+            out.pop()
+        out.append(t[i])
+    t, out = out, out[:1]                           # " ' "
+    i = 1
+    while i < len(t):
+        x = t[i]
+        if x == 0x27 and i + 1 < len(t) and t[i - 1] == 0x20 and t[i + 1] == 0x20:
+            out.pop()
+            i += 1
+            t[i] = 0                                # C writes '\0' over the next space and keeps it
+        out.append(x)
+        i += 1
+    t, out = out, out[:1]                           # " 's", " 'm", " 're", " 've"
+    for i in range(1, len(t)):
+        x = t[i]
+        if t[i - 1] == 0x20 and x == 0x27 and i + 1 < len(t):
+            x1 = t[i + 1]
+            if x1 in b"sm" or (i + 2 < len(t) and (t[i + 1:i + 3] in (b"re", b"ve"))):
+                out.pop()
+        out.append(x)
+    return bytes(out)
+
+
+def utf8_lossy(b: bytes) -> str:
+    """unicode_cpts_from_utf8 (src/unicode.cpp): a byte that does not start a complete sequence
+    becomes U+FFFD and the scan goes on at the next byte (Python's "replace" groups bytes otherwise)."""
+    out, i, n = [], 0, len(b)
+    while i < n:
+        x = b[i]
+        need = 0 if x < 0x80 else -1 if x < 0xC0 else 1 if x < 0xE0 else 2 if x < 0xF0 else 3 if x < 0xF8 else -1
+        if need < 0 or i + need >= n or any((b[i + j] & 0xC0) != 0x80 for j in range(1, need + 1)):
+            out.append("\ufffd")
+            i += 1
+            continue
+        cpt = x & (0x7F, 0x1F, 0x0F, 0x07)[need]
+        for j in range(1, need + 1):
+            cpt = (cpt << 6) | (b[i + j] & 0x3F)
+        out.append(chr(cpt) if cpt <= 0x10FFFF else "\ufffd")
+        i += need + 1
+    return "".join(out)

@@ -154,13 +154,19 @@ class SpmTokenizer(PieceVocab):
             out.append(self.eos)
         return out
 
+    def encode_bytes(self, raw: bytes, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """llama_tokenize of bytes that need not be UTF-8: the SPM session splits symbols on bytes,
+        so a byte outside a complete character is its own symbol, never merged, its byte token.
+        Such bytes travel as U+DC80..U+DCFF (surrogateescape) through encode."""
+        return self.encode(raw.decode("utf-8", "surrogateescape"), add_special, parse_special)
+
     def _partition(self, text: str, parse_special: bool) -> list[str | int]:
         return st_partition(text, [(sid, self.tokens[sid]) for sid in self.special
                                    if parse_special or not self.attrs[sid] & (A_CONTROL | A_UNKNOWN)])
 
     def _merge(self, text: str, out: list[int]) -> None:
         """llm_tokenizer_spm_session::tokenize of one escaped fragment."""
-        syms = list(text)                           # one symbol per UTF-8 character
+        syms = _symbols(text)                       # one symbol per UTF-8 character
         n = len(syms)
         prev, nxt = list(range(-1, n - 1)), [*range(1, n), -1]
         heap: list[tuple[float, int, int, int]] = []
@@ -198,7 +204,7 @@ class SpmTokenizer(PieceVocab):
             if tid is not None:
                 out.append(tid)
             else:
-                for b in syms[i].encode("utf-8", "surrogatepass"):
+                for b in _raw_bytes(syms[i]):
                     if self._bytes[b] is None:
                         raise ModelRefused(f"the vocabulary has no token for byte 0x{b:02X} (<0x{b:02X}>)")
                     out.append(self._bytes[b])
@@ -244,3 +250,27 @@ class SpmTokenizer(PieceVocab):
 
     def detokenize(self, ids: Iterable[int], remove_special: bool = False, unparse_special: bool = False) -> str:
         return self.detokenize_bytes(ids, remove_special, unparse_special).decode("utf-8", "replace")
+
+
+def _raw_bytes(sym: str) -> bytes:
+    """The bytes of a symbol: an escaped byte (U+DC80..U+DCFF, encode_bytes) is itself."""
+    return b"".join(bytes([ord(c) - 0xDC00]) if 0xDC80 <= ord(c) <= 0xDCFF else c.encode("utf-8", "surrogatepass")
+                    for c in sym)
+
+
+_UTF8_LEN = (1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4)     # unicode_len_utf8, by the high nibble
+
+
+def _symbols(text: str) -> list[str]:
+    """The session's first split: one symbol per unicode_len_utf8 of its first byte (cut at the
+    end). Over valid UTF-8 that is one per character; escaped bytes (encode_bytes) split on the
+    raw bytes, so a bad lead byte takes the bytes after it along (they stay escaped)."""
+    if not any(0xDC80 <= ord(c) <= 0xDCFF for c in text):
+        return list(text)
+    raw = b"".join(_raw_bytes(c) for c in text)
+    syms, i = [], 0
+    while i < len(raw):
+        n = min(_UTF8_LEN[raw[i] >> 4], len(raw) - i)
+        syms.append(raw[i:i + n].decode("utf-8", "surrogateescape"))
+        i += n
+    return syms

@@ -42,12 +42,17 @@ class PieceVocab:
     tokens: list[str]
     refusal: Callable[[dict, dict], str | None]
 
+    suppress_tokens: tuple[int, ...] = ()   # tokenizer.ggml.suppress_tokens in range: the sampler bans them
+
     @classmethod
     def from_gguf(cls, gguf, name: str = "model"):
         why = cls.refusal(gguf.metadata, gguf.value_types)
         if why:
             raise ModelRefused(f"{name}: {why}")
-        return cls.from_metadata(gguf.metadata, name)
+        tok = cls.from_metadata(gguf.metadata, name)
+        suppress = gguf.metadata.get("tokenizer.ggml.suppress_tokens", ())
+        tok.suppress_tokens = tuple(int(i) for i in suppress if 0 <= int(i) < len(tok.tokens))
+        return tok
 
     @classmethod
     def from_metadata(cls, md: dict, name: str):

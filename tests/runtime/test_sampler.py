@@ -11,17 +11,8 @@ import pytest
 from bankml.backends.llvm import stdsort as native
 from bankml.numerics import stdsort
 from bankml.numerics.stdsort import partial_sort
-from bankml.runtime.sampler import (
-    GREEDY,
-    MT19937,
-    Candidates,
-    Sampler,
-    SamplerParams,
-    min_p,
-    temperature,
-    top_k,
-    top_p,
-)
+from bankml.runtime.sampler import GREEDY, Sampler, SamplerParams
+from bankml.runtime.sampler_filters import MT19937, Candidates, min_p, temperature, top_k, top_p
 
 
 def test_mt19937_matches_std_reference_values():
@@ -163,23 +154,45 @@ class _TokenDataArray(ctypes.Structure):
                 ("sorted", ctypes.c_bool)]
 
 
+class LogitBiasC(ctypes.Structure):
+    _fields_ = [("token", ctypes.c_int32), ("bias", ctypes.c_float)]          # llama_logit_bias
+
+
 @functools.cache
 def _libllama():
     """libllama of the oracle build, with the sampler API's signatures."""
     from bankml.oracle.paths import bin_dir
     lib = ctypes.CDLL(str(bin_dir() / "libllama.so"))
     P, F = ctypes.c_void_p, ctypes.c_float
-    I, N = ctypes.c_int32, ctypes.c_size_t
+    I, N, U = ctypes.c_int32, ctypes.c_size_t, ctypes.c_uint32
     for name, args in {"penalties": [I, I, F, F, F], "top_n_sigma": [F], "top_k": [I], "typical": [F, N],
-                       "top_p": [F, N], "min_p": [F, N], "xtc": [F, F, N, ctypes.c_uint32], "temp_ext": [F, F, F],
-                       "dist": [ctypes.c_uint32]}.items():
+                       "top_p": [F, N], "min_p": [F, N], "xtc": [F, F, N, U], "temp_ext": [F, F, F],
+                       "temp": [F], "dist": [U], "logit_bias": [I, I, P], "dry": [P, F, F, I, I, P, N],
+                       "mirostat": [I, U, F, F, I], "mirostat_v2": [U, F, F]}.items():
         fn = getattr(lib, f"llama_sampler_init_{name}")
         fn.restype, fn.argtypes = P, args
     lib.llama_sampler_chain_init.restype, lib.llama_sampler_chain_init.argtypes = P, [ctypes.c_bool]   # {no_perf}
     lib.llama_sampler_chain_add.argtypes = [P, P]
     lib.llama_sampler_apply.argtypes = [P, ctypes.POINTER(_TokenDataArray)]
+    lib.llama_sampler_accept.argtypes = [P, I]
+    lib.llama_sampler_reset.argtypes = [P]
+    lib.llama_sampler_chain_get.restype, lib.llama_sampler_chain_get.argtypes = P, [P, I]
+    lib.llama_sampler_name.restype, lib.llama_sampler_name.argtypes = P, [P]
+    lib.llama_sampler_chain_n.restype, lib.llama_sampler_chain_n.argtypes = I, [P]
     lib.llama_sampler_free.argtypes = [P]
     return lib
+
+
+def logit_bias_arg(biases) -> tuple:
+    """("logit_bias", n_vocab, n, array) arguments' tail: (n, a llama_logit_bias array)."""
+    arr = (LogitBiasC * max(len(biases), 1))(*[LogitBiasC(t, b) for t, b in biases])
+    return len(biases), ctypes.cast(arr, ctypes.c_void_p)
+
+
+def dry_breakers_arg(breakers) -> tuple:
+    """(const char ** seq_breakers, num_breakers) for llama_sampler_init_dry."""
+    arr = (ctypes.c_char_p * max(len(breakers), 1))(*[b.encode() for b in breakers])
+    return ctypes.cast(arr, ctypes.c_void_p), len(breakers)
 
 
 class LlamaChain:
@@ -192,14 +205,27 @@ class LlamaChain:
             lib.llama_sampler_chain_add(self.chain, getattr(lib, f"llama_sampler_init_{name}")(*args))
 
     @classmethod
-    def common(cls, p: SamplerParams, seed: int, n_vocab: int) -> LlamaChain:
-        """common/sampling.cpp's chain for these params, in common.h's order, with common.h's
-        defaults for what SamplerParams leaves off (dry, which needs a vocabulary, left out)."""
-        return cls(("penalties", n_vocab, 64, p.repeat_penalty, p.frequency_penalty, p.presence_penalty),
-                   ("top_n_sigma", p.top_n_sigma), ("top_k", p.top_k), ("typical", p.typical_p, p.min_keep),
-                   ("top_p", p.top_p, p.min_keep), ("min_p", p.min_p, p.min_keep),
-                   ("xtc", p.xtc_probability, p.xtc_threshold, p.min_keep, seed),
-                   ("temp_ext", p.temp, p.dynatemp_range, p.dynatemp_exponent), ("dist", seed))
+    def common(cls, p: SamplerParams, seed: int, n_vocab: int, vocab=None) -> LlamaChain:
+        """common_sampler_init's chain for these params (common/sampling.cpp): logit bias, then
+        p.samplers in order and dist, or temp and mirostat. vocab: a llama_vocab * (DRY)."""
+        chain = []
+        if p.logit_bias:
+            chain.append(("logit_bias", n_vocab, *logit_bias_arg(p.logit_bias)))
+        if p.mirostat == 1:
+            return cls(*chain, ("temp", p.temp), ("mirostat", n_vocab, seed, p.mirostat_tau, p.mirostat_eta, 100))
+        if p.mirostat == 2:
+            return cls(*chain, ("temp", p.temp), ("mirostat_v2", seed, p.mirostat_tau, p.mirostat_eta))
+        by_name = {
+            "penalties": ("penalties", p.repeat_last_n, p.repeat_penalty, p.frequency_penalty, p.presence_penalty),
+            "dry": ("dry", vocab, p.dry_multiplier, p.dry_base, p.dry_allowed_length, p.dry_penalty_last_n,
+                    *dry_breakers_arg(p.dry_sequence_breakers)),
+            "top_n_sigma": ("top_n_sigma", p.top_n_sigma), "top_k": ("top_k", p.top_k),
+            "typ_p": ("typical", p.typical_p, p.min_keep), "top_p": ("top_p", p.top_p, p.min_keep),
+            "min_p": ("min_p", p.min_p, p.min_keep),
+            "xtc": ("xtc", p.xtc_probability, p.xtc_threshold, p.min_keep, seed),
+            "temperature": ("temp_ext", p.temp, p.dynatemp_range, p.dynatemp_exponent)}
+        by_name["penalties"] = ("penalties", n_vocab, *by_name["penalties"][1:])
+        return cls(*chain, *(by_name[name] for name in p.samplers), ("dist", seed))
 
     def apply(self, logits: np.ndarray) -> tuple[np.ndarray, int, bool]:
         """llama_sampler_apply on the row as llama_sampler_sample lays it out: the candidates left,
@@ -214,6 +240,22 @@ class LlamaChain:
     def sample(self, logits: np.ndarray) -> int:
         data, selected, _ = self.apply(logits)
         return int(data["id"][selected])
+
+    def accept(self, ids) -> None:
+        for token in ids:
+            self.lib.llama_sampler_accept(self.chain, int(token))
+
+    def reset(self) -> None:
+        self.lib.llama_sampler_reset(self.chain)
+
+    def mirostat_mu(self) -> np.float32:
+        """mu of the chain's last sampler, a mirostat: struct llama_sampler {iface, ctx}; ctx is a
+        llama_sampler_mirostat {n_vocab, seed, seed_cur, tau, eta, m, mu, ...} (mu at byte 24) or a
+        llama_sampler_mirostat_v2 {seed, seed_cur, tau, eta, mu, ...} (mu at byte 16)."""
+        smpl = self.lib.llama_sampler_chain_get(self.chain, self.lib.llama_sampler_chain_n(self.chain) - 1)
+        ctx = ctypes.c_void_p.from_address(smpl + 8).value
+        name = ctypes.cast(self.lib.llama_sampler_name(smpl), ctypes.c_char_p).value
+        return np.float32(ctypes.c_float.from_address(ctx + (24 if name == b"mirostat" else 16)).value)
 
     def __del__(self):
         self.lib.llama_sampler_free(self.chain)

@@ -11,18 +11,9 @@ import pytest
 from test_sampler import LlamaChain, _TokenDataArray, tied_logits
 
 from bankml.numerics import libm, stdsort
-from bankml.runtime.sampler import (
-    MT19937,
-    Candidates,
-    Sampler,
-    SamplerParams,
-    _softmax,
-    temp_ext,
-    top_n_sigma,
-    typical,
-    uniform_f32,
-    xtc,
-)
+from bankml.runtime.sampler import Sampler, SamplerParams
+from bankml.runtime.sampler_filters import (MT19937, Candidates, _softmax, temp_ext, top_n_sigma, typical, uniform_f32,
+                                            xtc)
 
 
 def test_sum_f32_of_f64_rounds_each_add_to_float():
