@@ -12,7 +12,7 @@ stateless samplers are in sampler_filters.py, those with a history or a state in
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -62,8 +62,11 @@ class SamplerParams:
         """What common_sampler_init refuses (throws or asserts on), as ValueError."""
         for name in ("dry_sequence_breakers", "samplers"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
-        object.__setattr__(self, "logit_bias", tuple((int(t), float(b)) for t, b in self.logit_bias))
-        with np.errstate(all="ignore"):
+        with np.errstate(all="ignore"):        # common_params_sampling's floats are C floats: 1e-50 is 0
+            for f in fields(self):
+                if f.type == "float":
+                    object.__setattr__(self, f.name, float(f32(getattr(self, f.name))))
+            object.__setattr__(self, "logit_bias", tuple((int(t), float(f32(b))) for t, b in self.logit_bias))
             rp = f32(self.repeat_penalty)
             if not (np.isfinite(rp) and rp > 0 and np.isfinite(f32(1) / rp)):
                 raise ValueError(f"sampler repeat_penalty={self.repeat_penalty}: must be finite and greater than 0")

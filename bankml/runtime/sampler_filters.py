@@ -157,8 +157,9 @@ def top_p(c: Candidates, p: float, min_keep: int) -> None:
     at least min_keep). Unsorted above 1,024 candidates it sorts the top 256 first (bucketed) and
     the whole array only when the sum gets past them: the p values in order are the same in both
     (the same sorted values), only the order of equal logits can differ, so the kept ids come from
-    the sort that was current when the sum stopped."""
-    if p >= 1.0:
+    the sort that was current when the sum stopped. p is a float, as the sampler keeps it."""
+    p32 = np.float32(p)
+    if p32 >= 1:
         return
     _softmax(c)
     n = len(c.ids)
@@ -167,7 +168,6 @@ def top_p(c: Candidates, p: float, min_keep: int) -> None:
         first = bucket_partial_sort(c.logit, min(256, n))
     elif not c.sorted:
         c.sort_top(n)
-    p32 = np.float32(p)
     head = c.p[first] if first is not None else c.p
     last = _first((_cumsum_f32(head) >= p32) & _at_least(len(head), min_keep, 1))
     if last is not None and first is not None:
@@ -187,10 +187,12 @@ def _logf(p: float) -> np.float32:
 
 def min_p(c: Candidates, p: float, min_keep: int) -> None:
     """llama_sampler_min_p_apply: logits at least max + logf(p) (f32), in their order; sorted (or
-    when that keeps too few) the first ones down to the first below the cut past min_keep."""
-    if p <= 0.0 or not len(c.ids):
+    when that keeps too few) the first ones down to the first below the cut past min_keep. p is a
+    float, as the sampler keeps it."""
+    p32 = np.float32(p)
+    if p32 <= 0 or not len(c.ids):
         return
-    log_p = _logf(p)
+    log_p = _logf(float(p32))
     if not c.sorted:
         cut = np.float32(_max_logit(c.logit, np.float32(-np.finfo(np.float32).max)) + log_p)
         mask = c.logit >= cut
@@ -206,16 +208,18 @@ def min_p(c: Candidates, p: float, min_keep: int) -> None:
 
 def temperature(c: Candidates, temp: float) -> None:
     """llama_sampler_temp_impl: logits / temp in f32; temp <= 0 keeps the first of the highest
-    (a later one only when strictly higher; NaN never is) and sets every other to -inf."""
-    if temp == 1.0 or not len(c.ids):
+    (a later one only when strictly higher; NaN never is) and sets every other to -inf. temp is a
+    float, as the sampler keeps it."""
+    temp = np.float32(temp)
+    if temp == 1 or not len(c.ids):
         return
-    if temp <= 0.0:
+    if temp <= 0:
         best = 0 if np.isnan(c.logit[0]) else int(np.argmax(np.where(np.isnan(c.logit), -np.inf, c.logit)))
         out = np.full(len(c.ids), -np.inf, np.float32)
         out[best] = c.logit[best]
         c.logit = out
         return
-    c.logit = c.logit / np.float32(temp)
+    c.logit = c.logit / temp
 
 
 def dist(c: Candidates, rng: MT19937) -> int:
