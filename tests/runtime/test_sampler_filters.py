@@ -8,7 +8,7 @@ import math
 
 import numpy as np
 import pytest
-from test_sampler import LlamaChain, _TokenDataArray, tied_logits
+from test_sampler import LlamaChain, _TokenDataArray, seeds, tied_logits
 
 from bankml.numerics import libm, stdsort
 from bankml.runtime.sampler import Sampler, SamplerParams
@@ -138,9 +138,9 @@ def test_filter_leaves_llama_cpp_candidates(sampler, n):
                                      ("xtc", 1.0, 0.01, 49150), ("xtc", 0.3, 0.5, 0)], ids=lambda s: "-".join(map(str, s)))
 def test_xtc_draws_and_leaves_llama_cpp_candidates(sampler, n):
     """XTC's own RNG (std::mt19937(seed), uniform_real_distribution<float>) over 12 rows a seed,
-    20 seeds: where it fires and what it leaves, to the bit."""
+    20 seeds (5 on the large vocabulary): where it fires and what it leaves, to the bit."""
     rows, fired, skipped = filter_rows(np.random.default_rng(n + 8), n), 0, 0
-    for seed in range(20):
+    for seed in seeds(n, 20):
         theirs, rng = LlamaChain((*sampler, seed)), MT19937(seed)
         for _ in range(12):
             logits = next(rows)
@@ -203,11 +203,12 @@ def _name(p: SamplerParams) -> str:
 @pytest.mark.parametrize("n", [49152, 262144])
 @pytest.mark.parametrize("params", CHAINS, ids=_name)
 def test_filter_chain_draws_llama_cpp_tokens_and_candidates(params, n):
-    """common/sampling.cpp's chain with the filters on, in libllama and Sampler, 20 seeds, 5 draws
-    each (both RNGs carry from draw to draw): the same tokens, and candidates() is what
-    common_sampler_get_candidates(smpl, true) gives llama-server's post_sampling_probs."""
+    """common/sampling.cpp's chain with the filters on, in libllama and Sampler, 20 seeds (5 on the
+    large vocabulary), 5 draws each (both RNGs carry from draw to draw): the same tokens, and
+    candidates() is what common_sampler_get_candidates(smpl, true) gives llama-server's
+    post_sampling_probs."""
     rows = filter_rows(np.random.default_rng(n + 9), n)
-    for seed in range(20):
+    for seed in seeds(n, 20):
         ours, theirs = Sampler(params, seed), LlamaChain.common(params, seed, n)
         for _ in range(5):
             logits = next(rows)
