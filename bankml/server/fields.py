@@ -16,12 +16,13 @@ interface in its docstring); make_params builds SamplerParams in one place.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
+from bankml.runtime.params import LLAMA_DEFAULTS, Unsupported, build, f32
+from bankml.runtime.params import takes as sampler_takes  # noqa: F401  (ollama.py, tests)
 from bankml.runtime.sampler import LLAMA_DEFAULT_SEED, SamplerParams
 
 INT32_MAX = 2**31 - 1
@@ -60,12 +61,6 @@ def present(body: dict, *names: str):
         if body.get(n) is not None:
             return n, body[n]
     return None, None
-
-
-def f32(v) -> float:
-    """get<float>: the double rounded to float (past FLT_MAX: inf)."""
-    with np.errstate(over="ignore"):
-        return float(np.float32(v))
 
 
 def i32(v) -> int:
@@ -165,18 +160,6 @@ SAMPLING = (
     Num("mirostat_eta", "mirostat_eta"),
 )
 MIN_KEEP = Num("min_keep", "min_keep", i32, 0, INT32_MAX, hard=True)
-
-# common_params_sampling's defaults (common/common.h) for every field the sampler interface names;
-# SamplerParams' own defaults win where it has the field.
-LLAMA_DEFAULTS = dict(
-    temp=0.8, dynatemp_range=0.0, dynatemp_exponent=1.0, top_k=40, top_p=0.95, min_p=0.05, min_keep=0,
-    typical_p=1.0, top_n_sigma=-1.0, xtc_probability=0.0, xtc_threshold=0.1, repeat_last_n=64,
-    repeat_penalty=1.0, frequency_penalty=0.0, presence_penalty=0.0, dry_multiplier=0.0, dry_base=1.75,
-    dry_allowed_length=2, dry_penalty_last_n=64, dry_sequence_breakers=("\n", ":", "\"", "*"), mirostat=0,
-    mirostat_tau=5.0, mirostat_eta=0.1, logit_bias=(),
-    samplers=("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature"))
-LLAMA_DEFAULTS.update({f.name: f.default for f in dataclasses.fields(SamplerParams)
-                       if f.default is not dataclasses.MISSING})
 
 # common_sampler_types_from_names: the canonical names, kebab-case and no-dash aliases, and three more
 _CANONICAL = ("dry", "top_k", "top_p", "top_n_sigma", "typ_p", "min_p", "temperature", "xtc", "infill",
@@ -329,48 +312,14 @@ def check_penalties(kw: dict) -> None:
         raise BadRequest(f"Failed to initialize samplers: {why}")
 
 
-def _same(a, b) -> bool:
-    """Equal as llama.cpp holds them (floats as float32)."""
-    if isinstance(a, float) or isinstance(b, float):
-        return f32(a) == f32(b)
-    return a == b
-
-
-def sampler_takes(name: str, value) -> bool:
-    """Whether SamplerParams has the field and takes the value."""
-    if name not in {f.name for f in dataclasses.fields(SamplerParams)}:
-        return _same(value, LLAMA_DEFAULTS[name])
-    try:
-        SamplerParams(**{name: value})
-        return True
-    except ValueError:
-        return False
-
-
 def make_params(kw: dict, explicit: set) -> SamplerParams:
-    """SamplerParams from the kwargs: the one place a request's sampler is built.
-
-    A field SamplerParams does not have, or a value it does not take, is refused (501) when the
-    request set it and left at llama.cpp's default when only the route's defaults did (Ollama's
-    repeat_penalty 1.1). Once SamplerParams has every field of the interface, nothing is dropped."""
+    """SamplerParams from the kwargs (bankml/runtime/params.py): a field or value the sampler does
+    not have yet is a 501 when the request set it; what llama.cpp refuses, a 400."""
     check_penalties(kw)
-    names = {f.name: f.default for f in dataclasses.fields(SamplerParams)}
-    use = {}
-    for name, v in kw.items():
-        if name in names:
-            if _same(v, names[name]):
-                continue
-            try:
-                SamplerParams(**{name: v})
-                use[name] = v
-            except ValueError as e:
-                if name in explicit:
-                    raise BadRequest(f"Field '{name}': {e}", 501, "not_supported_error") from None
-        elif name in explicit and not _same(v, LLAMA_DEFAULTS[name]):
-            raise BadRequest(f"Field '{name}': bankml's sampler has no {name} sampler yet", 501,
-                             "not_supported_error")
     try:
-        return SamplerParams(**use)
+        return build(kw, explicit)
+    except Unsupported as e:
+        raise BadRequest(f"Field '{e.name}': {e}", 501, "not_supported_error") from None
     except ValueError as e:
         raise BadRequest(f"Failed to initialize samplers: {e}") from None
 
