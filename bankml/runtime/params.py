@@ -67,11 +67,30 @@ def takes(name: str, value) -> bool:
         return False
 
 
+# a setting that only matters with its sampler on: (the sampler's switches, their off values)
+_ONLY_WITH = {
+    "repeat_last_n": {"repeat_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0},
+    "dry_base": {"dry_multiplier": 0.0}, "dry_allowed_length": {"dry_multiplier": 0.0},
+    "dry_penalty_last_n": {"dry_multiplier": 0.0}, "dry_sequence_breakers": {"dry_multiplier": 0.0},
+    "mirostat_tau": {"mirostat": 0}, "mirostat_eta": {"mirostat": 0},
+}
+
+
+def _idle(name: str, kw: dict) -> bool:
+    """A setting whose sampler is off (it changes nothing)."""
+    off = _ONLY_WITH.get(name)
+    return off is not None and all(same(kw.get(k, v), v) for k, v in off.items())
+
+
 def build(kw: dict, explicit: set) -> SamplerParams:
-    """SamplerParams from the interface's fields (any subset; the rest take their defaults)."""
+    """SamplerParams from the interface's fields (any subset; the rest take their defaults). A
+    setting of a sampler that is off is never refused (repeat_last_n without a penalty)."""
     have = _fields()
     use = {}
+    kept = {n: v if n in explicit or takes(n, v) else LLAMA_DEFAULTS[n] for n, v in kw.items()}
     for name, v in kw.items():
+        if name not in have and _idle(name, kept):
+            continue
         if name in have:
             if same(v, have[name]):
                 continue

@@ -241,7 +241,7 @@ async def _ollama(request: Request, kind: str):
     t0 = time.perf_counter_ns()
     try:
         body = await read_json(request)
-        fields = ollama.options_fields(body, srv.vocab)
+        fields = ollama.options_fields(body, srv.vocab, srv.model.n_ctx)
         stream = ollama.streaming(body)
         build = ollama.chat_ids if kind == "chat" else ollama.generate_ids
         prompt = await run_in_threadpool(build, srv.model, body)

@@ -257,16 +257,13 @@ def samplers_field(v) -> tuple[str, ...] | None:
     return None
 
 
-def sampling_kwargs(body: dict, vocab: Vocab | None = None, defaults: dict | None = None,
-                    allow_last_n_ctx: bool = False) -> tuple[dict, set]:
+def sampling_kwargs(body: dict, vocab: Vocab | None = None, defaults: dict | None = None) -> tuple[dict, set]:
     """Every SamplerParams field from the request (defaults: LLAMA_DEFAULTS, over them the route's
-    own): (kwargs, the names the request set). allow_last_n_ctx lets repeat_last_n and
-    dry_penalty_last_n be -1 (the context size, as Ollama's options may say)."""
+    own): (kwargs, the names the request set)."""
     d = {**LLAMA_DEFAULTS, **(defaults or {})}
     kw, explicit = dict(d), set()
     for f in SAMPLING:
-        lo = -1 if allow_last_n_ctx and f.name.endswith("_last_n") else f.lo
-        v = num(body, f.name, None, f.kind, lo, f.hi, f.hard)
+        v = num(body, f.name, None, f.kind, f.lo, f.hi, f.hard)
         if v is None:
             continue
         if f.name == "dry_base" and v < 1.0:
@@ -349,12 +346,11 @@ def adaptive_p(body: dict) -> None:
                          "negative (off)", 501, "not_supported_error")
 
 
-def job_fields(body: dict, vocab: Vocab | None = None, defaults: dict | None = None,
-               allow_last_n_ctx: bool = False) -> dict:
+def job_fields(body: dict, vocab: Vocab | None = None, defaults: dict | None = None) -> dict:
     """n_predict (max_completion_tokens, max_tokens), sampler, seed, n_probs, post_sampling_probs,
     stop, cache_prompt."""
     n_predict = num(body, ("n_predict", "max_completion_tokens", "max_tokens"), -1, i32, -1, INT32_MAX, hard=True)
-    kw, explicit = sampling_kwargs(body, vocab, defaults, allow_last_n_ctx)
+    kw, explicit = sampling_kwargs(body, vocab, defaults)
     adaptive_p(body)
     seed = seed_of(body)
     probs = probs_fields(body)

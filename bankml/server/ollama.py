@@ -5,8 +5,8 @@
 number's integer part, a float32 one a number, `stop` an array of strings; an unknown option is
 ignored) and Ollama's defaults (DefaultOptions) for the options Ollama has; each maps onto the
 llama-server field of the same meaning (num_predict -> n_predict, the rest by name), whose limits
-apply, except that repeat_last_n may be -1 (the context), as Ollama documents. Errors are
-Ollama's {"error": "message"}.
+apply; repeat_last_n -1 is the context size, as Ollama documents (llama.cpp has no such value).
+Errors are Ollama's {"error": "message"}.
 """
 from __future__ import annotations
 
@@ -76,8 +76,9 @@ def _option(key: str, kind: str, v):
     return v
 
 
-def options_fields(body: dict, vocab=None) -> dict:
-    """The job's fields from `options`: Ollama's names, types and defaults, llama-server's limits."""
+def options_fields(body: dict, vocab=None, n_ctx: int = 4096) -> dict:
+    """The job's fields from `options`: Ollama's names, types and defaults, llama-server's limits;
+    repeat_last_n -1 is the context size (Ollama's num_ctx: the slot's)."""
     options = body.get("options")
     if options is None:
         options = {}
@@ -91,7 +92,9 @@ def options_fields(body: dict, vocab=None) -> dict:
         v = _option(key, kind, v)
         if name is not None:
             mapped[name] = v
-    return job_fields(mapped, vocab, defaults=sampler_defaults(), allow_last_n_ctx=True)
+    if mapped.get("repeat_last_n") == -1:
+        mapped["repeat_last_n"] = n_ctx
+    return job_fields(mapped, vocab, defaults=sampler_defaults())
 
 
 def streaming(body: dict) -> bool:

@@ -153,9 +153,14 @@ def test_ollama_options_map_to_llama_server_fields():
     assert (p["params"].temp, p["params"].top_p, p["seed"], p["stop"]) == (0.0, 0.5, 7, ["x"])
 
 
-def test_ollama_repeat_last_n_may_be_the_context():
-    k, _ = F.sampling_kwargs({"repeat_last_n": -1}, allow_last_n_ctx=True)
-    assert k["repeat_last_n"] == -1
+def test_ollama_repeat_last_n_minus_one_is_the_context():
+    """Ollama documents -1 as num_ctx; llama.cpp has no such value (a negative last_n is off), so
+    the slot's context size is passed."""
+    p = ollama.options_fields({"options": {"repeat_last_n": -1}}, n_ctx=2048)
+    if F.sampler_takes("repeat_last_n", 2048):
+        assert p["params"].repeat_last_n == 2048
+    with pytest.raises(BadRequest, match="Value must be between 0"):
+        ollama.options_fields({"options": {"repeat_last_n": -2}})
 
 
 @pytest.mark.parametrize("opt, v, msg", [("num_predict", "x", 'option "num_predict" must be of type integer'),
@@ -165,3 +170,8 @@ def test_ollama_repeat_last_n_may_be_the_context():
 def test_ollama_option_types_as_ollama_checks_them(opt, v, msg):
     with pytest.raises(BadRequest, match=msg):
         ollama.options_fields({"options": {opt: v}})
+
+
+def test_a_setting_of_a_sampler_that_is_off_is_never_refused():
+    for body in [{"repeat_last_n": 32}, {"dry_base": 2.5, "dry_allowed_length": 4}, {"mirostat_tau": 3}]:
+        F.job_fields(body, vocab())
