@@ -26,7 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from bankml.server import ollama, openai
+from bankml.server import native, ollama, openai
 from bankml.server.engine import Job, run_job
 from bankml.server.fields import BadRequest, Vocab, boolean, chat_logprobs, job_fields
 from bankml.server.handoff import Handoff
@@ -47,13 +47,14 @@ class Server:
         self.vocab = Vocab.of(model)            # what logit_bias and ignore_eos read
         tok = tokenizer_for(model)
         self.piece = lambda t: tok.piece(t, special=False)
+        self.detokenize = lambda ids: b"".join(tok.piece(t, special=True) for t in ids).decode("utf-8", "replace")
         self.started = time.time()
         self.handoff = Handoff()                # the workers' events to the loop (handoff.py)
         weakref.finalize(self, self.handoff.close)
 
     async def generate(self, prompt: list[int], fields: dict, stream: bool = True):
         """A slot for the prompt (Busy when the queue is full), then its events as they come:
-        ("text", str, Prob | None) per token when streaming, then ("done", Result) or ("error", exception)."""
+        ("text", str, Prob | None, token) per token when streaming, then ("done", Result) or ("error", exception)."""
         if len(prompt) >= self.model.n_ctx:
             raise BadRequest(f"request ({len(prompt)} tokens) exceeds the available context size "
                              f"({self.model.n_ctx} tokens), try increasing it", 400, "exceed_context_size_error")
@@ -67,7 +68,7 @@ class Server:
             self.handoff.put(loop, q.put_nowait, ev)
 
         def work():
-            on_text = (lambda s, t, p: put(("text", s, p))) if stream else (lambda s, t, p: None)
+            on_text = (lambda s, t, p: put(("text", s, p, t))) if stream else (lambda s, t, p: None)
             try:
                 put(("done", run_job(self.model, slot, job, on_text, cancel.is_set)))
             except Exception as e:          # a bankml bug: reported to the client and logged
@@ -226,6 +227,43 @@ async def _openai(request: Request, chat: bool):
     return StreamingResponse(body_iter(), media_type="text/event-stream")
 
 
+async def completion(request: Request):
+    """llama-server's own /completion (server/native.py)."""
+    srv: Server = request.app.state.server
+    try:
+        body = await read_json(request)
+        fields = job_fields(body, srv.vocab)
+        stream = boolean(body, "stream", False)
+        prompt = await run_in_threadpool(openai.completion_prompt, srv.model, body)
+        events = await srv.generate(prompt, fields, stream)
+    except BadRequest as e:
+        return oai_error(str(e), e.status, e.kind)
+    except Busy:
+        return oai_error(BUSY, 503, "unavailable_error")
+    post = fields["post_sampling_probs"]
+    prompt_text = srv.detokenize(prompt)
+    if not stream:
+        try:
+            r = await events.result()
+        except Exception as e:
+            return oai_error(f"generation failed: {e}", 500, "server_error")
+        return JSONResponse(native.final(r, fields, srv.name, prompt_text, False, srv.piece,
+                                         boolean(body, "return_tokens", False)))
+
+    async def body_iter():
+        n = 0
+        async for kind, value, *prob in events:
+            if kind == "text":
+                n += 1
+                if prob[0] is not None or not fields["n_probs"]:
+                    yield sse(native.partial(n, len(prompt), value, prob[1], prob[0], post, srv.piece))
+            elif kind == "done":
+                yield sse(native.final(value, fields, srv.name, prompt_text, True, srv.piece))
+            else:
+                yield sse({"error": openai.error_body(f"generation failed: {value}", 500, "server_error")["error"]})
+    return StreamingResponse(body_iter(), media_type="text/event-stream")
+
+
 # ---------------------------------------------------------------- Ollama routes
 
 async def api_chat(request: Request):
@@ -331,6 +369,7 @@ def make_app(model, n_slots: int = 1, queue_size: int = 16, api_key: str | None 
         Route("/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/completions", completions, methods=["POST"]),
+        Route("/completion", completion, methods=["POST"]),
         Route("/api/chat", api_chat, methods=["POST"]), Route("/api/generate", api_generate, methods=["POST"]),
         Route("/api/tags", api_tags), Route("/api/show", api_show, methods=["POST"]),
         Route("/api/version", api_version),

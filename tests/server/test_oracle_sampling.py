@@ -135,3 +135,19 @@ def test_refusals_equal_llama_server(pair):
         want = httpx.post(theirs.url + "/v1/completions", json=body, timeout=60)
         assert (got.status_code, got.json()["error"]["message"]) == \
             (want.status_code, want.json()["error"]["message"]), body
+
+
+@pytest.mark.oracle
+@pytest.mark.server
+@pytest.mark.parametrize("setting", [{"n_probs": 3}, {"n_probs": 2, "post_sampling_probs": True}],
+                         ids=["pre-sampling", "post-sampling"])
+def test_completion_probabilities_equal_llama_server(pair, setting):
+    """llama-server's own /completion: content, tokens and completion_probabilities, whole and streamed."""
+    ours, theirs = pair
+    body = {"prompt": PROMPTS[1], "n_predict": N, "seed": 5, "return_tokens": True, **setting}
+    got, want = post(ours.url, "/completion", body), post(theirs.url, "/completion", body)
+    keys = ("content", "tokens", "completion_probabilities", "stop_type", "tokens_predicted")
+    assert {k: got[k] for k in keys} == {k: want[k] for k in keys}
+    got, want = streamed(ours.url, "/completion", body), streamed(theirs.url, "/completion", body)
+    part = ("content", "tokens", "completion_probabilities")
+    assert [{k: c.get(k) for k in part} for c in got] == [{k: c.get(k) for k in part} for c in want]
