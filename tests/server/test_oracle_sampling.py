@@ -151,3 +151,30 @@ def test_completion_probabilities_equal_llama_server(pair, setting):
     got, want = streamed(ours.url, "/completion", body), streamed(theirs.url, "/completion", body)
     part = ("content", "tokens", "completion_probabilities")
     assert [{k: c.get(k) for k in part} for c in got] == [{k: c.get(k) for k in part} for c in want]
+
+
+OLLAMA = [
+    pytest.param({}, id="ollama-defaults"),
+    pytest.param({"typical_p": 0.6, "top_k": 0, "temperature": 1.2}, id="typical"),
+    pytest.param({"repeat_penalty": 1.3, "repeat_last_n": -1, "presence_penalty": 0.4}, id="penalties", marks=PENDING),
+    pytest.param({"mirostat": 2, "mirostat_tau": 4.0}, id="mirostat", marks=PENDING),
+]
+
+
+@pytest.mark.oracle
+@pytest.mark.server
+@pytest.mark.parametrize("options", OLLAMA)
+def test_ollama_options_equal_llama_server_with_ollamas_defaults(pair, options):
+    """/api/generate (raw) with Ollama's options gives the text llama-server gives for the same
+    fields under its names, Ollama's defaults spelled out; repeat_last_n -1 is the context."""
+    from bankml.server import ollama
+    ours, theirs = pair
+    for seed in range(5):
+        opts = {"seed": seed, "num_predict": N, **options}
+        fields = {**ollama.applied_defaults(), "seed": seed, "max_tokens": N}
+        for k, v in options.items():
+            fields[ollama.OPTIONS[k][0]] = 4096 if k == "repeat_last_n" and v == -1 else v
+        prompt = PROMPTS[seed % len(PROMPTS)]
+        got = post(ours.url, "/api/generate", {"prompt": prompt, "raw": True, "stream": False, "options": opts})
+        want = post(theirs.url, "/v1/completions", {"prompt": prompt, **fields})
+        assert got["response"] == want["choices"][0]["text"], opts
