@@ -54,7 +54,8 @@ class Server:
 
     async def generate(self, prompt: list[int], fields: dict, stream: bool = True):
         """A slot for the prompt (Busy when the queue is full), then its events as they come:
-        ("text", str, Prob | None, token) per token when streaming, then ("done", Result) or ("error", exception)."""
+        ("text", str, Prob | None, token) per token when streaming, then ("done", Result, None, None)
+        or ("error", exception, None, None)."""
         if len(prompt) >= self.model.n_ctx:
             raise BadRequest(f"request ({len(prompt)} tokens) exceeds the available context size "
                              f"({self.model.n_ctx} tokens), try increasing it", 400, "exceed_context_size_error")
@@ -70,10 +71,10 @@ class Server:
         def work():
             on_text = (lambda s, t, p: put(("text", s, p, t))) if stream else (lambda s, t, p: None)
             try:
-                put(("done", run_job(self.model, slot, job, on_text, cancel.is_set)))
+                put(("done", run_job(self.model, slot, job, on_text, cancel.is_set), None, None))
             except Exception as e:          # a bankml bug: reported to the client and logged
                 print(f"bankml serve: generation failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-                put(("error", e))
+                put(("error", e, None, None))
             finally:
                 self.handoff.put(loop, self.pool.release, slot)
 
@@ -100,7 +101,7 @@ class _Events:
             self.cancel.set()               # the client left (or the stream ended): stop generating
 
     async def result(self):
-        async for kind, value, *_ in self:
+        async for kind, value, _, _ in self:
             if kind == "done":
                 return value
             if kind == "error":
@@ -203,13 +204,13 @@ async def _openai(request: Request, chat: bool):
 
     async def body_iter():
         first = True
-        async for kind, value, *prob in events:
+        async for kind, value, prob, _ in events:
             if kind == "text":
                 if chat:
-                    for c in openai.chat_token_chunks(cid, srv.name, first, value, prob[0], post, srv.piece):
+                    for c in openai.chat_token_chunks(cid, srv.name, first, value, prob, post, srv.piece):
                         yield sse(c)
                 else:
-                    yield sse(openai.text_chunk(cid, srv.name, value, prob=prob[0], post=post, piece=srv.piece))
+                    yield sse(openai.text_chunk(cid, srv.name, value, prob=prob, post=post, piece=srv.piece))
                 first = False
             elif kind == "done":
                 if chat:
@@ -252,11 +253,11 @@ async def completion(request: Request):
 
     async def body_iter():
         n = 0
-        async for kind, value, *prob in events:
+        async for kind, value, prob, tok in events:
             if kind == "text":
                 n += 1
-                if prob[0] is not None or not fields["n_probs"]:
-                    yield sse(native.partial(n, len(prompt), value, prob[1], prob[0], post, srv.piece))
+                if prob is not None or not fields["n_probs"]:
+                    yield sse(native.partial(n, len(prompt), value, tok, prob, post, srv.piece))
             elif kind == "done":
                 yield sse(native.final(value, fields, srv.name, prompt_text, True, srv.piece))
             else:
@@ -299,7 +300,7 @@ async def _ollama(request: Request, kind: str):
         return JSONResponse(ollama.final(name, kind, r, r.text, time.perf_counter_ns() - t0, prompt))
 
     async def body_iter():
-        async for ev, value, *_ in events:
+        async for ev, value, _, _ in events:
             if ev == "text":
                 if value:
                     yield ndjson(ollama.chunk(name, kind, value))

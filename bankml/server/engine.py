@@ -95,7 +95,6 @@ def run_job(model, slot: Slot, job: Job, on_text: Callable[..., None] = lambda s
     sess = slot.session
     n_cached = prefix_state(slot, job.prompt, job.cache_prompt)
     rest = job.prompt[n_cached:]
-    sampler = None
     t0 = time.perf_counter()
     if slot.n_swa:                      # llama-server's checkpoint batches (server/checkpoints.py)
         slot.n_tasks += 1

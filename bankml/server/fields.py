@@ -272,14 +272,16 @@ def sampling_kwargs(body: dict, vocab: Vocab | None = None, defaults: dict | Non
         explicit.add(f.param)
     v = num(body, MIN_KEEP.name, None, MIN_KEEP.kind, MIN_KEEP.lo, MIN_KEEP.hi, MIN_KEEP.hard)
     if v is not None:
-        kw["min_keep"], _ = v, explicit.add("min_keep")
+        kw["min_keep"] = v
+        explicit.add("min_keep")
     if body.get("dry_sequence_breakers") is not None:
         v = body["dry_sequence_breakers"]
         ok = isinstance(v, list) and v and all(isinstance(s, str) for s in v)
         if not ok:      # json_value gives an empty vector for the wrong type, then the handler refuses
             raise BadRequest("Field 'dry_sequence_breakers': Error: dry_sequence_breakers must be a "
                              "non-empty array of strings")
-        kw["dry_sequence_breakers"], _ = tuple(v), explicit.add("dry_sequence_breakers")
+        kw["dry_sequence_breakers"] = tuple(v)
+        explicit.add("dry_sequence_breakers")
     bias = list(kw["logit_bias"])
     if body.get("logit_bias") is not None:
         bias = logit_bias(body["logit_bias"], vocab or Vocab(0))
@@ -291,7 +293,8 @@ def sampling_kwargs(body: dict, vocab: Vocab | None = None, defaults: dict | Non
     if body.get("samplers") is not None:
         s = samplers_field(body["samplers"])
         if s is not None:
-            kw["samplers"], _ = s, explicit.add("samplers")
+            kw["samplers"] = s
+            explicit.add("samplers")
     return kw, explicit
 
 
