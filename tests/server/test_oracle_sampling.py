@@ -129,12 +129,19 @@ def test_chat_logprobs_equal_llama_server(pair, stream):
 @pytest.mark.server
 def test_refusals_equal_llama_server(pair):
     ours, theirs = pair
-    for body in [{"repeat_last_n": -1}, {"min_keep": -2}, {"dry_sequence_breakers": []}, {"temperature": "x"}]:
+    bad = [{"repeat_last_n": -1}, {"min_keep": -2}, {"dry_sequence_breakers": []}, {"dry_sequence_breakers": "x"},
+           {"temperature": "x"}, {"samplers": ["top_k", 1]}, {"dry_allowed_length": -1}, {"adaptive_decay": 1},
+           {"repeat_penalty": 0}, {"repeat_penalty": -1.5}, {"n_predict": -2}, {"ignore_eos": 1}]
+    for body in bad:
         body = {"prompt": "Hi", "max_tokens": 1, **body}
         got = httpx.post(ours.url + "/v1/completions", json=body, timeout=60)
         want = httpx.post(theirs.url + "/v1/completions", json=body, timeout=60)
         assert (got.status_code, got.json()["error"]["message"]) == \
             (want.status_code, want.json()["error"]["message"]), body
+    body = {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "top_logprobs": 2}
+    got = httpx.post(ours.url + "/v1/chat/completions", json=body, timeout=60)
+    want = httpx.post(theirs.url + "/v1/chat/completions", json=body, timeout=60)
+    assert (got.status_code, got.json()["error"]["message"]) == (want.status_code, want.json()["error"]["message"])
 
 
 @pytest.mark.oracle
