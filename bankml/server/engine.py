@@ -1,10 +1,11 @@
 """One request's generation in a slot, as llama-server's update_slots and process_token run it.
 
     job = Job(prompt=ids, n_predict=16, params=SamplerParams(temp=0), seed=42, stop=["\\n"])
-    result = run_job(model, slot, job, on_text=print, cancelled=event.is_set)   # in a worker thread
+    result = run_job(model, slot, job, on_text=lambda text, tok, prob: ..., cancelled=event.is_set)
 
-The slot keeps its cells for the prompt's common prefix, prefills the rest, then samples and
-decodes one token at a time. Text follows process_token: a token's piece without its special
+The slot keeps its cells for the prompt's common prefix, prefills the rest, starts the sampler
+with the whole prompt accepted (init_sampler), then samples and decodes one token at a time; with
+n_probs, each token's probabilities as populate_token_probs takes them (runtime/probs.py). Text follows process_token: a token's piece without its special
 text (the end-of-generation token adds none), nothing sent while the UTF-8 is incomplete or the
 text ends with the start of a stop string, and a stop string ends the text before it. Stops:
 a stop string ("stop" / STOP_TYPE_WORD), the end-of-generation token ("stop" / EOS), n_predict
