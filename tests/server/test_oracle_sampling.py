@@ -92,6 +92,8 @@ PROBS = [
     pytest.param({"n_probs": 4, "post_sampling_probs": True}, id="post-sampling"),
     pytest.param({"logprobs": 3, "temperature": 0}, id="greedy"),
     pytest.param({"n_probs": 6, "post_sampling_probs": True, "top_k": 3}, id="post-sampling-top_k"),
+    pytest.param({"n_probs": 3, "post_sampling_probs": True, "temperature": 0}, id="post-sampling-greedy"),
+    pytest.param({"logprobs": 4, "typical_p": 0.8, "post_sampling_probs": True}, id="post-sampling-typical"),
 ]
 
 
