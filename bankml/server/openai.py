@@ -115,7 +115,7 @@ def valid_utf8_len(b: bytes) -> int:
     n = len(b)
     for i in range(1, min(4, n) + 1):
         c = b[n - i]
-        if (c & 0xE0) == 0xC0 and i < 2 or (c & 0xF0) == 0xE0 and i < 3 or (c & 0xF8) == 0xF0 and i < 4:
+        if ((c & 0xE0) == 0xC0 and i < 2) or ((c & 0xF0) == 0xE0 and i < 3) or ((c & 0xF8) == 0xF0 and i < 4):
             return n - i
     return n
 
