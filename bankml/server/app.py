@@ -26,10 +26,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from bankml.server import ollama, openai
+from bankml.server import native, ollama, openai
 from bankml.server.engine import Job, run_job
-from bankml.server.fields import BadRequest, boolean, job_fields
+from bankml.server.fields import BadRequest, Vocab, boolean, chat_logprobs, job_fields
 from bankml.server.handoff import Handoff
+from bankml.tokenizer import tokenizer_for
 from bankml.server.slots import Busy, SlotPool
 
 PUBLIC = {"/health", "/v1/health"}
@@ -43,13 +44,18 @@ class Server:
         self.pool = SlotPool(model, n_slots, queue_size, cache_ram_mib, swa_full)
         self.workers = {s.id: ThreadPoolExecutor(1, thread_name_prefix=f"bankml-slot-{s.id}") for s in self.pool.slots}
         self.api_key = api_key
+        self.vocab = Vocab.of(model)            # what logit_bias and ignore_eos read
+        tok = tokenizer_for(model)
+        self.piece = lambda t: tok.piece(t, special=False)
+        self.detokenize = lambda ids: b"".join(tok.piece(t, special=True) for t in ids).decode("utf-8", "replace")
         self.started = time.time()
         self.handoff = Handoff()                # the workers' events to the loop (handoff.py)
         weakref.finalize(self, self.handoff.close)
 
     async def generate(self, prompt: list[int], fields: dict, stream: bool = True):
         """A slot for the prompt (Busy when the queue is full), then its events as they come:
-        ("text", str) per token when streaming, then ("done", Result) or ("error", exception)."""
+        ("text", str, Prob | None, token) per token when streaming, then ("done", Result, None, None)
+        or ("error", exception, None, None)."""
         if len(prompt) >= self.model.n_ctx:
             raise BadRequest(f"request ({len(prompt)} tokens) exceeds the available context size "
                              f"({self.model.n_ctx} tokens), try increasing it", 400, "exceed_context_size_error")
@@ -63,12 +69,12 @@ class Server:
             self.handoff.put(loop, q.put_nowait, ev)
 
         def work():
-            on_text = (lambda s, t: put(("text", s))) if stream else (lambda s, t: None)
+            on_text = (lambda s, t, p: put(("text", s, p, t))) if stream else (lambda s, t, p: None)
             try:
-                put(("done", run_job(self.model, slot, job, on_text, cancel.is_set)))
+                put(("done", run_job(self.model, slot, job, on_text, cancel.is_set), None, None))
             except Exception as e:          # a bankml bug: reported to the client and logged
                 print(f"bankml serve: generation failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-                put(("error", e))
+                put(("error", e, None, None))
             finally:
                 self.handoff.put(loop, self.pool.release, slot)
 
@@ -95,7 +101,7 @@ class _Events:
             self.cancel.set()               # the client left (or the stream ended): stop generating
 
     async def result(self):
-        async for kind, value in self:
+        async for kind, value, _, _ in self:
             if kind == "done":
                 return value
             if kind == "error":
@@ -166,7 +172,9 @@ async def _openai(request: Request, chat: bool):
     srv: Server = request.app.state.server
     try:
         body = await read_json(request)
-        fields = job_fields(body)
+        if chat:
+            body = chat_logprobs(body)
+        fields = job_fields(body, srv.vocab)
         stream = boolean(body, "stream", False)
         opts = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else {}
         include_usage = boolean(opts, "include_usage", False)
@@ -182,28 +190,27 @@ async def _openai(request: Request, chat: bool):
     except Busy:
         return oai_error(BUSY, 503, "unavailable_error")
     cid = openai.gen_id("chatcmpl-" if chat else "cmpl-")
+    post = fields["post_sampling_probs"]
     if not stream:
         try:
             r = await events.result()
         except Exception as e:
             return oai_error(f"generation failed: {e}", 500, "server_error")
         make = openai.chat_response if chat else openai.text_response
-        res = make(r, cid, srv.name)
+        res = make(r, cid, srv.name, post, srv.piece)
         if body.get("verbose") is True and body.get("return_tokens") is True:
             res["__verbose"] = {"content": r.text, "tokens": r.tokens, "stop_type": r.stop_type}
         return JSONResponse(res)
 
     async def body_iter():
         first = True
-        async for kind, value in events:
+        async for kind, value, prob, _ in events:
             if kind == "text":
                 if chat:
-                    if first:
-                        yield sse(openai.chat_chunk(cid, srv.name, {"role": "assistant", "content": None}))
-                    if value:
-                        yield sse(openai.chat_chunk(cid, srv.name, {"content": value}))
+                    for c in openai.chat_token_chunks(cid, srv.name, first, value, prob, post, srv.piece):
+                        yield sse(c)
                 else:
-                    yield sse(openai.text_chunk(cid, srv.name, value))
+                    yield sse(openai.text_chunk(cid, srv.name, value, prob=prob, post=post, piece=srv.piece))
                 first = False
             elif kind == "done":
                 if chat:
@@ -216,6 +223,43 @@ async def _openai(request: Request, chat: bool):
                         last["usage"] = openai.usage(value)
                     yield sse(last)
                 yield b"data: [DONE]\n\n"
+            else:
+                yield sse({"error": openai.error_body(f"generation failed: {value}", 500, "server_error")["error"]})
+    return StreamingResponse(body_iter(), media_type="text/event-stream")
+
+
+async def completion(request: Request):
+    """llama-server's own /completion (server/native.py)."""
+    srv: Server = request.app.state.server
+    try:
+        body = await read_json(request)
+        fields = job_fields(body, srv.vocab)
+        stream = boolean(body, "stream", False)
+        prompt = await run_in_threadpool(openai.completion_prompt, srv.model, body)
+        events = await srv.generate(prompt, fields, stream)
+    except BadRequest as e:
+        return oai_error(str(e), e.status, e.kind)
+    except Busy:
+        return oai_error(BUSY, 503, "unavailable_error")
+    post = fields["post_sampling_probs"]
+    prompt_text = srv.detokenize(prompt)
+    if not stream:
+        try:
+            r = await events.result()
+        except Exception as e:
+            return oai_error(f"generation failed: {e}", 500, "server_error")
+        return JSONResponse(native.final(r, fields, srv.name, prompt_text, False, srv.piece,
+                                         boolean(body, "return_tokens", False)))
+
+    async def body_iter():
+        n = 0
+        async for kind, value, prob, tok in events:
+            if kind == "text":
+                n += 1
+                if prob is not None or not fields["n_probs"]:
+                    yield sse(native.partial(n, len(prompt), value, tok, prob, post, srv.piece))
+            elif kind == "done":
+                yield sse(native.final(value, fields, srv.name, prompt_text, True, srv.piece))
             else:
                 yield sse({"error": openai.error_body(f"generation failed: {value}", 500, "server_error")["error"]})
     return StreamingResponse(body_iter(), media_type="text/event-stream")
@@ -236,7 +280,7 @@ async def _ollama(request: Request, kind: str):
     t0 = time.perf_counter_ns()
     try:
         body = await read_json(request)
-        fields = ollama.options_fields(body)
+        fields = ollama.options_fields(body, srv.vocab, srv.model.n_ctx)
         stream = ollama.streaming(body)
         build = ollama.chat_ids if kind == "chat" else ollama.generate_ids
         prompt = await run_in_threadpool(build, srv.model, body)
@@ -256,7 +300,7 @@ async def _ollama(request: Request, kind: str):
         return JSONResponse(ollama.final(name, kind, r, r.text, time.perf_counter_ns() - t0, prompt))
 
     async def body_iter():
-        async for ev, value in events:
+        async for ev, value, _, _ in events:
             if ev == "text":
                 if value:
                     yield ndjson(ollama.chunk(name, kind, value))
@@ -326,6 +370,7 @@ def make_app(model, n_slots: int = 1, queue_size: int = 16, api_key: str | None 
         Route("/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/completions", completions, methods=["POST"]),
+        Route("/completion", completion, methods=["POST"]),
         Route("/api/chat", api_chat, methods=["POST"]), Route("/api/generate", api_generate, methods=["POST"]),
         Route("/api/tags", api_tags), Route("/api/show", api_show, methods=["POST"]),
         Route("/api/version", api_version),

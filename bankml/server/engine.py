@@ -1,10 +1,11 @@
 """One request's generation in a slot, as llama-server's update_slots and process_token run it.
 
     job = Job(prompt=ids, n_predict=16, params=SamplerParams(temp=0), seed=42, stop=["\\n"])
-    result = run_job(model, slot, job, on_text=print, cancelled=event.is_set)   # in a worker thread
+    result = run_job(model, slot, job, on_text=lambda text, tok, prob: ..., cancelled=event.is_set)
 
-The slot keeps its cells for the prompt's common prefix, prefills the rest, then samples and
-decodes one token at a time. Text follows process_token: a token's piece without its special
+The slot keeps its cells for the prompt's common prefix, prefills the rest, starts the sampler
+with the whole prompt accepted (init_sampler), then samples and decodes one token at a time; with
+n_probs, each token's probabilities as populate_token_probs takes them (runtime/probs.py). Text follows process_token: a token's piece without its special
 text (the end-of-generation token adds none), nothing sent while the UTF-8 is incomplete or the
 text ends with the start of a stop string, and a stop string ends the text before it. Stops:
 a stop string ("stop" / STOP_TYPE_WORD), the end-of-generation token ("stop" / EOS), n_predict
@@ -16,7 +17,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from bankml.runtime.sampler import LLAMA_DEFAULT_SEED, Sampler, SamplerParams
+from bankml.runtime import probs as P
+from bankml.runtime.generate import start_sampler
+from bankml.runtime.sampler import LLAMA_DEFAULT_SEED, SamplerParams
 from bankml.tokenizer import tokenizer_for
 from bankml.server import checkpoints as ckpt
 from bankml.server.slots import Slot, prefix_state
@@ -31,6 +34,15 @@ class Job:
     stop: list[str] = field(default_factory=list)
     user_starts: frozenset = frozenset()    # a chat prompt's user-message starts (message_spans)
     cache_prompt: bool = True
+    n_probs: int = 0                        # > 0: each token's probabilities (populate_token_probs)
+    post_sampling_probs: bool = False       # from the chain's candidates, not the whole row
+
+
+@dataclass
+class Prob:
+    """One generated_token_probs entry: the probabilities and the text sent with the token."""
+    probs: P.TokenProbs
+    text: str
 
 
 @dataclass
@@ -44,6 +56,14 @@ class Result:
     n_cached: int                   # of which taken from the slot's cells (timings.cache_n)
     t_prompt_ms: float
     t_gen_ms: float
+    probs: list[Prob] = field(default_factory=list)     # the tokens whose text was complete UTF-8
+    n_stop_tokens: int = 0          # a stop word's tokens: left out of a non-streamed answer's probs
+
+    def final_probs(self, stream: bool) -> list[Prob]:
+        """send_final_response's probs_output."""
+        if stream or self.stop_type != "word":
+            return self.probs
+        return self.probs[:len(self.probs) - min(len(self.probs), self.n_stop_tokens)]
 
     @property
     def n_processed(self) -> int:   # timings.prompt_n
@@ -68,14 +88,14 @@ def find_partial_stop(text: str, word: str) -> int:
     return -1
 
 
-def run_job(model, slot: Slot, job: Job, on_text: Callable[[str, int], None] = lambda s, t: None,
+def run_job(model, slot: Slot, job: Job, on_text: Callable[..., None] = lambda s, t, p: None,
             cancelled: Callable[[], bool] = lambda: False) -> Result:
-    """Generate in `slot` (its session, its held ids); on_text(text, token) for each token as it comes."""
+    """Generate in `slot` (its session, its held ids); on_text(text, token, prob) for each token as
+    it comes (prob: its Prob when n_probs > 0 and its text is complete UTF-8, else None)."""
     tok = tokenizer_for(model)
     sess = slot.session
     n_cached = prefix_state(slot, job.prompt, job.cache_prompt)
     rest = job.prompt[n_cached:]
-    sampler = Sampler(job.params, job.seed)
     t0 = time.perf_counter()
     if slot.n_swa:                      # llama-server's checkpoint batches (server/checkpoints.py)
         slot.n_tasks += 1
@@ -85,8 +105,10 @@ def run_job(model, slot: Slot, job: Job, on_text: Callable[[str, int], None] = l
     else:
         row = sess.prefill(rest, outputs="last")[-1]
     slot.tokens = list(job.prompt)
+    sampler = start_sampler(job.params, job.seed, tok, model.n_ctx, job.prompt)   # init_sampler
     t1 = time.perf_counter()
     out: list[int] = []
+    probs: list[Prob] = []
     raw = bytearray()           # every piece so far
     text = ""                   # generated_text (complete UTF-8), stop word cut
     n_text = 0                  # of raw, the bytes text decodes: raw decodes when raw[n_text:] does
@@ -98,6 +120,10 @@ def run_job(model, slot: Slot, job: Job, on_text: Callable[[str, int], None] = l
             finish, stop_type = "cancelled", "none"
             break
         t = sampler.sample(row)
+        tp = None
+        if job.n_probs > 0:
+            tp = P.post_sampling(sampler, t, job.n_probs) if job.post_sampling_probs \
+                else P.pre_sampling(row, t, job.n_probs)
         out.append(t)
         eog = t in tok.eog
         piece = b"" if eog else tok.piece(t, special=False)
@@ -124,13 +150,15 @@ def run_job(model, slot: Slot, job: Job, on_text: Callable[[str, int], None] = l
                 finish, stop_type, has_next = "stop", "word", False
             elif not eog:
                 send = all(find_partial_stop(window, w) == -1 for w in job.stop)
-            if send and len(text) > sent:
-                on_text(text[sent:], t)
-                sent = len(text)
-            elif not send or len(text) <= sent:
-                on_text("", t)
+            chunk = text[sent:] if send else ""
+            sent += len(chunk)
+            prob = None
+            if tp is not None:                      # slot.add_token(result)
+                prob = Prob(tp, chunk)
+                probs.append(prob)
+            on_text(chunk, t, prob)
         else:
-            on_text("", t)
+            on_text("", t, None)
         if len(job.prompt) + len(out) >= model.n_ctx:
             finish, stop_type, has_next = "length", "limit", False
         if has_next and job.n_predict != -1 and len(out) >= job.n_predict:
@@ -142,5 +170,6 @@ def run_job(model, slot: Slot, job: Job, on_text: Callable[[str, int], None] = l
         row = sess.decode(t)
         slot.tokens.append(t)
     t2 = time.perf_counter()
+    n_stop = len(model.tokenize(word, add_special=False, parse_special=False)) if probs and word else 0
     return Result(out, text if not incomplete else raw.decode("utf-8", "replace"), finish, stop_type, word,
-                  len(job.prompt), n_cached, (t1 - t0) * 1e3, (t2 - t1) * 1e3)
+                  len(job.prompt), n_cached, (t1 - t0) * 1e3, (t2 - t1) * 1e3, probs, n_stop)

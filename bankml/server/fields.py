@@ -1,17 +1,32 @@
 """Request fields as llama-server b11434 reads them (tools/server/server-schema.cpp).
 
-    job_fields(body) -> dict(n_predict=..., params=SamplerParams(...), seed=..., stop=[...], ...)
+    job_fields(body, vocab) -> dict(n_predict=..., params=SamplerParams(...), seed=..., stop=[...],
+                                    n_probs=..., post_sampling_probs=..., cache_prompt=...)
 
 A null field is absent. A field of the wrong type is a 400 naming it, with nlohmann::json's
 message ("Field 'temperature': [json.exception.type_error.302] type must be number, but is
-string"). Soft limits clamp (temperature >= 0, top_k >= 0, top_p and min_p in [0, 1]); hard
-limits refuse (n_predict -1..INT32_MAX). Integers take a float's integer part, as get<int> does.
+string"). Soft limits clamp (temperature >= 0, top_k >= 0, top_p, min_p, xtc_* in [0, 1],
+mirostat in 0..2); hard limits refuse (n_predict -1..INT32_MAX, repeat_last_n, dry_allowed_length,
+dry_penalty_last_n, min_keep 0..INT32_MAX). Integers take a float's integer part and wrap to
+int32, as get<int32_t> does; floats are rounded to float32, as get<float> does. The table SAMPLING
+lists every sampling field in the schema's order (the order its errors come in).
+
+Each field lands in the SamplerParams field of the same meaning (bankml/runtime/sampler.py, the
+interface in its docstring); make_params builds SamplerParams in one place.
 """
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from bankml.runtime.params import LLAMA_DEFAULTS, Unsupported, build, f32
+from bankml.runtime.params import takes as sampler_takes  # noqa: F401  (ollama.py, tests)
 from bankml.runtime.sampler import LLAMA_DEFAULT_SEED, SamplerParams
 
 INT32_MAX = 2**31 - 1
+FLT_MAX = float(np.finfo(np.float32).max)
 
 
 class BadRequest(Exception):
@@ -48,6 +63,16 @@ def present(body: dict, *names: str):
     return None, None
 
 
+def i32(v) -> int:
+    """get<int32_t>: a float's integer part (static_cast), an integer wrapped to 32 bits."""
+    v = int(v) if math.isfinite(v) else 0
+    return (v + 2**31) % 2**32 - 2**31
+
+
+def _std_to_string(v, kind) -> str:
+    return f"{v:f}" if kind is f32 else str(v)
+
+
 def num(body: dict, names, default, kind=float, lo=None, hi=None, hard=False):
     names = (names,) if isinstance(names, str) else names
     name, v = present(body, *names)
@@ -56,10 +81,9 @@ def num(body: dict, names, default, kind=float, lo=None, hi=None, hard=False):
     if not isinstance(v, (int, float)):         # bool is an int: nlohmann converts it too
         raise _type_error(name, "number", v)
     v = kind(v)
-    if kind is int and v != v:                  # NaN cannot come from JSON; keep the branch simple
-        v = 0
     if hard and ((lo is not None and v < lo) or (hi is not None and v > hi)):
-        raise BadRequest(f"Field '{name}': Value must be between {lo} <= value <= {hi}, but got {v}")
+        raise BadRequest(f"Field '{name}': Value must be between {_std_to_string(lo, kind)} <= value <= "
+                         f"{_std_to_string(hi, kind)}, but got {_std_to_string(v, kind)}")
     if lo is not None:
         v = max(lo, v)
     if hi is not None:
@@ -93,39 +117,258 @@ def stop_words(body: dict) -> list[str]:
     return []
 
 
-# sampler settings bankml reproduces only at their off values (SamplerParams refuses others)
-_OFF = {"typical_p": 1.0, "repeat_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0,
-        "dry_multiplier": 0.0, "xtc_probability": 0.0}
-
-
 def seed_of(body: dict, name: str = "seed") -> int:
     """get<uint32_t>: -1 (or any negative) wraps; 0xFFFFFFFF is LLAMA_DEFAULT_SEED, a random seed."""
     v = num(body, name, LLAMA_DEFAULT_SEED, kind=int)
     return int(v) & 0xFFFFFFFF
 
 
-def sampler_params(body: dict) -> SamplerParams:
-    d = SamplerParams()
-    kw = dict(temp=num(body, "temperature", d.temp, float, 0.0),
-              top_k=num(body, "top_k", d.top_k, int, 0, INT32_MAX),
-              top_p=num(body, "top_p", d.top_p, float, 0.0, 1.0),
-              min_p=num(body, "min_p", d.min_p, float, 0.0, 1.0),
-              min_keep=num(body, "min_keep", d.min_keep, int, 0))
-    for name, off in _OFF.items():
-        v = num(body, name, off, float)
-        if v != off:
-            raise BadRequest(f"Field '{name}': bankml reproduces llama.cpp's sampler only with {name}={off} "
-                             "(off); this server does not support other values", 501, "not_supported_error")
-    sigma = num(body, "top_n_sigma", -1.0, float)
-    if sigma > 0:
-        raise BadRequest("Field 'top_n_sigma': bankml supports only top_n_sigma <= 0 (off)", 501,
-                         "not_supported_error")
-    return SamplerParams(**kw)
+# ---------------------------------------------------------------- the sampling fields
+
+@dataclass(frozen=True)
+class Num:
+    """One field_num of make_llama_cmpl_schema: JSON name, SamplerParams field, type, limits."""
+    name: str
+    param: str
+    kind: object = f32          # f32 | i32
+    lo: float | None = None
+    hi: float | None = None
+    hard: bool = False
 
 
-def job_fields(body: dict) -> dict:
-    """n_predict (max_completion_tokens, max_tokens), sampler, seed, stop, stream, cache_prompt."""
-    return dict(n_predict=num(body, ("n_predict", "max_completion_tokens", "max_tokens"), -1, int, -1, INT32_MAX,
-                              hard=True),
-                params=sampler_params(body), seed=seed_of(body), stop=stop_words(body),
-                cache_prompt=boolean(body, "cache_prompt", True))
+SAMPLING = (
+    Num("top_k", "top_k", i32, 0, INT32_MAX),
+    Num("top_p", "top_p", f32, 0.0, 1.0),
+    Num("min_p", "min_p", f32, 0.0, 1.0),
+    Num("top_n_sigma", "top_n_sigma"),
+    Num("xtc_probability", "xtc_probability", f32, 0.0, 1.0),
+    Num("xtc_threshold", "xtc_threshold", f32, 0.0, 1.0),
+    Num("typical_p", "typical_p"),
+    Num("temperature", "temp", f32, 0.0, math.inf),
+    Num("dynatemp_range", "dynatemp_range"),
+    Num("dynatemp_exponent", "dynatemp_exponent"),
+    Num("repeat_last_n", "repeat_last_n", i32, 0, INT32_MAX, hard=True),
+    Num("repeat_penalty", "repeat_penalty"),
+    Num("frequency_penalty", "frequency_penalty"),
+    Num("presence_penalty", "presence_penalty"),
+    Num("dry_multiplier", "dry_multiplier"),
+    Num("dry_base", "dry_base"),                # its handler: below 1.0 the default, no clamp
+    Num("dry_allowed_length", "dry_allowed_length", i32, 0, INT32_MAX, hard=True),
+    Num("dry_penalty_last_n", "dry_penalty_last_n", i32, 0, INT32_MAX, hard=True),
+    Num("mirostat", "mirostat", i32, 0, 2),
+    Num("mirostat_tau", "mirostat_tau"),
+    Num("mirostat_eta", "mirostat_eta"),
+)
+MIN_KEEP = Num("min_keep", "min_keep", i32, 0, INT32_MAX, hard=True)
+
+# common_sampler_types_from_names: the canonical names, kebab-case and no-dash aliases, and three more
+_CANONICAL = ("dry", "top_k", "top_p", "top_n_sigma", "typ_p", "min_p", "temperature", "xtc", "infill",
+              "penalties", "adaptive_p")
+SAMPLER_NAMES = {**{n.replace("_", "-"): n for n in _CANONICAL if "_" in n},
+                 **{n.replace("_", ""): n for n in _CANONICAL if "_" in n},
+                 "nucleus": "top_p", "temp": "temperature", "typ": "typ_p", **{n: n for n in _CANONICAL}}
+# common_sampler_type_to_chr
+SAMPLER_CHARS = {"d": "dry", "k": "top_k", "y": "typ_p", "p": "top_p", "s": "top_n_sigma", "m": "min_p",
+                 "t": "temperature", "x": "xtc", "i": "infill", "e": "penalties", "a": "adaptive_p"}
+
+
+class Vocab:
+    """What the fields need of the model: its size, its end-of-generation ids, and
+    common_tokenize(vocab, text, add_special=false, parse_special=false)."""
+
+    def __init__(self, n_vocab: int, eog=(), tokenize=lambda text: []):
+        self.n_vocab, self.eog, self.tokenize = n_vocab, tuple(sorted(eog)), tokenize
+
+    @classmethod
+    def of(cls, model) -> "Vocab":
+        from bankml.tokenizer import tokenizer_for
+        return cls(model.hparams.n_vocab, tokenizer_for(model).eog,
+                   lambda text: model.tokenize(text, add_special=False, parse_special=False))
+
+
+def _strtol(key: str) -> int | None:
+    """strtol(key, &end, 10) when it reads the whole key (*end == 0), as a llama_token; else None.
+    An empty key reads as 0, as strtol leaves end at its terminating NUL."""
+    s = key.lstrip(" \t\n\v\f\r")
+    digits = s[1:] if s[:1] in "+-" else s
+    if not key:
+        return 0
+    if not digits or not digits.isascii() or not digits.isdigit():
+        return None
+    v = max(-2**63, min(2**63 - 1, int(s)))             # LONG_MIN / LONG_MAX on overflow
+    return (v + 2**31) % 2**32 - 2**31                  # the int32 llama_token
+
+
+def _bias(v):
+    """parse_bias: a number (as float), `false` for -inf; anything else skips the entry."""
+    if isinstance(v, bool):
+        return None if v else -math.inf
+    if isinstance(v, (int, float)):
+        return f32(v)
+    return None
+
+
+def logit_bias(value, vocab: Vocab) -> list[tuple[int, float]]:
+    """The logit_bias field's handler: [[id or text, bias], ...] or {"id or text": bias}; an id
+    outside the vocabulary and a malformed entry are skipped, a text biases each of its tokens."""
+    out: list[tuple[int, float]] = []
+    if isinstance(value, list):
+        for el in value:
+            if not isinstance(el, list) or len(el) != 2:
+                continue
+            b = _bias(el[1])
+            if b is None:
+                continue
+            if isinstance(el[0], int) and not isinstance(el[0], bool):
+                if 0 <= el[0] < vocab.n_vocab:
+                    out.append((el[0], b))
+            elif isinstance(el[0], str):
+                out.extend((t, b) for t in vocab.tokenize(el[0]))
+    elif isinstance(value, dict):
+        for key, v in value.items():
+            b = _bias(v)
+            if b is None:
+                continue
+            tok = _strtol(key)
+            if tok is not None:
+                if 0 <= tok < vocab.n_vocab:
+                    out.append((tok, b))
+            else:
+                out.extend((t, b) for t in vocab.tokenize(key))
+    return out
+
+
+def _string_list(name: str, v) -> list[str]:
+    if not isinstance(v, list):
+        raise _type_error(name, "array", v)
+    for s in v:
+        if not isinstance(s, str):
+            raise _type_error(name, "string", s)
+    return v
+
+
+def samplers_field(v) -> tuple[str, ...] | None:
+    """The samplers field: an array of names or a string of chars; unknown ones are skipped."""
+    if isinstance(v, list):
+        names = _string_list("samplers", v)
+        return tuple(SAMPLER_NAMES[n.lower()] for n in names if n.lower() in SAMPLER_NAMES)
+    if isinstance(v, str):
+        return tuple(SAMPLER_CHARS[c] for c in v if c in SAMPLER_CHARS)
+    return None
+
+
+def sampling_kwargs(body: dict, vocab: Vocab | None = None, defaults: dict | None = None) -> tuple[dict, set]:
+    """Every SamplerParams field from the request (defaults: LLAMA_DEFAULTS, over them the route's
+    own): (kwargs, the names the request set)."""
+    d = {**LLAMA_DEFAULTS, **(defaults or {})}
+    kw, explicit = dict(d), set()
+    for f in SAMPLING:
+        v = num(body, f.name, None, f.kind, f.lo, f.hi, f.hard)
+        if v is None:
+            continue
+        if f.name == "dry_base" and v < 1.0:
+            v = d["dry_base"]
+        kw[f.param] = v
+        explicit.add(f.param)
+    v = num(body, MIN_KEEP.name, None, MIN_KEEP.kind, MIN_KEEP.lo, MIN_KEEP.hi, MIN_KEEP.hard)
+    if v is not None:
+        kw["min_keep"] = v
+        explicit.add("min_keep")
+    if body.get("dry_sequence_breakers") is not None:
+        v = body["dry_sequence_breakers"]
+        ok = isinstance(v, list) and v and all(isinstance(s, str) for s in v)
+        if not ok:      # json_value gives an empty vector for the wrong type, then the handler refuses
+            raise BadRequest("Field 'dry_sequence_breakers': Error: dry_sequence_breakers must be a "
+                             "non-empty array of strings")
+        kw["dry_sequence_breakers"] = tuple(v)
+        explicit.add("dry_sequence_breakers")
+    bias = list(kw["logit_bias"])
+    if body.get("logit_bias") is not None:
+        bias = logit_bias(body["logit_bias"], vocab or Vocab(0))
+        explicit.add("logit_bias")
+    if boolean(body, "ignore_eos", False) and vocab is not None:
+        bias += [(t, -math.inf) for t in vocab.eog]
+        explicit.add("logit_bias")
+    kw["logit_bias"] = tuple(bias)
+    if body.get("samplers") is not None:
+        s = samplers_field(body["samplers"])
+        if s is not None:
+            kw["samplers"] = s
+            explicit.add("samplers")
+    return kw, explicit
+
+
+def check_penalties(kw: dict) -> None:
+    """common_sampler_init's refusals, as llama-server reports them."""
+    rep, freq, pres = kw["repeat_penalty"], kw["frequency_penalty"], kw["presence_penalty"]
+    why = None
+    if not math.isfinite(rep) or rep <= 0.0 or not math.isfinite(f32(1.0 / rep) if rep else math.inf):
+        why = "penalty_repeat must be finite and greater than 0"
+    elif not math.isfinite(freq):
+        why = "penalty_freq must be finite"
+    elif not math.isfinite(pres):
+        why = "penalty_present must be finite"
+    if why:
+        raise BadRequest(f"Failed to initialize samplers: {why}")
+
+
+def make_params(kw: dict, explicit: set) -> SamplerParams:
+    """SamplerParams from the kwargs (bankml/runtime/params.py): a field or value the sampler does
+    not have yet is a 501 when the request set it; what llama.cpp refuses, a 400."""
+    check_penalties(kw)
+    try:
+        return build(kw, explicit)
+    except Unsupported as e:
+        raise BadRequest(f"Field '{e.name}': {e}", 501, "not_supported_error") from None
+    except ValueError as e:
+        raise BadRequest(f"Failed to initialize samplers: {e}") from None
+
+
+def sampler_params(body: dict, vocab: Vocab | None = None) -> SamplerParams:
+    return make_params(*sampling_kwargs(body, vocab))
+
+
+def probs_fields(body: dict) -> dict:
+    """n_probs (alias logprobs: a number, or a boolean as 0/1) and post_sampling_probs."""
+    name, v = present(body, "n_probs", "logprobs")
+    n = 0
+    if name is not None:
+        if not isinstance(v, (int, float)):
+            raise _type_error(name, "number", v)
+        n = i32(v)
+    return dict(n_probs=n, post_sampling_probs=boolean(body, "post_sampling_probs", False))
+
+
+def adaptive_p(body: dict) -> None:
+    """adaptive_target (clamped to at most 1; negative: off) and adaptive_decay (0..0.99): parsed
+    as llama-server does; the adaptive-p sampler itself bankml does not have."""
+    target = num(body, "adaptive_target", -1.0, f32, -FLT_MAX, 1.0)
+    num(body, "adaptive_decay", 0.9, f32, 0.0, f32(0.99), hard=True)
+    if target >= 0:
+        raise BadRequest("Field 'adaptive_target': bankml has no adaptive-p sampler; leave adaptive_target "
+                         "negative (off)", 501, "not_supported_error")
+
+
+def job_fields(body: dict, vocab: Vocab | None = None, defaults: dict | None = None) -> dict:
+    """n_predict (max_completion_tokens, max_tokens), sampler, seed, n_probs, post_sampling_probs,
+    stop, cache_prompt."""
+    n_predict = num(body, ("n_predict", "max_completion_tokens", "max_tokens"), -1, i32, -1, INT32_MAX, hard=True)
+    kw, explicit = sampling_kwargs(body, vocab, defaults)
+    adaptive_p(body)
+    seed = seed_of(body)
+    probs = probs_fields(body)
+    return dict(n_predict=n_predict, params=make_params(kw, explicit), seed=seed, stop=stop_words(body),
+                cache_prompt=boolean(body, "cache_prompt", True), **probs)
+
+
+def chat_logprobs(body: dict) -> dict:
+    """oaicompat_chat_params_parse's logprobs: `logprobs: true` asks for top_logprobs (default 20)
+    as n_probs; top_logprobs without it is refused. The body to read the fields from, rewritten."""
+    lp = body.get("logprobs")
+    if isinstance(lp, bool) and lp:
+        top = body.get("top_logprobs")
+        n = i32(top) if isinstance(top, (int, float)) else 20      # json_value(body, "top_logprobs", 20)
+        return {**body, "n_probs": n}                                 # over a request's own n_probs
+    if body.get("top_logprobs") is not None and not (isinstance(lp, bool) and lp):
+        raise BadRequest("top_logprobs requires logprobs to be set to true")
+    return body

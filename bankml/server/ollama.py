@@ -1,11 +1,12 @@
 """The Ollama API (docs/api.md of ollama/ollama): /api/chat, /api/generate, /api/tags, /api/show,
 /api/version, over the same slots and sampler as the OpenAI routes.
 
-`options` map onto llama-server's fields: num_predict -> n_predict, temperature, seed, top_k,
-top_p, min_p, stop (and repeat_penalty, frequency_penalty, presence_penalty, typical_p, only at
-their off values). Options not given take llama-server's defaults, not Ollama's (top_p 0.95 and
-min_p 0.05 rather than 0.9 and 0.0), so that an Ollama call and the matching OpenAI call sample
-alike. Errors are Ollama's {"error": "message"}.
+`options` take Ollama's names and types (api/types.go Options.FromMap: an integer option takes a
+number's integer part, a float32 one a number, `stop` an array of strings; an unknown option is
+ignored) and Ollama's defaults (DefaultOptions) for the options Ollama has; each maps onto the
+llama-server field of the same meaning (num_predict -> n_predict, the rest by name), whose limits
+apply; repeat_last_n -1 is the context size, as Ollama documents (llama.cpp has no such value).
+Errors are Ollama's {"error": "message"}.
 """
 from __future__ import annotations
 
@@ -13,15 +14,37 @@ import datetime
 import hashlib
 
 from bankml.server.engine import Result
-from bankml.server.fields import BadRequest, job_fields
+from bankml.server.fields import BadRequest, f32, job_fields, sampler_takes
 from bankml.server.openai import chat_messages, chat_prompt
 
 VERSION = "0.6.3"       # the Ollama API version these shapes follow (the ollama client tested against)
 
-_OPTION_NAMES = {"num_predict": "n_predict", "temperature": "temperature", "seed": "seed", "top_k": "top_k",
-                 "top_p": "top_p", "min_p": "min_p", "stop": "stop", "repeat_penalty": "repeat_penalty",
-                 "frequency_penalty": "frequency_penalty", "presence_penalty": "presence_penalty",
-                 "typical_p": "typical_p"}
+# Ollama option -> (llama-server field, Go type); num_keep and penalize_newline are read and unused
+OPTIONS = {"num_predict": ("n_predict", "int"), "seed": ("seed", "int"), "temperature": ("temperature", "float32"),
+           "top_k": ("top_k", "int"), "top_p": ("top_p", "float32"), "min_p": ("min_p", "float32"),
+           "typical_p": ("typical_p", "float32"), "repeat_last_n": ("repeat_last_n", "int"),
+           "repeat_penalty": ("repeat_penalty", "float32"), "presence_penalty": ("presence_penalty", "float32"),
+           "frequency_penalty": ("frequency_penalty", "float32"), "mirostat": ("mirostat", "int"),
+           "mirostat_tau": ("mirostat_tau", "float32"), "mirostat_eta": ("mirostat_eta", "float32"),
+           "stop": ("stop", "[]string"), "num_keep": (None, "int"), "penalize_newline": (None, "bool")}
+
+# api/types.go DefaultOptions, as llama-server fields (min_p: Go's zero value, Ollama has no default)
+DEFAULTS = {"temperature": 0.8, "top_k": 40, "top_p": 0.9, "min_p": 0.0, "typical_p": 1.0, "repeat_last_n": 64,
+            "repeat_penalty": 1.1, "presence_penalty": 0.0, "frequency_penalty": 0.0, "mirostat": 0,
+            "mirostat_tau": 5.0, "mirostat_eta": 0.1}
+_PARAM = {"temperature": "temp"}
+
+
+def sampler_defaults() -> dict:
+    """DEFAULTS as SamplerParams kwargs (float32 values, as Ollama holds them)."""
+    return {_PARAM.get(k, k): (f32(v) if isinstance(v, float) else v) for k, v in DEFAULTS.items()}
+
+
+def applied_defaults() -> dict:
+    """The DEFAULTS the sampler applies (as llama-server fields): all of them once the sampler has
+    every sampler of the interface; before, those it lacks stay at llama.cpp's off value."""
+    d = sampler_defaults()
+    return {k: v for k, v in DEFAULTS.items() if sampler_takes(_PARAM.get(k, k), d[_PARAM.get(k, k)])}
 
 
 def error_body(message: str) -> dict:
@@ -32,14 +55,46 @@ def now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat().replace("+00:00", "Z")
 
 
-def options_fields(body: dict) -> dict:
-    """The job's fields from `options` (llama-server's names and limits)."""
+def _option(key: str, kind: str, v):
+    """Options.FromMap's type check and conversion of one option."""
+    if kind == "int":
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise BadRequest(f'option "{key}" must be of type integer')
+        return int(v)
+    if kind == "float32":
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise BadRequest(f'option "{key}" must be of type float32')
+        return float(v)
+    if kind == "bool":
+        if not isinstance(v, bool):
+            raise BadRequest(f'option "{key}" must be of type boolean')
+        return v
+    if not isinstance(v, list):
+        raise BadRequest(f'option "{key}" must be of type array')
+    if not all(isinstance(w, str) for w in v):
+        raise BadRequest(f'option "{key}" must be of an array of strings')
+    return v
+
+
+def options_fields(body: dict, vocab=None, n_ctx: int = 4096) -> dict:
+    """The job's fields from `options`: Ollama's names, types and defaults, llama-server's limits;
+    repeat_last_n -1 is the context size (Ollama's num_ctx: the slot's)."""
     options = body.get("options")
     if options is None:
         options = {}
     if not isinstance(options, dict):
         raise BadRequest("options must be an object")
-    return job_fields({_OPTION_NAMES[k]: v for k, v in options.items() if k in _OPTION_NAMES})
+    mapped = {}
+    for key, v in options.items():
+        if key not in OPTIONS or v is None:
+            continue
+        name, kind = OPTIONS[key]
+        v = _option(key, kind, v)
+        if name is not None:
+            mapped[name] = v
+    if mapped.get("repeat_last_n") == -1:
+        mapped["repeat_last_n"] = n_ctx
+    return job_fields(mapped, vocab, defaults=sampler_defaults())
 
 
 def streaming(body: dict) -> bool:

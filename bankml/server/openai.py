@@ -12,7 +12,8 @@ import time
 
 import bankml
 from bankml.runtime.chat import ChatTemplateError, render_chat
-from bankml.server.engine import Result
+from bankml.runtime.probs import logarithm
+from bankml.server.engine import Prob, Result
 from bankml.server.fields import BadRequest, boolean
 
 _ALNUM = string.digits + string.ascii_uppercase + string.ascii_lowercase
@@ -109,6 +110,38 @@ def completion_prompt(model, body: dict) -> list[int]:
     raise BadRequest("\"prompt\" must be a string or a list of tokens (bankml serves one prompt per request)")
 
 
+def valid_utf8_len(b: bytes) -> int:
+    """validate_utf8 (server-common.cpp): the length without a multi-byte character cut off at the end."""
+    n = len(b)
+    for i in range(1, min(4, n) + 1):
+        c = b[n - i]
+        if ((c & 0xE0) == 0xC0 and i < 2) or ((c & 0xF0) == 0xE0 and i < 3) or ((c & 0xF8) == 0xF0 and i < 4):
+            return n - i
+    return n
+
+
+def _token(b: bytes) -> dict:
+    return {"token": b[:valid_utf8_len(b)].decode("utf-8", "replace"), "bytes": list(b)}
+
+
+def probs_json(entries: list[Prob], post: bool, piece) -> list[dict]:
+    """completion_token_output::probs_vector_to_json: each token's id, text, bytes, logprob (or prob
+    with post_sampling_probs) and top_logprobs (top_probs) of id, text, bytes, logprob (prob);
+    piece(id) is common_token_to_piece(id, special=false)."""
+    key, top_key = ("prob", "top_probs") if post else ("logprob", "top_logprobs")
+    value = (lambda p: p) if post else logarithm
+    out = []
+    for e in entries:
+        top = [{"id": t, **_token(piece(t)), key: value(p)} for t, p in e.probs.top]
+        out.append({"id": e.probs.tok, **_token(e.text.encode()), key: value(e.probs.prob), top_key: top})
+    return out
+
+
+def logprobs(entries: list[Prob], post: bool, piece):
+    """{"content": [...]} when there are any, else null (OpenAI's default)."""
+    return {"content": probs_json(entries, post, piece)} if entries else None
+
+
 def usage(r: Result) -> dict:
     return {"completion_tokens": len(r.tokens), "prompt_tokens": r.n_prompt,
             "total_tokens": len(r.tokens) + r.n_prompt,
@@ -120,8 +153,11 @@ def _head(obj: str, cid: str, model_name: str) -> dict:
             "object": obj, "id": cid}
 
 
-def chat_response(r: Result, cid: str, model_name: str) -> dict:
+def chat_response(r: Result, cid: str, model_name: str, post: bool = False, piece=None) -> dict:
     choice = {"finish_reason": r.finish, "index": 0, "message": {"role": "assistant", "content": r.text}}
+    entries = r.final_probs(stream=False)
+    if entries:
+        choice["logprobs"] = logprobs(entries, post, piece)
     return {"choices": [choice], **_head("chat.completion", cid, model_name), "usage": usage(r),
             "timings": r.timings()}
 
@@ -129,6 +165,20 @@ def chat_response(r: Result, cid: str, model_name: str) -> dict:
 def chat_chunk(cid: str, model_name: str, delta: dict, finish: str | None = None) -> dict:
     return {"choices": [{"finish_reason": finish, "index": 0, "delta": delta}],
             **_head("chat.completion.chunk", cid, model_name)}
+
+
+def chat_token_chunks(cid: str, model_name: str, first: bool, text: str, prob: Prob | None, post: bool,
+                      piece) -> list[dict]:
+    """One token's stream chunks (to_json_oaicompat_chat of a partial result): the role first, the
+    text when there is any, the token's logprobs on the last of them (none when there is none)."""
+    out = []
+    if first:
+        out.append(chat_chunk(cid, model_name, {"role": "assistant", "content": None}))
+    if text:
+        out.append(chat_chunk(cid, model_name, {"content": text}))
+    if out and prob is not None and prob.probs.top:
+        out[-1]["choices"][0]["logprobs"] = logprobs([prob], post, piece)
+    return out
 
 
 def chat_final_chunks(r: Result, cid: str, model_name: str, include_usage: bool) -> list[dict]:
@@ -139,14 +189,17 @@ def chat_final_chunks(r: Result, cid: str, model_name: str, include_usage: bool)
     return out
 
 
-def text_response(r: Result, cid: str, model_name: str) -> dict:
-    choice = {"text": r.text, "index": 0, "logprobs": None, "finish_reason": r.finish}
+def text_response(r: Result, cid: str, model_name: str, post: bool = False, piece=None) -> dict:
+    choice = {"text": r.text, "index": 0, "logprobs": logprobs(r.final_probs(stream=False), post, piece),
+              "finish_reason": r.finish}
     return {"choices": [choice], **_head("text_completion", cid, model_name), "usage": usage(r),
             "timings": r.timings()}
 
 
-def text_chunk(cid: str, model_name: str, text: str, finish: str | None = None) -> dict:
-    return {"choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}],
+def text_chunk(cid: str, model_name: str, text: str, finish: str | None = None, prob: Prob | None = None,
+               post: bool = False, piece=None) -> dict:
+    lp = logprobs([prob], post, piece) if prob is not None and prob.probs.top else None
+    return {"choices": [{"text": text, "index": 0, "logprobs": lp, "finish_reason": finish}],
             **_head("text_completion", cid, model_name)}
 
 

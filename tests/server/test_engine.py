@@ -58,11 +58,11 @@ def run(monkeypatch, pieces: list[bytes], stop=(), eog_last=False, n_predict=-1)
         def sample(self, row):
             return next(self.next)
     monkeypatch.setattr(engine, "tokenizer_for", lambda model: vocab)
-    monkeypatch.setattr(engine, "Sampler", Scripted)
+    monkeypatch.setattr(engine, "start_sampler", lambda params, seed, *rest: Scripted(params, seed))
     events: list[str] = []
     n = n_predict if n_predict != -1 else len(script)
     r = run_job(FakeModel(), Slot(0, FakeSession()), Job(prompt=[1, 2], n_predict=n, stop=list(stop)),
-                on_text=lambda s, t: events.append(s))
+                on_text=lambda s, t, p: events.append(s))
     return events, r
 
 

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from bankml.oracle.server import LlamaServer
+from bankml.server import ollama
 from bankml.testing import models
 from bankml.testing.serve import BankmlServer
 
@@ -146,17 +147,19 @@ def test_request_sequence_equals_llama_server(pair, record):
         n += 1
         cached, computed = third["cache"]
         assert cached > 0 and computed < third["usage"]["prompt_tokens"] // 2, third
-    # Ollama routes on bankml against llama-server's OpenAI route, same place in the sequence
+    # Ollama routes on bankml against llama-server's OpenAI route with Ollama's defaults spelled
+    # out, same place in the sequence
     o = {"temperature": 0, "num_predict": N}
+    od = ollama.applied_defaults()
     pairs = [
         (("/api/chat", {"messages": [user(QUESTIONS[2])], "options": o, "stream": False}),
-         chat([user(QUESTIONS[2])], **GREEDY)),
+         chat([user(QUESTIONS[2])], **{**od, **GREEDY})),
         (("/api/chat", {"messages": [user(QUESTIONS[3])], "options": {"seed": 987, "num_predict": N}}),
-         chat([user(QUESTIONS[3])], seed=987)),
-        (("/api/generate", {"prompt": PROMPTS[0], "raw": True, "options": o}), cmpl(PROMPTS[0], **GREEDY)),
+         chat([user(QUESTIONS[3])], **od, seed=987)),
+        (("/api/generate", {"prompt": PROMPTS[0], "raw": True, "options": o}), cmpl(PROMPTS[0], **{**od, **GREEDY})),
         (("/api/generate", {"prompt": QUESTIONS[1], "options": {**o, "top_k": 0, "top_p": 0.9, "temperature": 1.0,
                                                                    "seed": 2024}, "stream": False}),
-         chat([user(QUESTIONS[1])], top_k=0, top_p=0.9, temperature=1.0, seed=2024)),
+         chat([user(QUESTIONS[1])], **{**od, "top_k": 0, "top_p": 0.9, "temperature": 1.0, "seed": 2024})),
     ]
     for (opath, obody), (path, body) in pairs:
         got, want = call(ours.url, opath, obody), call(theirs.url, path, body)
