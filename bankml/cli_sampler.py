@@ -18,7 +18,7 @@ import re
 
 import click
 
-from bankml.runtime.params import LLAMA_DEFAULTS, Unsupported, build, f32
+from bankml.runtime.params import LLAMA_DEFAULTS, build, f32
 
 D = LLAMA_DEFAULTS
 
@@ -102,16 +102,14 @@ def _samplers(names: str | None, chars: str | None):
     return tuple(SAMPLER_NAMES[n.lower()] for n in names.split(";") if n.lower() in SAMPLER_NAMES)
 
 
-def sampler_kwargs(temp, top_k, top_p, min_p, opts: dict) -> tuple[dict, set]:
-    """The interface's fields from the flags (opts: the s_* arguments), and the names given."""
+def sampler_kwargs(temp, top_k, top_p, min_p, opts: dict) -> dict:
+    """The interface's fields from the flags (opts: the s_* arguments)."""
     kw = {**LLAMA_DEFAULTS, "temp": max(f32(temp), 0.0), "top_k": top_k, "top_p": f32(top_p), "min_p": f32(min_p)}
-    explicit = {"temp", "top_k", "top_p", "min_p"}
     for _, name, kind, _ in FLAGS:
         v = opts.get(f"s_{name}")
         if v is None or name in ("samplers", "samplers_seq"):
             continue
         kw[name] = f32(v) if kind is FLOAT else v
-        explicit.add(name)
     if opts.get("s_repeat_last_n") is not None and opts["s_repeat_last_n"] < 0:
         raise _bad("--repeat-last-n", f"invalid repeat-last-n = {opts['s_repeat_last_n']}")
     if opts.get("s_dry_penalty_last_n") is not None and opts["s_dry_penalty_last_n"] < 0:
@@ -122,26 +120,20 @@ def sampler_kwargs(temp, top_k, top_p, min_p, opts: dict) -> tuple[dict, set]:
     for name, flag in (("presence_penalty", "--presence-penalty"), ("frequency_penalty", "--frequency-penalty")):
         if not math.isfinite(kw[name]):
             raise _bad(flag, f"{flag[2:]} must be finite")
-    if "dry_base" in explicit and kw["dry_base"] < 1.0:
+    if kw["dry_base"] < 1.0:                            # arg.cpp: a dry-base below 1 is ignored
         kw["dry_base"] = D["dry_base"]
-        explicit.discard("dry_base")
     if opts.get("s_dry_sequence_breakers"):
         kw["dry_sequence_breakers"] = ()
         for b in opts["s_dry_sequence_breakers"]:
             kw["dry_sequence_breakers"] = () if b == "none" else kw["dry_sequence_breakers"] + (b,)
-        explicit.add("dry_sequence_breakers")
     if opts.get("s_logit_bias"):
         kw["logit_bias"] = _logit_bias(opts["s_logit_bias"])
-        explicit.add("logit_bias")
     if opts.get("s_samplers") is not None or opts.get("s_samplers_seq") is not None:
         kw["samplers"] = _samplers(opts.get("s_samplers"), opts.get("s_samplers_seq"))
-        explicit.add("samplers")
-    return kw, explicit
+    return kw
 
 
 def sampler_params(temp, top_k, top_p, min_p, opts: dict):
-    """SamplerParams from the flags; a sampler bankml does not have yet is one `Error:` line (exit 1)."""
-    try:
-        return build(*sampler_kwargs(temp, top_k, top_p, min_p, opts))
-    except Unsupported as e:
-        raise ValueError(f"{e.name}: {e}") from None
+    """SamplerParams from the flags (ValueError: what common_sampler_init refuses, a sampler bankml
+    does not implement)."""
+    return build(sampler_kwargs(temp, top_k, top_p, min_p, opts))

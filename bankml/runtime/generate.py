@@ -6,8 +6,8 @@
 Stops after n tokens, after an end-of-generation token (yielded: llama-server's process_token
 pushes every sampled token into its returned tokens, the EOG one included, then stops), or
 once the text holds a stop string (the token that completes it is yielded). ignore_eos is
-llama.cpp's --ignore-eos (common/common.cpp): every end-of-generation token's logit gets a bias
-of -inf before the chain, so none is ever sampled, unless the vocabulary has no EOS token.
+llama.cpp's --ignore-eos (common/common.cpp): every end-of-generation token gets a logit bias
+of -inf (the chain's first sampler), so none is ever sampled, unless the vocabulary has no EOS token.
 
 Before the prompt runs, every graph variant the prompt and the n decodes after it will meet is
 made ready (Model.prepare_for: compiled, or loaded from the JIT cache), so that no step of the
@@ -16,7 +16,7 @@ stream waits for one, such as the split-KV decode from 512 cells.
 from __future__ import annotations
 
 import codecs
-import inspect
+import dataclasses
 from typing import Iterator, Sequence
 
 import numpy as np
@@ -54,16 +54,9 @@ class StopScan:
 def start_sampler(params: SamplerParams, seed: int, tokenizer, n_ctx: int, prompt: Sequence[int]) -> Sampler:
     """The chain for one generation, with the prompt accepted into it (common_sampler_accept(tok,
     false) for each prompt token, as llama-server's init_sampler and llama-completion do), so
-    that the penalties and DRY see the prompt.
-
-    MERGE (chain-history): the one call site of Sampler for generation; once sampler.py has the
-    interface's Sampler(params, seed, *, tokenizer, n_ctx) and accept(ids), the two guards go."""
-    if "tokenizer" in inspect.signature(Sampler).parameters:
-        sampler = Sampler(params, seed, tokenizer=tokenizer, n_ctx=n_ctx)
-    else:                                           # before the merge: Sampler(params, seed)
-        sampler = Sampler(params, seed)
-    if hasattr(sampler, "accept"):
-        sampler.accept(list(prompt))
+    that the penalties and DRY see the prompt."""
+    sampler = Sampler(params, seed, tokenizer=tokenizer, n_ctx=n_ctx)
+    sampler.accept(list(prompt))
     return sampler
 
 
@@ -75,17 +68,16 @@ def generate(model, prompt_ids: Sequence[int], n: int, sampler_params: SamplerPa
         raise ValueError("generate needs at least one prompt token")
     tok = tokenizer_for(model)
     sess = session if session is not None else model.session()
-    sampler = start_sampler(sampler_params, seed, tok, model.n_ctx, prompt_ids)
     ignore_eos = ignore_eos and tok.eos is not None      # llama.cpp drops the flag for a vocab without EOS
-    banned = sorted(tok.eog) if ignore_eos else []        # its logit_bias_eog
+    if ignore_eos:                                        # its logit_bias_eog, after the request's biases
+        bias = sampler_params.logit_bias + tuple((t, -np.inf) for t in sorted(tok.eog))
+        sampler_params = dataclasses.replace(sampler_params, logit_bias=bias)
+    sampler = start_sampler(sampler_params, seed, tok, model.n_ctx, prompt_ids)
     model.prepare_for(sess.n_past, len(prompt_ids), n)
     row = sess.prefill(list(prompt_ids), outputs="last")[-1]
     eog = frozenset() if ignore_eos else tok.eog
     scan = StopScan(stop) if stop else None
     for i in range(n):
-        if banned:
-            row = row.copy()
-            row[banned] = -np.inf
         t = sampler.sample(row)
         yield t
         if t in eog:

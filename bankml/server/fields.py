@@ -21,9 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bankml.runtime.params import LLAMA_DEFAULTS, Unsupported, build, f32
-from bankml.runtime.params import takes as sampler_takes  # noqa: F401  (ollama.py, tests)
-from bankml.runtime.sampler import LLAMA_DEFAULT_SEED, SamplerParams
+from bankml.runtime.params import LLAMA_DEFAULTS, build, f32
+from bankml.runtime.sampler import LLAMA_DEFAULT_SEED, OTHER_SAMPLERS, SamplerParams
 
 INT32_MAX = 2**31 - 1
 FLT_MAX = float(np.finfo(np.float32).max)
@@ -257,11 +256,11 @@ def samplers_field(v) -> tuple[str, ...] | None:
     return None
 
 
-def sampling_kwargs(body: dict, vocab: Vocab | None = None, defaults: dict | None = None) -> tuple[dict, set]:
+def sampling_kwargs(body: dict, vocab: Vocab | None = None, defaults: dict | None = None) -> dict:
     """Every SamplerParams field from the request (defaults: LLAMA_DEFAULTS, over them the route's
-    own): (kwargs, the names the request set)."""
+    own)."""
     d = {**LLAMA_DEFAULTS, **(defaults or {})}
-    kw, explicit = dict(d), set()
+    kw = dict(d)
     for f in SAMPLING:
         v = num(body, f.name, None, f.kind, f.lo, f.hi, f.hard)
         if v is None:
@@ -269,11 +268,9 @@ def sampling_kwargs(body: dict, vocab: Vocab | None = None, defaults: dict | Non
         if f.name == "dry_base" and v < 1.0:
             v = d["dry_base"]
         kw[f.param] = v
-        explicit.add(f.param)
     v = num(body, MIN_KEEP.name, None, MIN_KEEP.kind, MIN_KEEP.lo, MIN_KEEP.hi, MIN_KEEP.hard)
     if v is not None:
         kw["min_keep"] = v
-        explicit.add("min_keep")
     if body.get("dry_sequence_breakers") is not None:
         v = body["dry_sequence_breakers"]
         ok = isinstance(v, list) and v and all(isinstance(s, str) for s in v)
@@ -281,21 +278,17 @@ def sampling_kwargs(body: dict, vocab: Vocab | None = None, defaults: dict | Non
             raise BadRequest("Field 'dry_sequence_breakers': Error: dry_sequence_breakers must be a "
                              "non-empty array of strings")
         kw["dry_sequence_breakers"] = tuple(v)
-        explicit.add("dry_sequence_breakers")
     bias = list(kw["logit_bias"])
     if body.get("logit_bias") is not None:
         bias = logit_bias(body["logit_bias"], vocab or Vocab(0))
-        explicit.add("logit_bias")
     if boolean(body, "ignore_eos", False) and vocab is not None:
         bias += [(t, -math.inf) for t in vocab.eog]
-        explicit.add("logit_bias")
     kw["logit_bias"] = tuple(bias)
     if body.get("samplers") is not None:
         s = samplers_field(body["samplers"])
         if s is not None:
             kw["samplers"] = s
-            explicit.add("samplers")
-    return kw, explicit
+    return kw
 
 
 def check_penalties(kw: dict) -> None:
@@ -312,14 +305,15 @@ def check_penalties(kw: dict) -> None:
         raise BadRequest(f"Failed to initialize samplers: {why}")
 
 
-def make_params(kw: dict, explicit: set) -> SamplerParams:
-    """SamplerParams from the kwargs (bankml/runtime/params.py): a field or value the sampler does
-    not have yet is a 501 when the request set it; what llama.cpp refuses, a 400."""
+def make_params(kw: dict) -> SamplerParams:
+    """SamplerParams from the kwargs (bankml/runtime/params.py): what llama.cpp refuses is a 400;
+    a sampler of llama.cpp's that bankml does not implement (infill, adaptive_p), a 501."""
     check_penalties(kw)
+    for name in kw["samplers"]:
+        if name in OTHER_SAMPLERS:
+            raise BadRequest(f"Field 'samplers': bankml has no {name} sampler", 501, "not_supported_error")
     try:
-        return build(kw, explicit)
-    except Unsupported as e:
-        raise BadRequest(f"Field '{e.name}': {e}", 501, "not_supported_error") from None
+        return build(kw)
     except ValueError as e:
         raise BadRequest(f"Failed to initialize samplers: {e}") from None
 
@@ -353,11 +347,11 @@ def job_fields(body: dict, vocab: Vocab | None = None, defaults: dict | None = N
     """n_predict (max_completion_tokens, max_tokens), sampler, seed, n_probs, post_sampling_probs,
     stop, cache_prompt."""
     n_predict = num(body, ("n_predict", "max_completion_tokens", "max_tokens"), -1, i32, -1, INT32_MAX, hard=True)
-    kw, explicit = sampling_kwargs(body, vocab, defaults)
+    kw = sampling_kwargs(body, vocab, defaults)
     adaptive_p(body)
     seed = seed_of(body)
     probs = probs_fields(body)
-    return dict(n_predict=n_predict, params=make_params(kw, explicit), seed=seed, stop=stop_words(body),
+    return dict(n_predict=n_predict, params=make_params(kw), seed=seed, stop=stop_words(body),
                 cache_prompt=boolean(body, "cache_prompt", True), **probs)
 
 

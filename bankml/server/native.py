@@ -9,7 +9,7 @@ completion_probabilities), then the final object with an empty content, and no [
 """
 from __future__ import annotations
 
-from bankml.runtime.params import LLAMA_DEFAULTS, f32
+from bankml.runtime.params import f32
 from bankml.server.engine import Prob, Result
 from bankml.server.openai import probs_json
 
@@ -28,11 +28,11 @@ def generation_settings(job: dict, stream: bool) -> dict:
     out = {"seed": job["seed"]}
     for name, field in _SETTINGS:
         field = field or name
-        v = getattr(p, field, LLAMA_DEFAULTS[field])
+        v = getattr(p, field)
         out[name] = f32(v) if isinstance(v, float) else v
     out.update({"max_tokens": job["n_predict"], "n_predict": job["n_predict"], "stream": stream,
                 "n_probs": job["n_probs"], "min_keep": p.min_keep,
-                "samplers": list(getattr(p, "samplers", LLAMA_DEFAULTS["samplers"])),
+                "samplers": list(p.samplers),
                 "post_sampling_probs": job["post_sampling_probs"]})
     return out
 

@@ -14,7 +14,7 @@ import datetime
 import hashlib
 
 from bankml.server.engine import Result
-from bankml.server.fields import BadRequest, f32, job_fields, sampler_takes
+from bankml.server.fields import BadRequest, f32, job_fields
 from bankml.server.openai import chat_messages, chat_prompt
 
 VERSION = "0.6.3"       # the Ollama API version these shapes follow (the ollama client tested against)
@@ -38,13 +38,6 @@ _PARAM = {"temperature": "temp"}
 def sampler_defaults() -> dict:
     """DEFAULTS as SamplerParams kwargs (float32 values, as Ollama holds them)."""
     return {_PARAM.get(k, k): (f32(v) if isinstance(v, float) else v) for k, v in DEFAULTS.items()}
-
-
-def applied_defaults() -> dict:
-    """The DEFAULTS the sampler applies (as llama-server fields): all of them once the sampler has
-    every sampler of the interface; before, those it lacks stay at llama.cpp's off value."""
-    d = sampler_defaults()
-    return {k: v for k, v in DEFAULTS.items() if sampler_takes(_PARAM.get(k, k), d[_PARAM.get(k, k)])}
 
 
 def error_body(message: str) -> dict:

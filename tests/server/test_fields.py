@@ -17,7 +17,7 @@ def vocab() -> Vocab:
 
 
 def kw(body: dict, **opts) -> dict:
-    return F.sampling_kwargs(body, vocab(), **opts)[0]
+    return F.sampling_kwargs(body, vocab(), **opts)
 
 
 def refused(body: dict, status: int = 400) -> str:
@@ -131,15 +131,6 @@ def test_adaptive_p_is_parsed_and_refused_only_when_on():
     refused({"adaptive_target": 0.5}, 501)
 
 
-def test_a_sampler_params_lacks_is_refused_only_when_asked():
-    """Before SamplerParams has a field, a request's non-default value is a 501; its default passes."""
-    for name, value, off in [("mirostat", 2, 0), ("repeat_penalty", 1.3, 1.0), ("dry_multiplier", 0.8, 0.0)]:
-        if F.sampler_takes(F.SAMPLING[[f.name for f in F.SAMPLING].index(name)].param, value):
-            continue
-        refused({name: value}, 501)
-        F.job_fields({name: off}, vocab())
-
-
 def test_ollama_options_take_ollamas_defaults():
     p = ollama.options_fields({"options": {"num_predict": 4}})
     assert p["n_predict"] == 4
@@ -157,8 +148,7 @@ def test_ollama_repeat_last_n_minus_one_is_the_context():
     """Ollama documents -1 as num_ctx; llama.cpp has no such value (a negative last_n is off), so
     the slot's context size is passed."""
     p = ollama.options_fields({"options": {"repeat_last_n": -1}}, n_ctx=2048)
-    if F.sampler_takes("repeat_last_n", 2048):
-        assert p["params"].repeat_last_n == 2048
+    assert p["params"].repeat_last_n == 2048
     with pytest.raises(BadRequest, match="Value must be between 0"):
         ollama.options_fields({"options": {"repeat_last_n": -2}})
 

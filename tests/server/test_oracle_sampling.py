@@ -3,9 +3,7 @@
 tokens; n_probs / logprobs give the same probabilities, as llama-server prints them (the JSON
 numbers parsed, compared exactly), before and after the sampling chain, streamed and not.
 
-One server of each, started once for the module. The settings whose sampler SamplerParams does not
-have yet (penalties, DRY, mirostat, logit_bias, the samplers order) are marked PENDING: they are
-refused (501) until the sampler branch is merged, and xfail strictly until then.
+One server of each, started once for the module.
 """
 from __future__ import annotations
 
@@ -22,8 +20,6 @@ MODEL = "smollm2-q4_1"
 N = 8
 SEEDS = range(20)
 PROMPTS = ["Once upon a time", "The cat sat on the mat. The cat sat on the", "1, 2, 3, 4,", "def fib(n):"]
-# MERGE (chain-history): remove this mark once SamplerParams has the interface's fields
-PENDING = pytest.mark.xfail(strict=True, reason="the sampler has no penalties/DRY/mirostat/logit_bias/samplers yet")
 
 SETTINGS = [
     pytest.param({}, id="defaults"),
@@ -33,14 +29,14 @@ SETTINGS = [
     pytest.param({"xtc_probability": 0.5, "xtc_threshold": 0.05}, id="xtc"),
     pytest.param({"dynatemp_range": 0.5, "dynatemp_exponent": 1.5}, id="dynatemp"),
     pytest.param({"min_keep": 5, "top_p": 0.2, "min_p": 0.3}, id="min_keep"),
-    pytest.param({"repeat_penalty": 1.5, "repeat_last_n": 16}, id="repeat_penalty", marks=PENDING),
-    pytest.param({"frequency_penalty": 0.8, "presence_penalty": 0.6}, id="freq_presence", marks=PENDING),
-    pytest.param({"dry_multiplier": 0.8, "dry_allowed_length": 1, "dry_penalty_last_n": 32}, id="dry", marks=PENDING),
-    pytest.param({"mirostat": 1, "mirostat_tau": 3.0}, id="mirostat1", marks=PENDING),
-    pytest.param({"mirostat": 2, "mirostat_eta": 0.2}, id="mirostat2", marks=PENDING),
-    pytest.param({"logit_bias": [[" the", -3], ["cat", False]]}, id="logit_bias", marks=PENDING),
-    pytest.param({"ignore_eos": True, "temperature": 0}, id="ignore_eos", marks=PENDING),
-    pytest.param({"samplers": ["min_p", "temperature", "top_k"]}, id="samplers", marks=PENDING),
+    pytest.param({"repeat_penalty": 1.5, "repeat_last_n": 16}, id="repeat_penalty"),
+    pytest.param({"frequency_penalty": 0.8, "presence_penalty": 0.6}, id="freq_presence"),
+    pytest.param({"dry_multiplier": 0.8, "dry_allowed_length": 1, "dry_penalty_last_n": 32}, id="dry"),
+    pytest.param({"mirostat": 1, "mirostat_tau": 3.0}, id="mirostat1"),
+    pytest.param({"mirostat": 2, "mirostat_eta": 0.2}, id="mirostat2"),
+    pytest.param({"logit_bias": [[" the", -3], ["cat", False]]}, id="logit_bias"),
+    pytest.param({"ignore_eos": True, "temperature": 0}, id="ignore_eos"),
+    pytest.param({"samplers": ["min_p", "temperature", "top_k"]}, id="samplers"),
 ]
 
 
@@ -165,8 +161,8 @@ def test_completion_probabilities_equal_llama_server(pair, setting):
 OLLAMA = [
     pytest.param({}, id="ollama-defaults"),
     pytest.param({"typical_p": 0.6, "top_k": 0, "temperature": 1.2}, id="typical"),
-    pytest.param({"repeat_penalty": 1.3, "repeat_last_n": -1, "presence_penalty": 0.4}, id="penalties", marks=PENDING),
-    pytest.param({"mirostat": 2, "mirostat_tau": 4.0}, id="mirostat", marks=PENDING),
+    pytest.param({"repeat_penalty": 1.3, "repeat_last_n": -1, "presence_penalty": 0.4}, id="penalties"),
+    pytest.param({"mirostat": 2, "mirostat_tau": 4.0}, id="mirostat"),
 ]
 
 
@@ -180,7 +176,7 @@ def test_ollama_options_equal_llama_server_with_ollamas_defaults(pair, options):
     ours, theirs = pair
     for seed in range(5):
         opts = {"seed": seed, "num_predict": N, **options}
-        fields = {**ollama.applied_defaults(), "seed": seed, "max_tokens": N}
+        fields = {**ollama.DEFAULTS, "seed": seed, "max_tokens": N}
         for k, v in options.items():
             fields[ollama.OPTIONS[k][0]] = 4096 if k == "repeat_last_n" and v == -1 else v
         prompt = PROMPTS[seed % len(PROMPTS)]

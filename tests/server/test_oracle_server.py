@@ -150,7 +150,7 @@ def test_request_sequence_equals_llama_server(pair, record):
     # Ollama routes on bankml against llama-server's OpenAI route with Ollama's defaults spelled
     # out, same place in the sequence
     o = {"temperature": 0, "num_predict": N}
-    od = ollama.applied_defaults()
+    od = ollama.DEFAULTS
     pairs = [
         (("/api/chat", {"messages": [user(QUESTIONS[2])], "options": o, "stream": False}),
          chat([user(QUESTIONS[2])], **{**od, **GREEDY})),
