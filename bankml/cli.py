@@ -285,7 +285,8 @@ def _chat_loop(m, system: str | None, n_predict: int, params, seed: int, as_json
                        "over from this message (type /clear to start over any time)]", err=True)
         keep = min(common_prefix(held, ids), len(ids) - 1)      # prefill at least one token for its logits
         sess.truncate(keep)
-        r = _generate(m, sess, ids[keep:], n_predict, params, seed, echo=not as_json, ignore_eos=ignore_eos)
+        r = _generate(m, sess, ids[keep:], n_predict, params, seed, echo=not as_json, ignore_eos=ignore_eos,
+                      history=ids[:keep])
         held = (ids + r["tokens"])[:sess.n_past]
         _report(r, as_json)
         messages.append({"role": "assistant", "content": r["text"]})
@@ -453,9 +454,11 @@ def _now() -> float:
     return time.perf_counter()
 
 
-def _generate(m, sess, ids: list[int], n_predict: int, params, seed: int, echo: bool, ignore_eos: bool = False) -> dict:
-    """Prefill ids into sess (after the cells it holds), sample until -n, the end-of-generation token
-    or a full context; stream text as it comes. Timings leave out native compile time."""
+def _generate(m, sess, ids: list[int], n_predict: int, params, seed: int, echo: bool, ignore_eos: bool = False,
+              history: list[int] = ()) -> dict:
+    """Prefill ids into sess (after the cells it holds: history), sample until -n, the
+    end-of-generation token or a full context; stream text as it comes. Timings leave out native
+    compile time."""
     from bankml.runtime.generate import generate
     from bankml.tokenizer import tokenizer_for
     from bankml.tokenizer.vocab import StreamDecoder
@@ -465,7 +468,7 @@ def _generate(m, sess, ids: list[int], n_predict: int, params, seed: int, echo: 
     dec = StreamDecoder(tokenizer_for(m), special=False)
     c0, t0 = m.compile_seconds, _now()             # generate() compiles (the first time) before any text streams
     c_first = t_first = None
-    for t in generate(m, ids, n, params, seed=seed, session=sess, ignore_eos=ignore_eos):
+    for t in generate(m, ids, n, params, seed=seed, session=sess, ignore_eos=ignore_eos, history=history):
         if t_first is None:
             c_first, t_first = m.compile_seconds, _now()
         out.append(t)

@@ -208,6 +208,25 @@ def test_interactive_chat_prefills_only_each_new_turn(monkeypatch, smollm2):
         assert reply["timings"]["prompt_n"] == new
 
 
+def test_interactive_chat_sampler_sees_the_whole_conversation(monkeypatch, smollm2):
+    """Each turn's sampler accepts the whole rendered conversation (llama-cli runs each turn as a
+    server task, whose init_sampler accepts the slot's whole prompt), not only the new turn."""
+    from bankml.runtime.sampler import Sampler
+    first, accept = {}, Sampler.accept          # each sampler's first accept: the prompt (then each token)
+
+    def watched(self, ids):
+        first.setdefault(id(self), (self, list(ids)))         # (self: kept alive, so no id is reused)
+        accept(self, ids)
+    monkeypatch.setattr(Sampler, "accept", watched)
+    r = invoke("run", str(models.path("smollm2-q4_1")), "--chat", "--temp", "0", "-n", "8", "--json",
+               "--repeat-penalty", "1.3", input="\n".join(TURNS[:2]) + "\n")
+    assert r.exit_code == 0, r.output
+    replies = [json.loads(line) for line in r.stdout.splitlines()]
+    messages = [{"role": "user", "content": TURNS[0]}, {"role": "assistant", "content": replies[0]["text"]},
+                {"role": "user", "content": TURNS[1]}]
+    assert [ids for _, ids in first.values()] == [chat_ids(smollm2, messages[:1]), chat_ids(smollm2, messages)]
+
+
 def test_chat_outgrowing_the_context_starts_over_with_one_line(monkeypatch):
     calls = watch_prefill(monkeypatch)
     r = invoke("run", str(models.path("smollm2-q4_1")), "--chat", "--temp", "0", "-n", "8", "--ctx", "70",

@@ -62,8 +62,10 @@ def start_sampler(params: SamplerParams, seed: int, tokenizer, n_ctx: int, promp
 
 def generate(model, prompt_ids: Sequence[int], n: int, sampler_params: SamplerParams = SamplerParams(),
              seed: int = LLAMA_DEFAULT_SEED, stop: Sequence[str] = (), ignore_eos: bool = False,
-             session=None) -> Iterator[int]:
-    """Up to `n` sampled token ids after `prompt_ids`, bit for bit llama-server's /completion."""
+             session=None, history: Sequence[int] = ()) -> Iterator[int]:
+    """Up to `n` sampled token ids after `prompt_ids`, bit for bit llama-server's /completion.
+    history: the tokens the session's cells already hold before prompt_ids (a chat's earlier
+    turns); the sampler accepts them first, as init_sampler accepts the slot's whole prompt."""
     if not prompt_ids:
         raise ValueError("generate needs at least one prompt token")
     tok = tokenizer_for(model)
@@ -72,7 +74,7 @@ def generate(model, prompt_ids: Sequence[int], n: int, sampler_params: SamplerPa
     if ignore_eos:                                        # its logit_bias_eog, after the request's biases
         bias = sampler_params.logit_bias + tuple((t, -np.inf) for t in sorted(tok.eog))
         sampler_params = dataclasses.replace(sampler_params, logit_bias=bias)
-    sampler = start_sampler(sampler_params, seed, tok, model.n_ctx, prompt_ids)
+    sampler = start_sampler(sampler_params, seed, tok, model.n_ctx, [*history, *prompt_ids])
     model.prepare_for(sess.n_past, len(prompt_ids), n)
     row = sess.prefill(list(prompt_ids), outputs="last")[-1]
     eog = frozenset() if ignore_eos else tok.eog
