@@ -168,6 +168,13 @@ async def completions(request: Request):
     return await _openai(request, chat=False)
 
 
+def refusal(e: BadRequest | Busy):
+    """An OpenAI-shaped error for a refused request (llama-server's message and status) or a full queue."""
+    if isinstance(e, Busy):
+        return oai_error(BUSY, 503, "unavailable_error")
+    return oai_error(str(e), e.status, e.kind)
+
+
 async def _openai(request: Request, chat: bool):
     srv: Server = request.app.state.server
     try:
@@ -185,10 +192,8 @@ async def _openai(request: Request, chat: bool):
         else:
             prompt = await run_in_threadpool(openai.completion_prompt, srv.model, body)
         events = await srv.generate(prompt, fields, stream)
-    except BadRequest as e:
-        return oai_error(str(e), e.status, e.kind)
-    except Busy:
-        return oai_error(BUSY, 503, "unavailable_error")
+    except (BadRequest, Busy) as e:
+        return refusal(e)
     cid = openai.gen_id("chatcmpl-" if chat else "cmpl-")
     post = fields["post_sampling_probs"]
     if not stream:
@@ -237,10 +242,8 @@ async def completion(request: Request):
         stream = boolean(body, "stream", False)
         prompt = await run_in_threadpool(openai.completion_prompt, srv.model, body)
         events = await srv.generate(prompt, fields, stream)
-    except BadRequest as e:
-        return oai_error(str(e), e.status, e.kind)
-    except Busy:
-        return oai_error(BUSY, 503, "unavailable_error")
+    except (BadRequest, Busy) as e:
+        return refusal(e)
     post = fields["post_sampling_probs"]
     prompt_text = srv.detokenize(prompt)
     if not stream:
