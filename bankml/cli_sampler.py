@@ -3,7 +3,7 @@
     @sampler_options
     def run(..., **sampling): params = sampler_params(sampling, model)
 
-Each flag sets the SamplerParams field of the same meaning (bankml/runtime/params.py builds it).
+Each flag sets the SamplerParams field of the same meaning.
 As in arg.cpp: --temp clamps to >= 0, --dry-base below 1 is ignored, --repeat-last-n and
 --dry-penalty-last-n refuse a negative value, --repeat-penalty must be finite and above 0, the
 presence and frequency penalties finite; --dry-sequence-breaker replaces the default breakers
@@ -18,7 +18,7 @@ import re
 
 import click
 
-from bankml.runtime.params import LLAMA_DEFAULTS, build, f32
+from bankml.runtime.sampler import LLAMA_DEFAULTS, SamplerParams, c_float
 
 D = LLAMA_DEFAULTS
 
@@ -91,7 +91,7 @@ def _logit_bias(values) -> tuple[tuple[int, float], ...]:
             bias = None
         if bias is None:
             raise _bad("--logit-bias", f"{v!r}: invalid input format (want TOKEN_ID+BIAS or TOKEN_ID-BIAS)")
-        out.append((int(m.group(1)), f32(bias)))
+        out.append((int(m.group(1)), c_float(bias)))
     return tuple(out)
 
 
@@ -104,18 +104,18 @@ def _samplers(names: str | None, chars: str | None):
 
 def sampler_kwargs(temp, top_k, top_p, min_p, opts: dict) -> dict:
     """The interface's fields from the flags (opts: the s_* arguments)."""
-    kw = {**LLAMA_DEFAULTS, "temp": max(f32(temp), 0.0), "top_k": top_k, "top_p": f32(top_p), "min_p": f32(min_p)}
+    kw = {**LLAMA_DEFAULTS, "temp": max(c_float(temp), 0.0), "top_k": top_k, "top_p": c_float(top_p), "min_p": c_float(min_p)}
     for _, name, kind, _ in FLAGS:
         v = opts.get(f"s_{name}")
         if v is None or name in ("samplers", "samplers_seq"):
             continue
-        kw[name] = f32(v) if kind is FLOAT else v
+        kw[name] = c_float(v) if kind is FLOAT else v
     if opts.get("s_repeat_last_n") is not None and opts["s_repeat_last_n"] < 0:
         raise _bad("--repeat-last-n", f"invalid repeat-last-n = {opts['s_repeat_last_n']}")
     if opts.get("s_dry_penalty_last_n") is not None and opts["s_dry_penalty_last_n"] < 0:
         raise _bad("--dry-penalty-last-n", f"invalid dry-penalty-last-n = {opts['s_dry_penalty_last_n']}")
     rep = kw["repeat_penalty"]
-    if not math.isfinite(rep) or rep <= 0 or not math.isfinite(f32(1.0 / rep)):
+    if not math.isfinite(rep) or rep <= 0 or not math.isfinite(c_float(1.0 / rep)):
         raise _bad("--repeat-penalty", "repeat-penalty must be finite and greater than 0")
     for name, flag in (("presence_penalty", "--presence-penalty"), ("frequency_penalty", "--frequency-penalty")):
         if not math.isfinite(kw[name]):
@@ -136,4 +136,4 @@ def sampler_kwargs(temp, top_k, top_p, min_p, opts: dict) -> dict:
 def sampler_params(temp, top_k, top_p, min_p, opts: dict):
     """SamplerParams from the flags (ValueError: what common_sampler_init refuses, a sampler bankml
     does not implement)."""
-    return build(sampler_kwargs(temp, top_k, top_p, min_p, opts))
+    return SamplerParams(**sampler_kwargs(temp, top_k, top_p, min_p, opts))

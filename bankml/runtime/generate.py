@@ -51,12 +51,12 @@ class StopScan:
         return False
 
 
-def start_sampler(params: SamplerParams, seed: int, tokenizer, n_ctx: int, prompt: Sequence[int]) -> Sampler:
+def start_sampler(params: SamplerParams, seed: int, tokenizer, prompt: Sequence[int]) -> Sampler:
     """The chain for one generation, with the prompt accepted into it (common_sampler_accept(tok,
     false) for each prompt token, as llama-server's init_sampler and llama-completion do), so
     that the penalties and DRY see the prompt."""
-    sampler = Sampler(params, seed, tokenizer=tokenizer, n_ctx=n_ctx)
-    sampler.accept(list(prompt))
+    sampler = Sampler(params, seed, tokenizer=tokenizer)
+    sampler.accept(prompt)
     return sampler
 
 
@@ -74,7 +74,7 @@ def generate(model, prompt_ids: Sequence[int], n: int, sampler_params: SamplerPa
     if ignore_eos:                                        # its logit_bias_eog, after the request's biases
         bias = sampler_params.logit_bias + tuple((t, -np.inf) for t in sorted(tok.eog))
         sampler_params = dataclasses.replace(sampler_params, logit_bias=bias)
-    sampler = start_sampler(sampler_params, seed, tok, model.n_ctx, [*history, *prompt_ids])
+    sampler = start_sampler(sampler_params, seed, tok, [*history, *prompt_ids])
     model.prepare_for(sess.n_past, len(prompt_ids), n)
     row = sess.prefill(list(prompt_ids), outputs="last")[-1]
     eog = frozenset() if ignore_eos else tok.eog

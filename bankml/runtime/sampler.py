@@ -24,6 +24,12 @@ from bankml.runtime.sampler_filters import (LLAMA_DEFAULT_SEED, MT19937, Candida
 f32 = np.float32
 
 
+def c_float(v) -> float:
+    """The value as C's float holds it (past FLT_MAX: inf; 1e-50: 0)."""
+    with np.errstate(over="ignore", under="ignore"):
+        return float(f32(v))
+
+
 # common_sampler_type_to_str names, in common_params_sampling.samplers' default order
 DEFAULT_SAMPLERS = ("penalties", "dry", "top_n_sigma", "top_k", "typ_p", "top_p", "min_p", "xtc", "temperature")
 OTHER_SAMPLERS = ("infill", "adaptive_p")      # common knows them; bankml does not implement them
@@ -59,20 +65,19 @@ class SamplerParams:
     samplers: tuple[str, ...] = DEFAULT_SAMPLERS
 
     def __post_init__(self):
-        """What common_sampler_init refuses (throws or asserts on), as ValueError."""
+        """What common_sampler_init refuses (throws, with these messages, or asserts on), as ValueError."""
         for name in ("dry_sequence_breakers", "samplers"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
-        with np.errstate(all="ignore"):        # common_params_sampling's floats are C floats: 1e-50 is 0
-            for f in fields(self):
-                if f.type == "float":
-                    object.__setattr__(self, f.name, float(f32(getattr(self, f.name))))
-            object.__setattr__(self, "logit_bias", tuple((int(t), float(f32(b))) for t, b in self.logit_bias))
-            rp = f32(self.repeat_penalty)
-            if not (np.isfinite(rp) and rp > 0 and np.isfinite(f32(1) / rp)):
-                raise ValueError(f"sampler repeat_penalty={self.repeat_penalty}: must be finite and greater than 0")
-            for name in ("frequency_penalty", "presence_penalty"):
-                if not np.isfinite(f32(getattr(self, name))):
-                    raise ValueError(f"sampler {name}={getattr(self, name)}: must be finite")
+        for f in fields(self):                  # common_params_sampling's floats are C floats
+            if f.type == "float":
+                object.__setattr__(self, f.name, c_float(getattr(self, f.name)))
+        object.__setattr__(self, "logit_bias", tuple((int(t), c_float(b)) for t, b in self.logit_bias))
+        rp = self.repeat_penalty
+        if not (np.isfinite(rp) and rp > 0 and np.isfinite(c_float(1 / rp))):
+            raise ValueError("penalty_repeat must be finite and greater than 0")
+        for name, field in (("frequency_penalty", "penalty_freq"), ("presence_penalty", "penalty_present")):
+            if not np.isfinite(getattr(self, name)):
+                raise ValueError(f"{field} must be finite")
         if self.mirostat not in (0, 1, 2):
             raise ValueError(f"sampler mirostat={self.mirostat}: llama.cpp knows 0 (off), 1 and 2")
         for name in self.samplers:
@@ -84,6 +89,7 @@ class SamplerParams:
 
 
 GREEDY = SamplerParams(temp=0.0)
+LLAMA_DEFAULTS = {f.name: f.default for f in fields(SamplerParams)}     # common/common.h's
 
 # ---------------------------------------------------------------- the chain
 
@@ -95,9 +101,6 @@ class _Filter:
 
     def apply(self, c: Candidates) -> None:
         self.fn(c, *self.args)
-
-    def accept(self, token: int) -> None:
-        pass
 
     def reset(self) -> None:
         pass
@@ -171,21 +174,22 @@ class Sampler:
         tok = s.sample(row)                          # the chain, then the token accepted
         s.reset()                                    # llama_sampler_reset: RNGs re-seeded, history cleared
 
-    n_ctx is taken for the server's sake and unused: b11434 never maps a negative last_n to the
-    context size (llama_sampler_init_penalties and _dry make it 0, off)."""
+    b11434 never maps a negative last_n to the context size (llama_sampler_init_penalties and
+    _dry make it 0, off), so the chain needs no n_ctx."""
 
     def __init__(self, params: SamplerParams = SamplerParams(), seed: int = LLAMA_DEFAULT_SEED, *,
-                 tokenizer=None, n_ctx: int | None = None):
+                 tokenizer=None):
         self.params, self.seed = params, seed
         self.steps = _chain(params, seed, tokenizer)
+        self._history = [s for s in self.steps if isinstance(s, (history.Penalties, history.Dry))]
         self._last: Candidates | None = None
 
     def accept(self, ids) -> None:
-        """llama_sampler_accept of the chain for each token, in order."""
-        for token in ids:
-            token = int(token)
-            for step in self.steps:
-                step.accept(token)
+        """llama_sampler_accept of the chain for each token, in order (only penalties and DRY keep
+        what they accept; the chain's other accepts do nothing)."""
+        for step in self._history:
+            for token in ids:
+                step.accept(int(token))
 
     def sample(self, logits: np.ndarray) -> int:
         c = self._last = Candidates(logits)

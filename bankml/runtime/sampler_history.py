@@ -1,9 +1,10 @@
 """llama.cpp's samplers with a history or a state: logit bias, penalties, DRY, mirostat 1 and 2.
 
-Each is a step of Sampler's chain (bankml/runtime/sampler.py) with llama_sampler's three calls:
-apply(c) on the Candidates, accept(token) for every token the chain accepts (the prompt's and
-the sampled ones), reset(). They touch only c.ids, c.logit and c.sorted, and write new arrays
-(the first logits are the caller's row). Float math is f32 in src/llama-sampler.cpp's order; the
+Each is a step of Sampler's chain (bankml/runtime/sampler.py) with llama_sampler's calls:
+apply(c) on the Candidates, reset(), and, for penalties and DRY (the two that keep a history),
+accept(token) for every token the chain accepts (the prompt's and the sampled ones). They
+touch only c.ids, c.logit and c.sorted, and write new arrays (the first logits are the
+caller's row). Float math is f32 in src/llama-sampler.cpp's order; the
 history is llama.cpp's ring_buffer (a deque with maxlen) and its token counts. Mirostat picks the
 token itself, with its own RNG.
 """
@@ -53,9 +54,6 @@ class LogitBias:
             pos, which = _positions_of(c.ids, list(first))
             logit[pos] = logit[pos] + np.array(list(first.values()), f32)[which]
         c.logit = logit
-
-    def accept(self, token: int) -> None:
-        pass
 
     def reset(self) -> None:
         pass
@@ -293,9 +291,6 @@ class Mirostat:
     def reset(self) -> None:
         self.mu = f32(2) * self.tau
         self.rng = MT19937(_rng_seed(self.seed))
-
-    def accept(self, token: int) -> None:
-        pass
 
     def apply(self, c: Candidates) -> None:
         _softmax_sorted(c)

@@ -5,9 +5,10 @@
 
 The slot keeps its cells for the prompt's common prefix, prefills the rest, starts the sampler
 with the whole prompt accepted (init_sampler), then samples and decodes one token at a time; with
-n_probs, each token's probabilities as populate_token_probs takes them (runtime/probs.py). Text follows process_token: a token's piece without its special
-text (the end-of-generation token adds none), nothing sent while the UTF-8 is incomplete or the
-text ends with the start of a stop string, and a stop string ends the text before it. Stops:
+n_probs, each token's probabilities as populate_token_probs takes them (runtime/probs.py). Text
+follows process_token: a token's piece without its special text (the end-of-generation token
+adds none), nothing sent while the UTF-8 is incomplete or the text ends with the start of a stop
+string, and a stop string ends the text before it. Stops:
 a stop string ("stop" / STOP_TYPE_WORD), the end-of-generation token ("stop" / EOS), n_predict
 tokens or a full context ("length" / LIMIT), or a cancel (a client gone).
 """
@@ -105,7 +106,7 @@ def run_job(model, slot: Slot, job: Job, on_text: Callable[..., None] = lambda s
     else:
         row = sess.prefill(rest, outputs="last")[-1]
     slot.tokens = list(job.prompt)
-    sampler = start_sampler(job.params, job.seed, tok, model.n_ctx, job.prompt)   # init_sampler
+    sampler = start_sampler(job.params, job.seed, tok, job.prompt)   # init_sampler
     t1 = time.perf_counter()
     out: list[int] = []
     probs: list[Prob] = []

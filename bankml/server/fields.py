@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bankml.runtime.params import LLAMA_DEFAULTS, build, f32
-from bankml.runtime.sampler import LLAMA_DEFAULT_SEED, OTHER_SAMPLERS, SamplerParams
+from bankml.runtime.sampler import (DEFAULT_SAMPLERS, LLAMA_DEFAULT_SEED, LLAMA_DEFAULTS, OTHER_SAMPLERS, SamplerParams,
+                                    c_float)
 
 INT32_MAX = 2**31 - 1
 FLT_MAX = float(np.finfo(np.float32).max)
@@ -69,7 +69,7 @@ def i32(v) -> int:
 
 
 def _std_to_string(v, kind) -> str:
-    return f"{v:f}" if kind is f32 else str(v)
+    return f"{v:f}" if kind is c_float else str(v)
 
 
 def num(body: dict, names, default, kind=float, lo=None, hi=None, hard=False):
@@ -129,7 +129,7 @@ class Num:
     """One field_num of make_llama_cmpl_schema: JSON name, SamplerParams field, type, limits."""
     name: str
     param: str
-    kind: object = f32          # f32 | i32
+    kind: object = c_float          # c_float | i32
     lo: float | None = None
     hi: float | None = None
     hard: bool = False
@@ -137,13 +137,13 @@ class Num:
 
 SAMPLING = (
     Num("top_k", "top_k", i32, 0, INT32_MAX),
-    Num("top_p", "top_p", f32, 0.0, 1.0),
-    Num("min_p", "min_p", f32, 0.0, 1.0),
+    Num("top_p", "top_p", c_float, 0.0, 1.0),
+    Num("min_p", "min_p", c_float, 0.0, 1.0),
     Num("top_n_sigma", "top_n_sigma"),
-    Num("xtc_probability", "xtc_probability", f32, 0.0, 1.0),
-    Num("xtc_threshold", "xtc_threshold", f32, 0.0, 1.0),
+    Num("xtc_probability", "xtc_probability", c_float, 0.0, 1.0),
+    Num("xtc_threshold", "xtc_threshold", c_float, 0.0, 1.0),
     Num("typical_p", "typical_p"),
-    Num("temperature", "temp", f32, 0.0, math.inf),
+    Num("temperature", "temp", c_float, 0.0, math.inf),
     Num("dynatemp_range", "dynatemp_range"),
     Num("dynatemp_exponent", "dynatemp_exponent"),
     Num("repeat_last_n", "repeat_last_n", i32, 0, INT32_MAX, hard=True),
@@ -161,8 +161,7 @@ SAMPLING = (
 MIN_KEEP = Num("min_keep", "min_keep", i32, 0, INT32_MAX, hard=True)
 
 # common_sampler_types_from_names: the canonical names, kebab-case and no-dash aliases, and three more
-_CANONICAL = ("dry", "top_k", "top_p", "top_n_sigma", "typ_p", "min_p", "temperature", "xtc", "infill",
-              "penalties", "adaptive_p")
+_CANONICAL = DEFAULT_SAMPLERS + OTHER_SAMPLERS
 SAMPLER_NAMES = {**{n.replace("_", "-"): n for n in _CANONICAL if "_" in n},
                  **{n.replace("_", ""): n for n in _CANONICAL if "_" in n},
                  "nucleus": "top_p", "temp": "temperature", "typ": "typ_p", **{n: n for n in _CANONICAL}}
@@ -203,7 +202,7 @@ def _bias(v):
     if isinstance(v, bool):
         return None if v else -math.inf
     if isinstance(v, (int, float)):
-        return f32(v)
+        return c_float(v)
     return None
 
 
@@ -291,29 +290,14 @@ def sampling_kwargs(body: dict, vocab: Vocab | None = None, defaults: dict | Non
     return kw
 
 
-def check_penalties(kw: dict) -> None:
-    """common_sampler_init's refusals, as llama-server reports them."""
-    rep, freq, pres = kw["repeat_penalty"], kw["frequency_penalty"], kw["presence_penalty"]
-    why = None
-    if not math.isfinite(rep) or rep <= 0.0 or not math.isfinite(f32(1.0 / rep) if rep else math.inf):
-        why = "penalty_repeat must be finite and greater than 0"
-    elif not math.isfinite(freq):
-        why = "penalty_freq must be finite"
-    elif not math.isfinite(pres):
-        why = "penalty_present must be finite"
-    if why:
-        raise BadRequest(f"Failed to initialize samplers: {why}")
-
-
 def make_params(kw: dict) -> SamplerParams:
-    """SamplerParams from the kwargs (bankml/runtime/params.py): what llama.cpp refuses is a 400;
+    """SamplerParams from the kwargs: what llama.cpp refuses is a 400;
     a sampler of llama.cpp's that bankml does not implement (infill, adaptive_p), a 501."""
-    check_penalties(kw)
     for name in kw["samplers"]:
         if name in OTHER_SAMPLERS:
             raise BadRequest(f"Field 'samplers': bankml has no {name} sampler", 501, "not_supported_error")
     try:
-        return build(kw)
+        return SamplerParams(**kw)
     except ValueError as e:
         raise BadRequest(f"Failed to initialize samplers: {e}") from None
 
@@ -336,8 +320,8 @@ def probs_fields(body: dict) -> dict:
 def adaptive_p(body: dict) -> None:
     """adaptive_target (clamped to at most 1; negative: off) and adaptive_decay (0..0.99): parsed
     as llama-server does; the adaptive-p sampler itself bankml does not have."""
-    target = num(body, "adaptive_target", -1.0, f32, -FLT_MAX, 1.0)
-    num(body, "adaptive_decay", 0.9, f32, 0.0, f32(0.99), hard=True)
+    target = num(body, "adaptive_target", -1.0, c_float, -FLT_MAX, 1.0)
+    num(body, "adaptive_decay", 0.9, c_float, 0.0, c_float(0.99), hard=True)
     if target >= 0:
         raise BadRequest("Field 'adaptive_target': bankml has no adaptive-p sampler; leave adaptive_target "
                          "negative (off)", 501, "not_supported_error")

@@ -9,7 +9,7 @@ completion_probabilities), then the final object with an empty content, and no [
 """
 from __future__ import annotations
 
-from bankml.runtime.params import f32
+from bankml.runtime.sampler import c_float
 from bankml.server.engine import Prob, Result
 from bankml.server.openai import probs_json
 
@@ -29,7 +29,7 @@ def generation_settings(job: dict, stream: bool) -> dict:
     for name, field in _SETTINGS:
         field = field or name
         v = getattr(p, field)
-        out[name] = f32(v) if isinstance(v, float) else v
+        out[name] = c_float(v) if isinstance(v, float) else v
     out.update({"max_tokens": job["n_predict"], "n_predict": job["n_predict"], "stream": stream,
                 "n_probs": job["n_probs"], "min_keep": p.min_keep,
                 "samplers": list(p.samplers),

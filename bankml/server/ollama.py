@@ -14,7 +14,7 @@ import datetime
 import hashlib
 
 from bankml.server.engine import Result
-from bankml.server.fields import BadRequest, f32, job_fields
+from bankml.server.fields import BadRequest, c_float, job_fields
 from bankml.server.openai import chat_messages, chat_prompt
 
 VERSION = "0.6.3"       # the Ollama API version these shapes follow (the ollama client tested against)
@@ -37,7 +37,7 @@ _PARAM = {"temperature": "temp"}
 
 def sampler_defaults() -> dict:
     """DEFAULTS as SamplerParams kwargs (float32 values, as Ollama holds them)."""
-    return {_PARAM.get(k, k): (f32(v) if isinstance(v, float) else v) for k, v in DEFAULTS.items()}
+    return {_PARAM.get(k, k): (c_float(v) if isinstance(v, float) else v) for k, v in DEFAULTS.items()}
 
 
 def error_body(message: str) -> dict:

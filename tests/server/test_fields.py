@@ -135,7 +135,7 @@ def test_ollama_options_take_ollamas_defaults():
     p = ollama.options_fields({"options": {"num_predict": 4}})
     assert p["n_predict"] == 4
     got = p["params"]
-    assert (F.f32(got.top_p), got.min_p, got.top_k, F.f32(got.temp)) == (F.f32(0.9), 0.0, 40, F.f32(0.8))
+    assert (got.top_p, got.min_p, got.top_k, got.temp) == (F.c_float(0.9), 0.0, 40, F.c_float(0.8))
 
 
 def test_ollama_options_map_to_llama_server_fields():
