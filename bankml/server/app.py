@@ -1,18 +1,23 @@
 """`bankml serve`: an ASGI app (starlette) of the OpenAI and Ollama routes over one model's slots.
 
-    app = make_app(model, n_slots=1, queue_size=16, api_key=None)
+    app = make_app(model, n_slots=1, queue_size=16, http=HttpOptions(api_keys=("KEY",)))
     uvicorn.run(app, host="127.0.0.1", port=8080)
+
+In front of the routes: the Host check, CORS, the body cap and the keys (guard.py).
 
 The event loop only parses, queues and streams: tokenizing runs in the thread pool, and each
 slot runs its generations in its own worker thread (the llvm backend releases the GIL in native
 code and runs one micro-batch of the shared model at a time); a streamed token's text reaches
 the loop through one hand-off thread (handoff.py) while the next decode runs. A client that goes
-away mid-stream cancels its generation between two tokens, and its slot is released.
+away, mid-stream or while waiting for a whole answer, cancels its generation between two
+tokens, and its slot is released. A stream quiet for --sse-ping-interval seconds (a long prefill)
+gets an SSE comment line, as llama-server sends, so that clients and proxies do not time out.
 """
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import sys
 import threading
@@ -29,21 +34,19 @@ from starlette.routing import Route
 from bankml.server import native, ollama, openai
 from bankml.server.engine import Job, run_job
 from bankml.server.fields import BadRequest, Vocab, boolean, chat_logprobs, job_fields
+from bankml.server.guard import HttpOptions, guarded
 from bankml.server.handoff import Handoff
 from bankml.tokenizer import tokenizer_for
 from bankml.server.slots import Busy, SlotPool
 
-PUBLIC = {"/health", "/v1/health"}
-
-
 class Server:
-    def __init__(self, model, n_slots: int = 1, queue_size: int = 16, api_key: str | None = None,
-                 cache_ram_mib: int = 8192, swa_full: bool = False):
+    def __init__(self, model, n_slots: int = 1, queue_size: int = 16, cache_ram_mib: int = 8192,
+                 swa_full: bool = False, ping_s: float = 30.0):
         self.model = model
         self.name = model.path.name
         self.pool = SlotPool(model, n_slots, queue_size, cache_ram_mib, swa_full)
         self.workers = {s.id: ThreadPoolExecutor(1, thread_name_prefix=f"bankml-slot-{s.id}") for s in self.pool.slots}
-        self.api_key = api_key
+        self.ping_s = ping_s                    # SSE ping interval (<= 0: none)
         self.vocab = Vocab.of(model)            # what logit_bias and ignore_eos read
         tok = tokenizer_for(model)
         self.piece = lambda t: tok.piece(t, special=False)
@@ -79,7 +82,7 @@ class Server:
                 self.handoff.put(loop, self.pool.release, slot)
 
         loop.run_in_executor(self.workers[slot.id], work)
-        return _Events(q, cancel)
+        return _Events(q, cancel, self.ping_s if stream else 0.0)
 
     def close(self) -> None:
         for w in self.workers.values():
@@ -87,25 +90,49 @@ class Server:
 
 
 class _Events:
-    def __init__(self, q: asyncio.Queue, cancel: threading.Event):
-        self.q, self.cancel = q, cancel
+    """One generation's events; ("ping", ...) when a stream was quiet for ping_s seconds."""
+
+    def __init__(self, q: asyncio.Queue, cancel: threading.Event, ping_s: float = 0.0):
+        self.q, self.cancel, self.ping_s = q, cancel, ping_s
 
     async def __aiter__(self):
         try:
             while True:
-                ev = await self.q.get()
+                if self.ping_s > 0:
+                    try:
+                        ev = await asyncio.wait_for(self.q.get(), self.ping_s)
+                    except asyncio.TimeoutError:
+                        yield PING
+                        continue
+                else:
+                    ev = await self.q.get()
                 yield ev
                 if ev[0] != "text":
                     return
         finally:
             self.cancel.set()               # the client left (or the stream ended): stop generating
 
-    async def result(self):
-        async for kind, value, _, _ in self:
-            if kind == "done":
-                return value
-            if kind == "error":
-                raise value
+    async def result(self, request: Request):
+        """The Result; a client that disconnects meanwhile cancels the generation (the
+        worker stops at the next token) instead of leaving its slot generating for no one."""
+        async def watch():
+            while (await request.receive())["type"] != "http.disconnect":
+                pass
+            self.cancel.set()
+        watcher = asyncio.ensure_future(watch())
+        try:
+            async for kind, value, _, _ in self:
+                if kind == "done":
+                    return value
+                if kind == "error":
+                    raise value
+        finally:
+            watcher.cancel()
+
+
+PING = ("ping", None, None, None)
+SSE_PING = b":\n\n"                         # llama-server's keep-alive: an SSE comment line
+FAILED = "generation failed; the server's log says why"    # no internal text goes to a client
 
 
 # ---------------------------------------------------------------- helpers
@@ -198,9 +225,9 @@ async def _openai(request: Request, chat: bool):
     post = fields["post_sampling_probs"]
     if not stream:
         try:
-            r = await events.result()
-        except Exception as e:
-            return oai_error(f"generation failed: {e}", 500, "server_error")
+            r = await events.result(request)
+        except Exception:
+            return oai_error(FAILED, 500, "server_error")
         make = openai.chat_response if chat else openai.text_response
         res = make(r, cid, srv.name, post, srv.piece)
         if body.get("verbose") is True and body.get("return_tokens") is True:
@@ -210,7 +237,9 @@ async def _openai(request: Request, chat: bool):
     async def body_iter():
         first = True
         async for kind, value, prob, _ in events:
-            if kind == "text":
+            if kind == "ping":
+                yield SSE_PING
+            elif kind == "text":
                 if chat:
                     for c in openai.chat_token_chunks(cid, srv.name, first, value, prob, post, srv.piece):
                         yield sse(c)
@@ -229,7 +258,7 @@ async def _openai(request: Request, chat: bool):
                     yield sse(last)
                 yield b"data: [DONE]\n\n"
             else:
-                yield sse({"error": openai.error_body(f"generation failed: {value}", 500, "server_error")["error"]})
+                yield sse({"error": openai.error_body(FAILED, 500, "server_error")["error"]})
     return StreamingResponse(body_iter(), media_type="text/event-stream")
 
 
@@ -248,23 +277,25 @@ async def completion(request: Request):
     prompt_text = srv.detokenize(prompt)
     if not stream:
         try:
-            r = await events.result()
-        except Exception as e:
-            return oai_error(f"generation failed: {e}", 500, "server_error")
+            r = await events.result(request)
+        except Exception:
+            return oai_error(FAILED, 500, "server_error")
         return JSONResponse(native.final(r, fields, srv.name, prompt_text, False, srv.piece,
                                          boolean(body, "return_tokens", False)))
 
     async def body_iter():
         n = 0
         async for kind, value, prob, tok in events:
-            if kind == "text":
+            if kind == "ping":
+                yield SSE_PING
+            elif kind == "text":
                 n += 1
                 if prob is not None or not fields["n_probs"]:
                     yield sse(native.partial(n, len(prompt), value, tok, prob, post, srv.piece))
             elif kind == "done":
                 yield sse(native.final(value, fields, srv.name, prompt_text, True, srv.piece))
             else:
-                yield sse({"error": openai.error_body(f"generation failed: {value}", 500, "server_error")["error"]})
+                yield sse({"error": openai.error_body(FAILED, 500, "server_error")["error"]})
     return StreamingResponse(body_iter(), media_type="text/event-stream")
 
 
@@ -283,6 +314,10 @@ async def _ollama(request: Request, kind: str):
     t0 = time.perf_counter_ns()
     try:
         body = await read_json(request)
+        name = body["model"] if isinstance(body.get("model"), str) and body["model"] else srv.name
+        loaded = ollama.load_request(body, kind)   # `ollama run` first: no prompt, only "load the model"
+        if loaded is not None:
+            return JSONResponse({"model": name, **loaded})
         fields = ollama.options_fields(body, srv.vocab, srv.model.n_ctx)
         stream = ollama.streaming(body)
         build = ollama.chat_ids if kind == "chat" else ollama.generate_ids
@@ -294,12 +329,11 @@ async def _ollama(request: Request, kind: str):
         return JSONResponse(ollama.error_body(str(e)), status_code=e.status)
     except Busy:
         return JSONResponse(ollama.error_body(BUSY), status_code=503)
-    name = body.get("model") if isinstance(body.get("model"), str) and body.get("model") else srv.name
     if not stream:
         try:
-            r = await events.result()
-        except Exception as e:
-            return JSONResponse(ollama.error_body(f"generation failed: {e}"), status_code=500)
+            r = await events.result(request)
+        except Exception:
+            return JSONResponse(ollama.error_body(FAILED), status_code=500)
         return JSONResponse(ollama.final(name, kind, r, r.text, time.perf_counter_ns() - t0, prompt))
 
     async def body_iter():
@@ -310,7 +344,7 @@ async def _ollama(request: Request, kind: str):
             elif ev == "done":
                 yield ndjson(ollama.final(name, kind, value, "", time.perf_counter_ns() - t0, prompt))
             else:
-                yield ndjson(ollama.error_body(f"generation failed: {value}"))
+                yield ndjson(ollama.error_body(FAILED))
     return StreamingResponse(body_iter(), media_type="application/x-ndjson")
 
 
@@ -334,25 +368,6 @@ async def api_version(request: Request):
 
 # ---------------------------------------------------------------- the app
 
-class _Auth:
-    """llama-server's API key check (Authorization: Bearer KEY, or X-Api-Key), /health public;
-    a 404 in llama-server's error shape."""
-
-    def __init__(self, app, server: Server):
-        self.app, self.server = app, server
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and self.server.api_key and scope["path"] not in PUBLIC:
-            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
-            key = headers.get("authorization") or headers.get("x-api-key", "")
-            if key.startswith("Bearer "):
-                key = key[len("Bearer "):]
-            if key != self.server.api_key:
-                resp = oai_error("Invalid API Key", 401, "authentication_error")
-                return await resp(scope, receive, send)
-        return await self.app(scope, receive, send)
-
-
 async def not_found(request: Request, exc):
     return JSONResponse({"error": {"message": "File Not Found", "type": "not_found_error", "code": 404}},
                         status_code=404)
@@ -360,12 +375,17 @@ async def not_found(request: Request, exc):
 
 async def server_error(request: Request, exc):
     print(f"bankml serve: {request.url.path}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-    return JSONResponse(openai.error_body(str(exc), 500, "server_error"), status_code=500)
+    return JSONResponse(openai.error_body("internal server error; the server's log says why", 500, "server_error"),
+                        status_code=500)
 
 
 def make_app(model, n_slots: int = 1, queue_size: int = 16, api_key: str | None = None, cache_ram_mib: int = 8192,
-             swa_full: bool = False):
-    server = Server(model, n_slots, queue_size, api_key, cache_ram_mib, swa_full)
+             swa_full: bool = False, http: HttpOptions | None = None):
+    """The guarded app (guard.py); `api_key` adds one key to http.api_keys."""
+    http = http or HttpOptions()
+    if api_key:
+        http = dataclasses.replace(http, api_keys=(*http.api_keys, api_key))
+    server = Server(model, n_slots, queue_size, cache_ram_mib, swa_full, http.sse_ping_s)
     routes = [
         Route("/health", health), Route("/v1/health", health),
         Route("/v1/models", models), Route("/models", models), Route("/slots", slots),
@@ -386,4 +406,4 @@ def make_app(model, n_slots: int = 1, queue_size: int = 16, api_key: str | None 
     app = Starlette(routes=routes, exception_handlers={404: not_found, 405: not_found, 500: server_error},
                     lifespan=lifespan)
     app.state.server = server
-    return _Auth(app, server)
+    return guarded(app, http)

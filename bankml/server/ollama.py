@@ -99,6 +99,31 @@ def streaming(body: dict) -> bool:
     return v
 
 
+def load_request(body: dict, kind: str) -> dict | None:
+    """Ollama's answer to a request with nothing to generate (GenerateHandler: an empty prompt;
+    ChatHandler: no messages): the model is loaded ("load"), or with keep_alive 0 unloaded
+    ("unload"; bankml keeps it). `ollama run` sends one before its first prompt. None otherwise."""
+    if kind == "generate":
+        prompt = body.get("prompt")
+        if prompt not in (None, "") or body.get("images"):
+            return None
+        payload = {"response": ""}
+    else:
+        messages = body.get("messages")
+        if messages not in (None, []):
+            return None
+        payload = {"message": {"role": "assistant", "content": ""}}
+    reason = "unload" if _zero_duration(body.get("keep_alive")) else "load"
+    return {"created_at": now(), **payload, "done": True, "done_reason": reason}
+
+
+def _zero_duration(v) -> bool:
+    """keep_alive 0 (a number of seconds, or a Go duration such as "0" or "0s")."""
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return v == 0
+    return isinstance(v, str) and v.strip().rstrip("hms").strip() in ("0", "0.0")
+
+
 def chat_ids(model, body: dict) -> list[int]:
     return chat_prompt(model, chat_messages(body))
 
@@ -111,7 +136,7 @@ def generate_ids(model, body: dict) -> list[int]:
     if not isinstance(prompt, str):
         raise BadRequest("prompt must be a string")
     if not prompt:
-        raise BadRequest("bankml needs a non-empty prompt (Ollama's empty prompt only loads the model)")
+        raise BadRequest("prompt must not be empty")
     if body.get("raw"):
         return model.tokenize(prompt, add_special=True, parse_special=True)
     messages = []
