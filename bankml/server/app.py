@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import dataclasses
 import json
+import math
 import sys
 import threading
 import time
@@ -26,9 +27,9 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 from starlette.applications import Starlette
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
-from starlette.responses import JSONResponse, StreamingResponse
+from starlette.responses import JSONResponse as StarletteJSON
+from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
 from bankml.server import native, ollama, openai
@@ -53,7 +54,14 @@ class Server:
         self.detokenize = lambda ids: b"".join(tok.piece(t, special=True) for t in ids).decode("utf-8", "replace")
         self.started = time.time()
         self.handoff = Handoff()                # the workers' events to the loop (handoff.py)
+        # prompts are rendered and tokenized on one thread: it is Python under the GIL, so more
+        # threads would not go faster, and one bounds the memory of many large prompts at once
+        self.prep = ThreadPoolExecutor(1, thread_name_prefix="bankml-prompt")
         weakref.finalize(self, self.handoff.close)
+
+    async def prepare(self, fn, *args):
+        """fn(*args) on the prompt thread."""
+        return await asyncio.get_running_loop().run_in_executor(self.prep, fn, *args)
 
     async def generate(self, prompt: list[int], fields: dict, stream: bool = True):
         """A slot for the prompt (Busy when the queue is full), then its events as they come:
@@ -85,6 +93,7 @@ class Server:
         return _Events(q, cancel, self.ping_s if stream else 0.0)
 
     def close(self) -> None:
+        self.prep.shutdown(wait=True, cancel_futures=True)
         for w in self.workers.values():
             w.shutdown(wait=True, cancel_futures=True)
 
@@ -141,22 +150,76 @@ def oai_error(message: str, status: int = 400, kind: str = "invalid_request_erro
     return JSONResponse(openai.error_body(message, status, kind), status_code=status)
 
 
+def _no_constant(name: str):
+    raise BadRequest(f"[json.exception.parse_error.101] parse error: syntax error: invalid literal '{name}'")
+
+
+def _finite(text: str) -> float:
+    v = float(text)
+    if math.isinf(v):                           # nlohmann refuses what overflows a double
+        raise BadRequest(f"[json.exception.out_of_range.406] number overflow parsing '{text}'")
+    return v
+
+
+def _no_lone_surrogates(body) -> None:
+    """nlohmann refuses a \\uD800-\\uDFFF escape that is not half of a pair; Python keeps it as a
+    character no UTF-8 can hold (and no answer could echo)."""
+    stack = [body]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            stack.extend(v.keys())
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+        elif isinstance(v, str):
+            try:
+                v.encode("utf-8")
+            except UnicodeEncodeError:
+                raise BadRequest("[json.exception.parse_error.101] parse error: syntax error: surrogate "
+                                 "U+D800..U+DFFF must be part of a pair") from None
+
+
 async def read_json(request: Request) -> dict:
+    """The body as JSON as llama-server's parser takes it: no NaN or Infinity literals, no number
+    that overflows a double; nesting too deep for Python's parser is a parse error too."""
     raw = await request.body()
     try:
-        body = json.loads(raw)
+        body = json.loads(raw, parse_constant=_no_constant, parse_float=_finite)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise BadRequest(f"[json.exception.parse_error.101] parse error: {e}") from None
+    except RecursionError:
+        raise BadRequest("[json.exception.parse_error.101] parse error: nesting too deep") from None
+    _no_lone_surrogates(body)
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     return body
 
 
-_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))   # json.dumps with these, made once
+_ENCODER = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), allow_nan=False)   # made once
+
+
+def _finite_only(obj):
+    """NaN and infinities as null, as nlohmann's dump writes them (a setting echoed back may be one)."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite_only(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite_only(v) for v in obj]
+    return obj
 
 
 def _dumps(obj) -> str:
-    return _ENCODER.encode(obj)
+    try:
+        return _ENCODER.encode(obj)
+    except ValueError:                          # a non-finite float somewhere: rare, so checked only then
+        return _ENCODER.encode(_finite_only(obj))
+
+
+class JSONResponse(StarletteJSON):
+    def render(self, content) -> bytes:
+        return _dumps(content).encode("utf-8")
 
 
 def sse(obj) -> bytes:
@@ -214,10 +277,10 @@ async def _openai(request: Request, chat: bool):
         include_usage = boolean(opts, "include_usage", False)
         if chat:
             messages = openai.chat_messages(body)
-            prompt = await run_in_threadpool(openai.chat_prompt, srv.model, messages)
+            prompt = await srv.prepare(openai.chat_prompt, srv.model, messages)
             fields["user_starts"] = openai.user_starts(srv.model, prompt)
         else:
-            prompt = await run_in_threadpool(openai.completion_prompt, srv.model, body)
+            prompt = await srv.prepare(openai.completion_prompt, srv.model, body)
         events = await srv.generate(prompt, fields, stream)
     except (BadRequest, Busy) as e:
         return refusal(e)
@@ -269,7 +332,8 @@ async def completion(request: Request):
         body = await read_json(request)
         fields = job_fields(body, srv.vocab)
         stream = boolean(body, "stream", False)
-        prompt = await run_in_threadpool(openai.completion_prompt, srv.model, body)
+        return_tokens = boolean(body, "return_tokens", False)
+        prompt = await srv.prepare(openai.completion_prompt, srv.model, body)
         events = await srv.generate(prompt, fields, stream)
     except (BadRequest, Busy) as e:
         return refusal(e)
@@ -281,7 +345,7 @@ async def completion(request: Request):
         except Exception:
             return oai_error(FAILED, 500, "server_error")
         return JSONResponse(native.final(r, fields, srv.name, prompt_text, False, srv.piece,
-                                         boolean(body, "return_tokens", False)))
+                                         return_tokens))
 
     async def body_iter():
         n = 0
@@ -321,7 +385,7 @@ async def _ollama(request: Request, kind: str):
         fields = ollama.options_fields(body, srv.vocab, srv.model.n_ctx)
         stream = ollama.streaming(body)
         build = ollama.chat_ids if kind == "chat" else ollama.generate_ids
-        prompt = await run_in_threadpool(build, srv.model, body)
+        prompt = await srv.prepare(build, srv.model, body)
         if kind == "chat":
             fields["user_starts"] = openai.user_starts(srv.model, prompt)
         events = await srv.generate(prompt, fields, stream)

@@ -245,14 +245,23 @@ def _string_list(name: str, v) -> list[str]:
     return v
 
 
+MAX_SAMPLERS = 256      # bankml's own bound (llama-server has none): a chain is a dozen samplers
+
+
 def samplers_field(v) -> tuple[str, ...] | None:
-    """The samplers field: an array of names or a string of chars; unknown ones are skipped."""
+    """The samplers field: an array of names or a string of chars; unknown ones are skipped. A
+    chain of more than MAX_SAMPLERS is refused: each sampler runs on every token, so a long one
+    is only a way to make a server slow and large."""
     if isinstance(v, list):
         names = _string_list("samplers", v)
-        return tuple(SAMPLER_NAMES[n.lower()] for n in names if n.lower() in SAMPLER_NAMES)
-    if isinstance(v, str):
-        return tuple(SAMPLER_CHARS[c] for c in v if c in SAMPLER_CHARS)
-    return None
+        chain = tuple(SAMPLER_NAMES[n.lower()] for n in names if n.lower() in SAMPLER_NAMES)
+    elif isinstance(v, str):
+        chain = tuple(SAMPLER_CHARS[c] for c in v if c in SAMPLER_CHARS)
+    else:
+        return None
+    if len(chain) > MAX_SAMPLERS:
+        raise BadRequest(f"Field 'samplers': a chain of {len(chain)} samplers; bankml takes at most {MAX_SAMPLERS}")
+    return chain
 
 
 def sampling_kwargs(body: dict, vocab: Vocab | None = None, defaults: dict | None = None) -> dict:
