@@ -26,14 +26,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 
-from bankml.server import native, ollama, openai
+from bankml.server import native, ollama, openai, webui
 from bankml.server.engine import Job, run_job
 from bankml.server.fields import BadRequest, Vocab, boolean, chat_logprobs, job_fields
 from bankml.server.handoff import Handoff
 from bankml.tokenizer import tokenizer_for
 from bankml.server.slots import Busy, SlotPool
 
-PUBLIC = {"/health", "/v1/health"}
+PUBLIC = {"/", "/health", "/v1/health"}
 
 
 class Server:
@@ -367,6 +367,7 @@ def make_app(model, n_slots: int = 1, queue_size: int = 16, api_key: str | None 
              swa_full: bool = False):
     server = Server(model, n_slots, queue_size, api_key, cache_ram_mib, swa_full)
     routes = [
+        Route("/", webui.root, methods=["GET", "HEAD"]),
         Route("/health", health), Route("/v1/health", health),
         Route("/v1/models", models), Route("/models", models), Route("/slots", slots),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
