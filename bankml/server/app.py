@@ -32,7 +32,7 @@ from starlette.responses import JSONResponse as StarletteJSON
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
-from bankml.server import native, ollama, openai
+from bankml.server import native, ollama, openai, webui
 from bankml.server.engine import Job, run_job
 from bankml.server.fields import BadRequest, Vocab, boolean, chat_logprobs, job_fields
 from bankml.server.guard import HttpOptions, guarded
@@ -451,6 +451,7 @@ def make_app(model, n_slots: int = 1, queue_size: int = 16, api_key: str | None 
         http = dataclasses.replace(http, api_keys=(*http.api_keys, api_key))
     server = Server(model, n_slots, queue_size, cache_ram_mib, swa_full, http.sse_ping_s)
     routes = [
+        Route("/", webui.root, methods=["GET", "HEAD"]),
         Route("/health", health), Route("/v1/health", health),
         Route("/v1/models", models), Route("/models", models), Route("/slots", slots),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
