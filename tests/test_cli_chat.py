@@ -182,10 +182,11 @@ TURN = re.compile(r"\[prompt (\d+) tokens, [\d.]+ tok/s; generated (\d+) tokens,
 
 
 class Terminal:
-    """One tmux pane (120x40, its own tmux server) running a command: keys in, the screen out."""
+    """One tmux pane (120x40, its own tmux server on the socket given) running a command: keys in,
+    the screen out."""
 
-    def __init__(self, argv: list[str]):
-        self.tmux = ["tmux", "-L", f"bankml-test-{os.getpid()}", "-f", "/dev/null"]
+    def __init__(self, argv: list[str], socket: Path):
+        self.tmux = ["tmux", "-S", str(socket), "-f", "/dev/null"]
         cmd = f'{shlex.join(argv)}; echo "[exit $?]"; sleep 600'
         self.run("new-session", "-d", "-x", "120", "-y", "40", "-s", "chat", "-c", str(ROOT), cmd)
 
@@ -227,9 +228,10 @@ class Terminal:
 @pytest.fixture(scope="module")
 def term(tmp_path_factory):
     """`bankml run` with no MODEL and no -p (the default model, a chat), greedy, 8 tokens a reply."""
-    history = tmp_path_factory.mktemp("chat") / "history"
+    where = tmp_path_factory.mktemp("chat")
+    history = where / "history"
     t = Terminal([sys.executable, "-m", "bankml.cli", "run", "--temp", "0", "-n", "8", "--ignore-eos",
-                  "--ctx", "1024", "--history", str(history)])
+                  "--ctx", "1024", "--history", str(history)], where / "tmux")
     t.history = history
     yield t
     t.close()
