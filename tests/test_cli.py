@@ -241,7 +241,7 @@ def test_chat_outgrowing_the_context_starts_over_with_one_line(monkeypatch):
 def test_timings_leave_out_compile_time(monkeypatch):
     """compile_ms from model.compile_seconds, taken out of the prompt and generation speeds (a fake clock:
     2 s compiling before the prompt, 0.5 s running it, 0.1 s a decode)."""
-    from bankml import cli
+    from bankml import cli_chat
     from bankml.runtime.model import Model
     from bankml.runtime.session import Session
     clock = [0.0]
@@ -265,7 +265,7 @@ def test_timings_leave_out_compile_time(monkeypatch):
     def slow_decode(self, token):
         clock[0] += 0.1
         return decode(self, token)
-    monkeypatch.setattr(cli, "_now", lambda: clock[0])
+    monkeypatch.setattr(cli_chat, "_now", lambda: clock[0])
     monkeypatch.setattr(Session, "prefill", slow_prefill)
     monkeypatch.setattr(Session, "decode", slow_decode)
     monkeypatch.setattr(Model, "prepare", uncounted_prepare)

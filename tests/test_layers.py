@@ -25,7 +25,7 @@ LAYERS = [
     ("runtime",),
     ("bankml",),
     ("server", "diff", "testing"),
-    ("cli", "cli_sampler"),
+    ("cli", "cli_sampler", "cli_chat"),
 ]
 RANK = {part: k for k, parts in enumerate(LAYERS) for part in parts}
 MAX_MODULES = 15
