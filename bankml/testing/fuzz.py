@@ -26,7 +26,7 @@ import httpx
 
 OPENAI = ("/v1/chat/completions", "/v1/completions", "/completion")
 OLLAMA = ("/api/chat", "/api/generate")
-GETS = ("/health", "/v1/models", "/slots", "/api/tags", "/api/version", "/nope")
+GETS = ("/", "/health", "/v1/models", "/slots", "/api/tags", "/api/version", "/nope")
 
 # the fields the routes read (server/fields.py SAMPLING and the rest), and Ollama's options
 FIELDS = ("top_k", "top_p", "min_p", "top_n_sigma", "xtc_probability", "xtc_threshold", "typical_p", "temperature",
@@ -186,6 +186,8 @@ def problem(case: Case, status: int, ctype: str, text: str) -> str | None:
         return None if ok else f"not llama-server's error shape: {text[:120]!r}"
     if status != 200:
         return f"status {status}"
+    if ctype.startswith(("text/plain", "text/html")):      # GET /: the probe text or the page
+        return None
     try:
         if "text/event-stream" in ctype:
             for line in text.splitlines():

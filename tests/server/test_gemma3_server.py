@@ -1,6 +1,7 @@
 """`bankml serve` against llama-server b11434 on the real Gemma-3-270M Q4_K_M file.
 
-Both servers as test_oracle_server.py runs them (-np 1 --jinja, one thread each). By default
+Both servers as test_oracle_server.py runs them (-np 1 --jinja), two threads each (the
+machine's two cores; bankml told llama.cpp's thread count, --llama-threads 2). By default
 (swa_full=false) llama-server makes context checkpoints for this sliding-window model: it
 decodes a prompt in batches that end before user messages and 4 (and 4 + n_ubatch) tokens
 before the end, and keeps a later prompt's prefix only through a checkpoint; bankml serve does
@@ -32,15 +33,15 @@ PROMPTS = [
 
 @pytest.fixture(scope="module")
 def pair():
-    with BankmlServer(NAME, "--llama-threads", "1", threads=1) as ours, \
-            LlamaServer(models.path(NAME), threads=1) as theirs:
+    with BankmlServer(NAME, "--llama-threads", "2", threads=2) as ours, \
+            LlamaServer(models.path(NAME), threads=2) as theirs:
         yield ours, theirs
 
 
 @pytest.fixture(scope="module")
 def pair_full():
-    with BankmlServer(NAME, "--llama-threads", "1", "--swa-full", threads=1) as ours, \
-            LlamaServer(models.path(NAME), threads=1, extra=("--swa-full",)) as theirs:
+    with BankmlServer(NAME, "--llama-threads", "2", "--swa-full", threads=2) as ours, \
+            LlamaServer(models.path(NAME), threads=2, extra=("--swa-full",)) as theirs:
         yield ours, theirs
 
 

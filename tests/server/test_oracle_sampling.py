@@ -42,8 +42,8 @@ SETTINGS = [
 
 @pytest.fixture(scope="module")
 def pair():
-    with BankmlServer(MODEL, "--llama-threads", "1", threads=1) as ours, \
-            LlamaServer(models.path(MODEL), threads=1) as theirs:
+    with BankmlServer(MODEL, "--llama-threads", "2", threads=2) as ours, \
+            LlamaServer(models.path(MODEL), threads=2) as theirs:
         yield ours, theirs
 
 
