@@ -5,7 +5,7 @@
 
 In front of the routes: the Host check, CORS, the body cap and the keys (guard.py).
 
-The event loop only parses, queues and streams: tokenizing runs in the thread pool, and each
+The event loop only parses, queues and streams: prompts are tokenized on one prompt thread, and each
 slot runs its generations in its own worker thread (the llvm backend releases the GIL in native
 code and runs one micro-batch of the shared model at a time); a streamed token's text reaches
 the loop through one hand-off thread (handoff.py) while the next decode runs. A client that goes
@@ -140,6 +140,7 @@ class _Events:
 PING = ("ping", None, None, None)
 SSE_PING = b":\n\n"                         # llama-server's keep-alive: an SSE comment line
 FAILED = "generation failed; the server's log says why"    # no internal text goes to a client
+SSE_FAILED = sse({"error": openai.error_body(FAILED, 500, "server_error")["error"]})
 
 
 # ---------------------------------------------------------------- helpers
@@ -239,7 +240,7 @@ async def _openai(request: Request, chat: bool):
                     yield sse(last)
                 yield b"data: [DONE]\n\n"
             else:
-                yield sse({"error": openai.error_body(FAILED, 500, "server_error")["error"]})
+                yield SSE_FAILED
     return StreamingResponse(body_iter(), media_type="text/event-stream")
 
 
@@ -277,7 +278,7 @@ async def completion(request: Request):
             elif kind == "done":
                 yield sse(native.final(value, fields, srv.name, prompt_text, True, srv.piece))
             else:
-                yield sse({"error": openai.error_body(FAILED, 500, "server_error")["error"]})
+                yield SSE_FAILED
     return StreamingResponse(body_iter(), media_type="text/event-stream")
 
 

@@ -20,7 +20,11 @@ import secrets
 import socket
 from dataclasses import dataclass
 
+from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
+
+from bankml.server import ollama, openai
+from bankml.server.jsonio import JSONResponse
 
 PUBLIC = {"/", "/health", "/v1/health"}         # no key needed (llama-server's public endpoints)
 MIB = 1024 * 1024
@@ -48,16 +52,10 @@ def read_key_file(path: str) -> list[str]:
         raise ValueError(f"failed to open file '{path}': {e}") from None
 
 
-def error_response(path: str, message: str, status: int, kind: str):
+def error_response(path: str, message: str, status: int, kind: str) -> JSONResponse:
     """A refusal in the shape of the route it was meant for."""
-    from starlette.responses import JSONResponse
-    if path.startswith("/api/"):
-        return JSONResponse({"error": message}, status_code=status)
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
-
-
-def _headers(scope) -> dict[str, str]:
-    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+    body = ollama.error_body(message) if path.startswith("/api/") else openai.error_body(message, status, kind)
+    return JSONResponse(body, status_code=status)
 
 
 # ---------------------------------------------------------------- Host
@@ -71,17 +69,27 @@ def is_loopback_bind(host: str) -> bool:
         return False
 
 
-def _own_addresses() -> set[str]:
-    """This machine's addresses as its name resolves (Ollama lists the interfaces' addresses)."""
-    try:
-        return set(socket.gethostbyname_ex(socket.gethostname())[2])
-    except OSError:
-        return set()
+@dataclass(frozen=True)
+class Machine:
+    """This machine's name and its addresses as the name resolves (Ollama lists the interfaces'
+    addresses), looked up once when the server starts."""
+    name: str
+    addresses: frozenset[str]
+
+    @classmethod
+    def here(cls) -> "Machine":
+        name = socket.gethostname()
+        try:
+            addresses = frozenset(socket.gethostbyname_ex(name)[2])
+        except OSError:
+            addresses = frozenset()
+        return cls(name.lower(), addresses)
 
 
-def allowed_host(host_header: str) -> bool:
+def allowed_host(host_header: str, machine: Machine | None = None) -> bool:
     """Ollama's rule for a loopback bind: a loopback, private, unspecified or own IP address, or
     a name that is empty, localhost, this machine's name, or under .localhost, .local, .internal."""
+    machine = machine or Machine.here()
     host = host_header.lower()
     if host.startswith("["):                            # [::1]:8080
         host = host[1:host.find("]")] if "]" in host else host
@@ -92,8 +100,8 @@ def allowed_host(host_header: str) -> bool:
     except ValueError:
         ip = None
     if ip is not None:
-        return ip.is_loopback or ip.is_private or ip.is_unspecified or host in _own_addresses()
-    if host in ("", "localhost") or host == socket.gethostname().lower():
+        return ip.is_loopback or ip.is_private or ip.is_unspecified or host in machine.addresses
+    if host in ("", "localhost") or host == machine.name:
         return True
     return any(host.endswith("." + tld) for tld in ("localhost", "local", "internal"))
 
@@ -101,11 +109,12 @@ def allowed_host(host_header: str) -> bool:
 class HostCheck:
     def __init__(self, app, bind_host: str):
         self.app, self.on = app, is_loopback_bind(bind_host)
+        self.machine = Machine.here() if self.on else None
 
     async def __call__(self, scope, receive, send):
         if self.on and scope["type"] == "http":
-            host = _headers(scope).get("host", "")
-            if not allowed_host(host):
+            host = Headers(scope=scope).get("host", "")
+            if not allowed_host(host, self.machine):
                 resp = error_response(scope["path"], f"Host '{host}' is not this machine: a loopback server "
                                       "answers only its own names (bind --host 0.0.0.0 to serve others)",
                                       403, "forbidden_error")
@@ -147,7 +156,7 @@ class BodyGuard:
     async def __call__(self, scope, receive, send):
         if scope["type"] != "http" or scope["method"] not in ("POST", "PUT", "PATCH"):
             return await self.app(scope, receive, send)
-        h, path = _headers(scope), scope["path"]
+        h, path = Headers(scope=scope), scope["path"]
         if "origin" in h and not is_json_type(h.get("content-type", "")):
             resp = error_response(path, f"Content-Type must be application/json, not "
                                   f"'{h.get('content-type', '')}'", 415, "invalid_request_error")
@@ -194,7 +203,7 @@ class ApiKeys:
 
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and self.keys and scope["path"] not in PUBLIC and scope["method"] != "OPTIONS":
-            h = _headers(scope)
+            h = Headers(scope=scope)
             key = h.get("authorization") or h.get("x-api-key", "")
             if key.startswith("Bearer "):
                 key = key[len("Bearer "):]

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse as StarletteJSON
@@ -27,6 +28,9 @@ def _finite(text: str) -> float:
     if math.isinf(v):                           # nlohmann refuses what overflows a double
         raise BadRequest(f"[json.exception.out_of_range.406] number overflow parsing '{text}'")
     return v
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
 
 
 def _no_lone_surrogates(body) -> None:
@@ -58,7 +62,8 @@ async def read_json(request: Request) -> dict:
         raise BadRequest(f"[json.exception.parse_error.101] parse error: {e}") from None
     except RecursionError:
         raise BadRequest("[json.exception.parse_error.101] parse error: nesting too deep") from None
-    _no_lone_surrogates(body)
+    if _SURROGATE_ESCAPE.search(raw):           # bytes that decode hold none: only an escape can
+        _no_lone_surrogates(body)
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     return body

@@ -43,8 +43,8 @@ OPTIONS = ("num_predict", "seed", "temperature", "top_k", "top_p", "min_p", "typ
 
 # the server the fuzzer runs: two slots, a queue, and a prompt cache small enough that memory
 # growth beyond it means a leak
-SERVER_ARGS = ("--parallel", "2", "--queue", "64", "--ctx", "512", "--cache-ram", "16")
 CACHE_MIB = 16
+SERVER_ARGS = ("--parallel", "2", "--queue", "64", "--ctx", "512", "--cache-ram", str(CACHE_MIB))
 
 
 def hostile(rng: random.Random):
