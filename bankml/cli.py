@@ -352,7 +352,8 @@ def compile_cmd(model: str | None, out_dir: str | None, n_ctx: int, n_ubatch: in
     compiles again (any thread count); the code lands in the compiled-code cache."""
     import bankml
     from bankml.ir.printer import dump
-    from bankml.backends.llvm import jit_cache, stdsort
+    from bankml.backends.llvm import jit_cache
+    from bankml.runtime import sampler
     if list_cache or clear_cache:
         return _cache_cmd(list_cache, clear_cache)
     if model is None:
@@ -371,7 +372,7 @@ def compile_cmd(model: str | None, out_dir: str | None, n_ctx: int, n_ubatch: in
             for v in bar:
                 m.prepare(v)
                 (out / f"{v.name}.ir").write_text(dump(m.generic_graph(v)))
-        stdsort.prepare()           # the sampler's sorts: a run samples too
+        sampler.prepare()           # the sampler's native code: a run samples too
         seconds = time.perf_counter() - t0
         hits, misses = (jit_cache.counts[k] - before[k] for k in ("hit", "miss"))
         plan = _plan_json(m)

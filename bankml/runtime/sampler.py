@@ -9,6 +9,10 @@ default: penalties, dry, top_n_sigma, top_k, typ_p, top_p, min_p, xtc, temperatu
 dynamic temperature)), then dist; or, with mirostat 1 or 2, temperature and mirostat alone. At
 their off values the samplers are llama.cpp's empty samplers and are skipped here too. The
 stateless samplers are in sampler_filters.py, those with a history or a state in sampler_history.py.
+top_k and what follows it to dist, when that is top_p, min_p and plain temperature in any order
+(the default chain), run as one native call on the k kept candidates (_Tail, with the top-k sort
+itself when it is the chain's first step and k <= 128: backends/llvm/chain_tail.py); the steps of
+sampler_filters.py are its spec, and tests/runtime/test_chain_tail.py holds the two to the bit.
 """
 from __future__ import annotations
 
@@ -16,10 +20,12 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from bankml.backends.llvm import chain_tail
 from bankml.backends.llvm import stdsort as native
 from bankml.runtime import sampler_history as history
-from bankml.runtime.sampler_filters import (LLAMA_DEFAULT_SEED, MT19937, Candidates, _positions, _rng_seed, dist,
-                                            min_p, temp_ext, temperature, top_k, top_n_sigma, top_p, typical, xtc)
+from bankml.runtime.sampler_filters import (LLAMA_DEFAULT_SEED, MT19937, Candidates, _logf, _positions, _rng_seed,
+                                            dist, min_p, temp_ext, temperature, top_k, top_n_sigma, top_p, typical,
+                                            xtc)
 
 f32 = np.float32
 
@@ -162,7 +168,106 @@ def _chain(p: SamplerParams, seed: int, tokenizer) -> list:
         elif name == "temperature":
             steps.append(_Filter(temp_ext, p.temp, p.dynatemp_range, p.dynatemp_exponent))
     steps.append(_Seeded(dist, seed))
-    return steps
+    return _fuse_tail([s for s in steps if not _off(s)])
+
+
+class _Tail:
+    """top_k and the steps after it (top_p, min_p, plain temperature, dist) as one step: the top k
+    by the native partial sort, then the rest in one native call on those k sorted candidates
+    (backends/llvm/chain_tail.py, the same operations in the same order). Candidates that come in
+    sorted or with probabilities (a sampler before top_k set them) take the steps one by one."""
+
+    def __init__(self, k: int, steps: list, program: list):
+        self.k, self.steps = k, steps
+        self.program = chain_tail.Program(program, k if k <= chain_tail.TOP_K_MAX else 0)
+        self.dist = steps[-1]
+        self._result: tuple | None = None           # sample_row's (selected, left, has p, total)
+
+    def apply(self, c: Candidates) -> None:
+        if c.sorted or c.p is not None:
+            for step in self.steps:
+                step.apply(c)
+            return
+        c.sort_top(min(self.k, len(c.ids)))             # top_k: c.logit is a new array, written below
+        k = len(c.ids)
+        p, e = np.empty(k, f32), np.empty(k, f32)
+        rnd = self.dist.rng.canonical()                 # dist draws first, even for one candidate
+        sel, n, has_p, total = self.program.run(c.logit, p, e, rnd)
+        c.ids, c.logit = c.ids[:n], c.logit[:n]
+        c.p = p[:n] if has_p else None
+        c.weights, c.total, c.selected = e[:n], np.float64(total), sel
+
+    @property
+    def whole_row(self) -> bool:
+        """Whether sample_row can run: top_k itself is native (k <= 128; above, llama.cpp buckets)."""
+        return self.program.k > 0
+
+    def sample_row(self, row: np.ndarray) -> int:
+        """The chain on a whole row (contiguous f32) when this step is its first: top_k, the tail and
+        dist in one native call (chain_tail.Program.top_k); the token."""
+        rnd = self.dist.rng.canonical()
+        self._result = self.program.top_k(row, rnd)
+        return int(self.program.ids[self._result[0]])
+
+    def last(self) -> Candidates:
+        """The candidates sample_row left, as apply() leaves them (copies of the program's buffers)."""
+        sel, n, has_p, total = self._result
+        prog = self.program
+        c = Candidates(prog.keys[:n].copy())
+        c.ids, c.sorted = prog.ids[:n].copy(), True
+        c.p = prog.p[:n].copy() if has_p else None
+        c.weights, c.total, c.selected = prog.e[:n].copy(), np.float64(total), sel
+        return c
+
+    def reset(self) -> None:
+        for step in self.steps:
+            step.reset()
+
+
+def _off(step) -> bool:
+    """A stateless sampler at the settings for which llama.cpp's apply returns before it touches the
+    candidates (or draws from its RNG): leaving it out of the chain changes nothing."""
+    if not isinstance(step, _Filter):
+        return False
+    fn, a = step.fn, step.args
+    if fn is top_k:
+        return a[0] <= 0
+    if fn in (top_n_sigma, min_p):
+        return f32(a[0]) <= 0
+    if fn in (typical, top_p):
+        return f32(a[0]) >= 1
+    if fn is xtc:
+        return f32(a[0]) <= 0 or f32(a[1]) > 0.5
+    if fn is temp_ext:
+        return not f32(a[1]) > 0 and f32(a[0]) == 1
+    if fn is temperature:
+        return f32(a[0]) == 1
+    return False
+
+
+def _tail_step(step) -> tuple[int, float, int] | None:
+    """A step after top_k as chain_tail runs it, (op, float arg, int arg); None when it cannot."""
+    if not isinstance(step, _Filter) or isinstance(step, _Seeded):
+        return None
+    if step.fn is top_p:
+        return chain_tail.TOP_P, f32(step.args[0]), step.args[1]
+    if step.fn is min_p:
+        return chain_tail.MIN_P, _logf(float(f32(step.args[0]))), step.args[1]
+    if step.fn is temp_ext and not f32(step.args[1]) > 0:     # no dynamic temperature: plain temp
+        return chain_tail.TEMP, f32(step.args[0]), 0
+    return None
+
+
+def _fuse_tail(steps: list) -> list:
+    """The chain with top_k and what follows it to dist as one _Tail, when chain_tail runs every
+    step between them (the off ones are out already); else as it was."""
+    at = next((i for i, s in enumerate(steps) if isinstance(s, _Filter) and s.fn is top_k), None)
+    if at is None or not (isinstance(steps[-1], _Seeded) and steps[-1].fn is dist):
+        return steps
+    program = [_tail_step(s) for s in steps[at + 1:-1]]
+    if None in program:
+        return steps
+    return steps[:at] + [_Tail(steps[at].args[0], steps[at:], program)]
 
 
 class Sampler:
@@ -182,7 +287,10 @@ class Sampler:
         self.params, self.seed = params, seed
         self.steps = _chain(params, seed, tokenizer)
         self._history = [s for s in self.steps if isinstance(s, (history.Penalties, history.Dry))]
-        self._last: Candidates | None = None
+        self._last: Candidates | _Tail | None = None
+        # the whole chain as one native call (_Tail.sample_row) when it is top_k (<= 128) onwards
+        first = self.steps[0]
+        self._whole_row = first if len(self.steps) == 1 and isinstance(first, _Tail) and first.whole_row else None
 
     def accept(self, ids) -> None:
         """llama_sampler_accept of the chain for each token, in order (only penalties and DRY keep
@@ -192,11 +300,17 @@ class Sampler:
                 step.accept(int(token))
 
     def sample(self, logits: np.ndarray) -> int:
+        tail = self._whole_row
+        if tail is not None and type(logits) is np.ndarray and logits.dtype == f32 and logits.ndim == 1 \
+                and logits.flags.c_contiguous:
+            self._last = tail                       # candidates() asks it (_Tail.last)
+            return tail.sample_row(logits)          # no history to accept: the chain is this step
         c = self._last = Candidates(logits)
         for step in self.steps:
             step.apply(c)
         token = int(c.ids[c.selected])
-        self.accept([token])
+        if self._history:
+            self.accept([token])
         return token
 
     def reset(self) -> None:
@@ -207,7 +321,7 @@ class Sampler:
         """common_sampler_get_candidates(smpl, do_sort=true) after the last sample(): the candidates
         the chain left (ids i32) with the p dist (or mirostat) gave them (f32); when the chain left
         them unsorted, std::sort by p descending (the native introsort: equal p in its order)."""
-        c = self._last
+        c = self._last.last() if isinstance(self._last, _Tail) else self._last
         if c is None or c.weights is None:
             raise ValueError("candidates(): no token sampled yet")
         p = (c.weights.astype(np.float64) / c.total).astype(np.float32)
@@ -216,6 +330,13 @@ class Sampler:
         order = _positions(len(p)).copy()
         native.std_sort(p, order)
         return c.ids[order], p
+
+
+def prepare() -> None:
+    """Compile the sampler's native code now (the sorts, the chain's tail) or load it from the JIT
+    cache, before a first token needs it: `bankml compile` calls it so that a run compiles nothing."""
+    native.prepare()
+    chain_tail.prepare()
 
 
 def greedy(logits: np.ndarray) -> int:
