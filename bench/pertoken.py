@@ -2,15 +2,17 @@
 against a bare Session.decode loop.
 
     python bench/pertoken.py [--model smollm2-q4_1 | PATH] [-n 128] [--reps 3] [--threads 2] [--no-server]
+                             [--sampler argmax|greedy|default]
 
-The sampler is not what this measures (runtime/sampler.py has its own bench): everywhere here,
-the bare loop, the CLI's generation and the server's, Sampler.sample is replaced by an np.argmax
-stand-in, so a token costs decode + argmax + the host path between two steps (generate's checks,
-the stream decoder and the writes; the server's stop checks, the hand-off to the event loop, the
-chunks it writes). Per rep, in turn:
+With --sampler argmax (the default) Sampler.sample is replaced everywhere by an np.argmax stand-in,
+so a token costs decode + argmax + the host path between two steps (generate's checks, the stream
+decoder and the writes; the server's stop checks, the hand-off to the event loop, the chunks it
+writes). With greedy (llama.cpp's chain at temperature 0) or default (its default chain, seed 42)
+the CLI and the server sample with the real chain: what a sampled token costs over a bare decode
+step. Per rep, in turn:
 
 - bare: Session.decode(argmax(row)) n-1 times after the prompt, in this process: the median
-  time from one decode's start to the next's;
+  time from one decode's start to the next's (always argmax: the bare step);
 - cli: bankml.cli_chat's generation loop (stream_reply, streaming to /dev/null), in this process: the
   same median;
 - server: `bankml serve` (the stand-in installed, in its own process) streaming n tokens of
@@ -75,20 +77,22 @@ def bare_ms(m, ids: list[int], n: int) -> float:
     return median_interval_ms(STARTS)
 
 
-def cli_ms(m, ids: list[int], n: int) -> float:
+def cli_ms(m, ids: list[int], n: int, sampler: str) -> float:
     from bankml.cli_chat import stream_reply
     from bankml.runtime.sampler import SamplerParams
     STARTS.clear()
+    params = SamplerParams() if sampler == "default" else SamplerParams(temp=0)
     with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
-        r = stream_reply(m, m.session(), ids, n, SamplerParams(temp=0), 42, echo=True)
+        r = stream_reply(m, m.session(), ids, n, params, 42, echo=True, ignore_eos=True)
     if r["timings"]["predicted_n"] != n:
         raise RuntimeError(f"the CLI stopped after {r['timings']['predicted_n']} tokens")
     return median_interval_ms(STARTS)
 
 
-def server_ms(url: str, n: int) -> float:
+def server_ms(url: str, n: int, sampler: str) -> float:
     import httpx
-    body = {"prompt": PROMPT, "max_tokens": n, "temperature": 0, "stream": True}
+    body = {"prompt": PROMPT, "max_tokens": n, "stream": True, "ignore_eos": True, "seed": 42,
+            **({} if sampler == "default" else {"temperature": 0})}
     times = []
     with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120) as r:
         for line in r.iter_lines():
@@ -99,8 +103,9 @@ def server_ms(url: str, n: int) -> float:
     return median_interval_ms(times)
 
 
-def serve_child(args: list[str]) -> None:
-    argmax_stand_in()
+def serve_child(args: list[str], stand_in: bool) -> None:
+    if stand_in:
+        argmax_stand_in()
     from bankml.cli import main
     main(["serve", *args])
 
@@ -112,11 +117,13 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-server", action="store_true")
-    if sys.argv[1:2] == ["--serve-child"]:
-        return serve_child(sys.argv[2:])
+    ap.add_argument("--sampler", choices=("argmax", "greedy", "default"), default="argmax")
+    if sys.argv[1] in ("--serve-child", "--serve-child-argmax"):
+        return serve_child(sys.argv[2:], sys.argv[1] == "--serve-child-argmax")
     a = ap.parse_args()
     import bankml
-    argmax_stand_in()
+    if a.sampler == "argmax":
+        argmax_stand_in()
     time_decodes()
     path = model_path(a.model)
     m = bankml.load(path, threads=a.threads)
@@ -129,16 +136,17 @@ def main() -> None:
         port = free_port()
         log = Path(os.environ.get("TMPDIR", "/tmp")) / f"pertoken-{port}.log"
         f = open(log, "wb")
-        srv = subprocess.Popen([sys.executable, __file__, "--serve-child", path, "--port", str(port),
+        child = "--serve-child-argmax" if a.sampler == "argmax" else "--serve-child"
+        srv = subprocess.Popen([sys.executable, __file__, child, path, "--port", str(port),
                                 "--threads", str(a.threads)], stdout=f, stderr=subprocess.STDOUT)
         url = f"http://127.0.0.1:{port}"
         wait_for_health(srv, url, 300, "bankml serve", log.read_text, error=RuntimeError)
-        server_ms(url, 8)                               # warm
+        server_ms(url, 8, a.sampler)                    # warm
     rows: dict[str, list[float]] = {"bare": [], "cli": [], "server": []}
     try:
         for _ in range(a.reps):
-            for name, run in (("bare", lambda: bare_ms(m, ids, a.n)), ("cli", lambda: cli_ms(m, ids, a.n)),
-                              ("server", lambda: server_ms(url, a.n))):
+            for name, run in (("bare", lambda: bare_ms(m, ids, a.n)), ("cli", lambda: cli_ms(m, ids, a.n, a.sampler)),
+                              ("server", lambda: server_ms(url, a.n, a.sampler))):
                 if name == "server" and srv is None:
                     continue
                 time.sleep(PAUSE_S)
@@ -154,7 +162,7 @@ def main() -> None:
     out = {"cli/bare": med["cli"] / med["bare"]}
     if "server" in med:
         out["server/bare"] = med["server"] / med["bare"]
-    print(json.dumps({k: round(v, 4) for k, v in out.items()}), f"({bankml.__file__}, n={a.n}, sampler: np.argmax)")
+    print(json.dumps({k: round(v, 4) for k, v in out.items()}), f"({bankml.__file__}, n={a.n}, sampler: {a.sampler}; bare: np.argmax)")
 
 
 if __name__ == "__main__":

@@ -172,10 +172,11 @@ def _chain(p: SamplerParams, seed: int, tokenizer) -> list:
 
 
 class _Tail:
-    """top_k and the steps after it (top_p, min_p, plain temperature, dist) as one step: the top k
-    by the native partial sort, then the rest in one native call on those k sorted candidates
-    (backends/llvm/chain_tail.py, the same operations in the same order). Candidates that come in
-    sorted or with probabilities (a sampler before top_k set them) take the steps one by one."""
+    """top_k and the steps after it (top_p, min_p, plain temperature, dist) as one step, native
+    (backends/llvm/chain_tail.py, the same operations in the same order): for k <= 128 the top-k
+    sort and the rest in one call (Program.top_k); above, llama.cpp's bucketed sort first, then the
+    rest in one call (Program.run). Candidates that come in sorted or with probabilities (a sampler
+    before top_k set them) take the steps one by one."""
 
     def __init__(self, k: int, steps: list, program: list):
         self.k, self.steps = k, steps
@@ -183,34 +184,41 @@ class _Tail:
         self.dist = steps[-1]
         self._result: tuple | None = None           # sample_row's (selected, left, has p, total)
 
+    @property
+    def whole_row(self) -> bool:
+        """Whether the top-k sort runs in the native call too (k <= 128; above, llama.cpp buckets)."""
+        return self.program.k > 0
+
+    def sample_row(self, row: np.ndarray) -> int:
+        """The steps on a whole row of positions 0.. (contiguous f32): the token's position. What
+        they left stays in the program's buffers (last())."""
+        rnd = self.dist.rng.canonical()                 # dist draws first, even for one candidate
+        self._result = self.program.top_k(row, rnd)
+        return int(self.program.ids[self._result[0]])
+
     def apply(self, c: Candidates) -> None:
         if c.sorted or c.p is not None:
             for step in self.steps:
                 step.apply(c)
             return
+        if self.whole_row:
+            self.sample_row(c.logit)
+            left = self.last()
+            c.ids, c.logit, c.p, c.sorted = c.ids[left.ids], left.logit, left.p, True   # positions -> c's ids
+            c.weights, c.total, c.selected = left.weights, left.total, left.selected
+            return
         c.sort_top(min(self.k, len(c.ids)))             # top_k: c.logit is a new array, written below
         k = len(c.ids)
         p, e = np.empty(k, f32), np.empty(k, f32)
-        rnd = self.dist.rng.canonical()                 # dist draws first, even for one candidate
+        rnd = self.dist.rng.canonical()
         sel, n, has_p, total = self.program.run(c.logit, p, e, rnd)
         c.ids, c.logit = c.ids[:n], c.logit[:n]
         c.p = p[:n] if has_p else None
         c.weights, c.total, c.selected = e[:n], np.float64(total), sel
 
-    @property
-    def whole_row(self) -> bool:
-        """Whether sample_row can run: top_k itself is native (k <= 128; above, llama.cpp buckets)."""
-        return self.program.k > 0
-
-    def sample_row(self, row: np.ndarray) -> int:
-        """The chain on a whole row (contiguous f32) when this step is its first: top_k, the tail and
-        dist in one native call (chain_tail.Program.top_k); the token."""
-        rnd = self.dist.rng.canonical()
-        self._result = self.program.top_k(row, rnd)
-        return int(self.program.ids[self._result[0]])
-
     def last(self) -> Candidates:
-        """The candidates sample_row left, as apply() leaves them (copies of the program's buffers)."""
+        """The candidates sample_row left, as the steps leave them (copies of the program's buffers;
+        ids are positions in the row)."""
         sel, n, has_p, total = self._result
         prog = self.program
         c = Candidates(prog.keys[:n].copy())

@@ -20,7 +20,10 @@ TAILS = [SamplerParams(), GREEDY, SamplerParams(top_k=1), SamplerParams(top_k=30
          SamplerParams(min_keep=-1), SamplerParams(min_keep=30), SamplerParams(min_keep=100),
          SamplerParams(top_p=1.0, min_p=0.0, temp=1.0), SamplerParams(top_p=0.99999998, min_p=1e-50),
          SamplerParams(samplers=("top_k", "temperature", "min_p", "top_p")),
-         SamplerParams(samplers=("top_k", "top_p", "top_p", "min_p")), SamplerParams(temp=0.0, min_p=0.9)]
+         SamplerParams(samplers=("top_k", "top_p", "top_p", "min_p")), SamplerParams(temp=0.0, min_p=0.9),
+         # samplers before the tail: it takes the candidates they left (Ollama's default repeat_penalty)
+         SamplerParams(repeat_penalty=1.1, frequency_penalty=0.5, logit_bias=((5, 3.0), (17, -np.inf), (99, 40.0))),
+         SamplerParams(top_k=1000, repeat_penalty=1.3, presence_penalty=0.2)]
 
 
 def _ids(p: SamplerParams) -> str:
@@ -62,6 +65,8 @@ def _bits(x) -> bytes:
 def test_tail_leaves_the_candidates_of_the_steps_one_by_one(params):
     fused, stepwise = Sampler(params, 11), _stepwise(params, 11)
     assert isinstance(fused.steps[-1], S._Tail)
+    for s in (fused, stepwise):
+        s.accept([5, 17, 5, 99, 2000, 7])           # a history for the penalties
     rows = _rows(np.random.default_rng(5), 3000)
     for _ in range(40):
         row = next(rows)
@@ -109,10 +114,14 @@ def test_tail_leaves_llama_cpp_candidates(params, n):
     rows = _rows(rng, n)
     for seed in seeds(n, 6):
         ours, theirs = Sampler(params, seed), LlamaChain.common(params, seed, n)
+        ours.accept([5, 17, 5, 99, 2000, 7])
+        theirs.accept([5, 17, 5, 99, 2000, 7])
         for _ in range(8):
             row = next(rows)
             data, selected, _ = theirs.apply(row)
-            assert ours.sample(row) == int(data["id"][selected])
+            token = int(data["id"][selected])
+            assert ours.sample(row) == token
+            theirs.accept([token])                  # as common_sampler_sample's accept (ours accepts in sample)
             c = _last(ours)
             assert c.ids.tolist() == data["id"].tolist()
             assert _bits(c.logit) == _bits(data["logit"])
