@@ -29,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
-from bankml.server import native, ollama, openai, webui
+from bankml.server import native, ollama, openai, utility, webui
 from bankml.server.engine import Job, run_job
 from bankml.server.fields import BadRequest, Vocab, boolean, chat_logprobs, job_fields
 from bankml.server.guard import HttpOptions, guarded
@@ -282,6 +282,18 @@ async def completion(request: Request):
     return StreamingResponse(body_iter(), media_type="text/event-stream")
 
 
+def _utility(fn):
+    """A route of utility.py: fn(model, body) on the prompt thread (it tokenizes or renders)."""
+    async def route(request: Request):
+        srv: Server = request.app.state.server
+        try:
+            body = await read_json(request)
+            return JSONResponse(await srv.prepare(fn, srv.model, body))
+        except BadRequest as e:
+            return refusal(e)
+    return route
+
+
 # ---------------------------------------------------------------- Ollama routes
 
 async def api_chat(request: Request):
@@ -378,6 +390,9 @@ def make_app(model, n_slots: int = 1, queue_size: int = 16, api_key: str | None 
         Route("/v1/completions", completions, methods=["POST"]),
         Route("/completions", completions, methods=["POST"]),
         Route("/completion", completion, methods=["POST"]),
+        Route("/tokenize", _utility(utility.tokenize), methods=["POST"]),
+        Route("/detokenize", _utility(utility.detokenize), methods=["POST"]),
+        Route("/apply-template", _utility(utility.apply_template), methods=["POST"]),
         Route("/api/chat", api_chat, methods=["POST"]), Route("/api/generate", api_generate, methods=["POST"]),
         Route("/api/tags", api_tags), Route("/api/show", api_show, methods=["POST"]),
         Route("/api/version", api_version),

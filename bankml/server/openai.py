@@ -64,16 +64,20 @@ def chat_messages(body: dict) -> list[dict]:
     return out
 
 
-def chat_prompt(model, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-    """The tokens of the rendered conversation (a model without a template: ChatML, as llama-server)."""
+def chat_text(model, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    """The rendered conversation (a model without a template: ChatML, as llama-server)."""
     if messages and messages[-1]["role"] == "assistant" and len(messages) >= 2 \
             and messages[-2]["role"] == "assistant":
         raise BadRequest("Cannot have 2 or more assistant messages at the end of the list.")
     try:
-        text = render_chat(model, messages, add_generation_prompt=add_generation_prompt)
+        return render_chat(model, messages, add_generation_prompt=add_generation_prompt)
     except ChatTemplateError as e:
         raise BadRequest(str(e)) from None
-    return model.tokenize(text, add_special=True, parse_special=True)
+
+
+def chat_prompt(model, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    """The tokens of the rendered conversation."""
+    return model.tokenize(chat_text(model, messages, add_generation_prompt), add_special=True, parse_special=True)
 
 
 def user_starts(model, prompt: list[int]) -> frozenset:
