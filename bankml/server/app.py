@@ -29,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.routing import Route
 
-from bankml.server import native, ollama, openai, utility, webui
+from bankml.server import native, ollama, openai, refused, utility, webui
 from bankml.server.engine import Job, run_job
 from bankml.server.fields import BadRequest, Vocab, boolean, chat_logprobs, job_fields
 from bankml.server.guard import HttpOptions, guarded
@@ -188,6 +188,7 @@ async def _openai(request: Request, chat: bool):
     srv: Server = request.app.state.server
     try:
         body = await read_json(request)
+        refused.openai_fields(body)
         if chat:
             body = chat_logprobs(body)
         fields = job_fields(body, srv.vocab)
@@ -249,6 +250,7 @@ async def completion(request: Request):
     srv: Server = request.app.state.server
     try:
         body = await read_json(request)
+        refused.openai_fields(body)
         fields = job_fields(body, srv.vocab)
         stream = boolean(body, "stream", False)
         return_tokens = boolean(body, "return_tokens", False)
@@ -313,6 +315,7 @@ async def _ollama(request: Request, kind: str):
         loaded = ollama.load_request(body, kind)   # `ollama run` first: no prompt, only "load the model"
         if loaded is not None:
             return JSONResponse({"model": name, **loaded})
+        refused.ollama_fields(body)
         fields = ollama.options_fields(body, srv.vocab, srv.model.n_ctx)
         stream = ollama.streaming(body)
         build = ollama.chat_ids if kind == "chat" else ollama.generate_ids

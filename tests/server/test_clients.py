@@ -82,3 +82,33 @@ def test_refusals_have_llama_server_status_and_shape(srv, oai):
     with pytest.raises(openai.AuthenticationError):
         openai.OpenAI(base_url=srv.url + "/v1", api_key="wrong", max_retries=0).models.list()
     assert oai.completions.create(model="m", prompt="Hi", max_tokens=2).choices[0].text is not None
+
+
+@pytest.mark.server
+def test_fields_bankml_does_not_serve_are_refused_not_dropped(srv, oai, oll):
+    """Structured output, tools, n > 1, images, thinking: 501 naming the field, through the clients
+    users have; a value that asks for nothing (n 1, no tools, a text format) is served."""
+    schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}}
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
+    for kw, field in (({"response_format": schema}, "response_format"), ({"response_format": {"type": "json_object"}},
+                      "response_format"), ({"tools": [tool]}, "tools"), ({"n": 2}, "n"),
+                      ({"tool_choice": "required"}, "tool_choice"), ({"extra_body": {"grammar": "root ::= \"a\""}},
+                      "grammar"), ({"extra_body": {"json_schema": {"type": "object"}}}, "json_schema")):
+        with pytest.raises(openai.APIStatusError) as e:
+            oai.chat.completions.create(model="m", messages=MSG, max_tokens=2, **kw)
+        assert e.value.status_code == 501 and f"Field '{field}'" in e.value.message, kw
+    with pytest.raises(openai.APIStatusError) as e:
+        oai.completions.create(model="m", prompt="Hi", max_tokens=2, n=3)
+    assert e.value.status_code == 501
+    r = oai.chat.completions.create(model="m", messages=MSG, max_tokens=2, n=1, tools=[], tool_choice="none",
+                                    response_format={"type": "text"})
+    assert r.choices[0].message.content is not None
+    for kw, field in (({"format": "json"}, "format"), ({"format": {"type": "object"}}, "format"),
+                      ({"tools": [tool]}, "tools"), ({"think": True}, "think")):
+        with pytest.raises(ollama.ResponseError) as e:
+            oll.chat(model="m", messages=MSG, options={"num_predict": 2}, **kw)
+        assert e.value.status_code == 501 and f"Field '{field}'" in e.value.error, kw
+    with pytest.raises(ollama.ResponseError) as e:
+        oll.generate(model="m", prompt="Hi", images=[b"\x89PNG\r\n"], options={"num_predict": 2})
+    assert e.value.status_code == 501 and "Field 'images'" in e.value.error
+    assert oll.chat(model="m", messages=MSG, options={"num_predict": 2}, format="", think=False).message is not None
