@@ -351,6 +351,11 @@ async def api_tags(request: Request):
     return JSONResponse(ollama.tags(srv.model, srv.name))
 
 
+async def api_ps(request: Request):
+    srv: Server = request.app.state.server
+    return JSONResponse(ollama.ps(srv.model, srv.name, len(srv.pool.slots)))
+
+
 async def api_show(request: Request):
     srv: Server = request.app.state.server
     try:
@@ -397,7 +402,7 @@ def make_app(model, n_slots: int = 1, queue_size: int = 16, api_key: str | None 
         Route("/detokenize", _utility(utility.detokenize), methods=["POST"]),
         Route("/apply-template", _utility(utility.apply_template), methods=["POST"]),
         Route("/api/chat", api_chat, methods=["POST"]), Route("/api/generate", api_generate, methods=["POST"]),
-        Route("/api/tags", api_tags), Route("/api/show", api_show, methods=["POST"]),
+        Route("/api/tags", api_tags), Route("/api/ps", api_ps), Route("/api/show", api_show, methods=["POST"]),
         Route("/api/version", api_version),
     ]
     @contextlib.asynccontextmanager

@@ -1,5 +1,5 @@
-"""The Ollama API (docs/api.md of ollama/ollama): /api/chat, /api/generate, /api/tags, /api/show,
-/api/version, over the same slots and sampler as the OpenAI routes.
+"""The Ollama API (docs/api.md of ollama/ollama): /api/chat, /api/generate, /api/tags, /api/ps,
+/api/show, /api/version, over the same slots and sampler as the OpenAI routes.
 
 `options` take Ollama's names and types (api/types.go Options.FromMap: an integer option takes a
 number's integer part, a float32 one a number, `stop` an array of strings; an unknown option is
@@ -192,6 +192,18 @@ def tags(model, model_name: str) -> dict:
     modified = datetime.datetime.fromtimestamp(st.st_mtime, datetime.timezone.utc).isoformat()
     return {"models": [{"name": model_name, "model": model_name, "modified_at": modified, "size": st.st_size,
                         "digest": _digest(model.path), "details": details(model)}]}
+
+
+def ps(model, model_name: str, n_slots: int) -> dict:
+    """/api/ps: the one model, loaded for the server's life (as Ollama's keep_alive < 0, whose
+    expires_at is now + the longest Go duration); size is the file and every slot's K/V cache, all
+    in RAM (size_vram 0); context_length a slot's."""
+    entry = tags(model, model_name)["models"][0]
+    del entry["modified_at"]
+    forever = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(microseconds=2**63 // 1000)
+    return {"models": [{**entry, "size": entry["size"] + n_slots * model.cache_bytes(),
+                        "expires_at": forever.isoformat().replace("+00:00", "Z"), "size_vram": 0,
+                        "context_length": model.n_ctx}]}
 
 
 def show(model, model_name: str) -> dict:

@@ -48,6 +48,7 @@ def ollama_fields(body: dict) -> None:
         raise _unserved("tools", "tool calling")
     if body.get("think") not in (None, False):
         raise _unserved("think", "thinking")
-    images = [body.get("images")] + [m.get("images") for m in body.get("messages") or [] if isinstance(m, dict)]
+    messages = body.get("messages") if isinstance(body.get("messages"), list) else []
+    images = [body.get("images")] + [m.get("images") for m in messages if isinstance(m, dict)]
     if any(not _empty(i) for i in images):
         raise _unserved("images", "image input")

@@ -60,6 +60,9 @@ def test_ollama_client_chat_generate_list_show(oll, oai):
     assert gs == g.response and g.prompt_eval_count == 4
     assert [m.model for m in oll.list().models] == ["qwen3-small-q1_0.gguf"]
     assert oll.show("m").details.family == "qwen3"
+    running = oll.ps().models
+    assert [m.model for m in running] == ["qwen3-small-q1_0.gguf"] and running[0].size_vram == 0
+    assert running[0].size > 0 and running[0].expires_at.year > 2100
 
 
 @pytest.mark.server
