@@ -14,7 +14,7 @@ bytes. Errors where llama-server's JSON access throws are its 400 with nlohmann'
 from __future__ import annotations
 
 from bankml.server import openai
-from bankml.server.fields import BadRequest, _json_type
+from bankml.server.fields import BadRequest, _json_type, i32
 from bankml.tokenizer import tokenizer_for
 
 
@@ -33,8 +33,7 @@ def _get(v, want: str, check) -> object:
 
 def _token_id(v) -> int:
     """get<llama_token>: a number's integer part (a float is cast), wrapped to int32."""
-    v = _get(v, "number", lambda x: isinstance(x, (int, float)) and not isinstance(x, bool))
-    return (int(v) + 2**31) % 2**32 - 2**31
+    return i32(_get(v, "number", lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)))
 
 
 def tokenize_mixed(model, content, add_special: bool, parse_special: bool) -> list[int]:

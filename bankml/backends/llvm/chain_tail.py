@@ -35,7 +35,7 @@ import numpy as np
 from llvmlite import ir
 
 from bankml.backends.llvm import jit, stdsort
-from bankml.backends.llvm.emit.core import f32, f64, for_range, i1, i32, i64, intrinsic, new_function
+from bankml.backends.llvm.emit.core import Var, f32, f64, for_range, i1, i32, i64, intrinsic, new_function
 
 TOP_P, MIN_P, TEMP = 1, 2, 3
 TOP_K_MAX = 128             # above it llama.cpp sorts in buckets (sampler_filters.bucket_partial_sort)
@@ -43,29 +43,13 @@ f32p, f64p, i32p, i64p = f32.as_pointer(), f64.as_pointer(), i32.as_pointer(), i
 _NEG_INF = float("-inf")
 
 
-class _Var:
-    """A mutable local (an alloca in the entry block; O3 makes it a register)."""
-
-    def __init__(self, b: ir.IRBuilder, value, name: str):
-        with b.goto_entry_block():
-            self.ptr = b.alloca(value.type, name=name)
-        self.b = b
-        b.store(value, self.ptr)
-
-    def get(self):
-        return self.b.load(self.ptr)
-
-    def set(self, v) -> None:
-        self.b.store(v, self.ptr)
-
-
 class _First:
     """The first index i of a loop where a condition holds: `at` keeps `default` until then."""
 
     def __init__(self, b: ir.IRBuilder, default, name: str):
         self.b = b
-        self.at = _Var(b, default, name)
-        self.found = _Var(b, i1(0), f"{name}.found")
+        self.at = Var(b, default, name)
+        self.found = Var(b, i1(0), f"{name}.found")
 
     def offer(self, cond, i) -> None:
         b = self.b
@@ -82,8 +66,8 @@ def _define_tail(m: ir.Module) -> ir.Function:
         i64, [f32p, f32p, f32p, i64, i32p, f32p, i64p, i64, f64, f64p, i64p]))
     logit, p, e, n0, ops, fargs, iargs, nops, rnd, total_out, state = fn.args
     expf = intrinsic(m, "expf", f32, [f32])
-    n = _Var(b, n0, "n")
-    has_p = _Var(b, i64(0), "has_p")
+    n = Var(b, n0, "n")
+    has_p = Var(b, i64(0), "has_p")
 
     def at(arr, i):
         return b.gep(arr, [i])
@@ -91,7 +75,7 @@ def _define_tail(m: ir.Module) -> ir.Function:
     def softmax(count):
         """p = expf(l - l[0]) / their f32 sum in order."""
         first = b.load(at(logit, i64(0)))
-        s = _Var(b, f32(0.0), "sum")
+        s = Var(b, f32(0.0), "sum")
         with for_range(b, 0, count, name="sm") as i:
             x = b.call(expf, [b.fsub(b.load(at(logit, i)), first)])
             b.store(x, at(p, i))
@@ -110,7 +94,7 @@ def _define_tail(m: ir.Module) -> ir.Function:
         b.position_at_end(top_p)
         softmax(count)
         has_p.set(i64(1))
-        cum = _Var(b, f32(0.0), "cum")
+        cum = Var(b, f32(0.0), "cum")
         last = _First(b, count, "last")
         with for_range(b, 0, count, name="tp") as i:
             cum.set(b.fadd(cum.get(), b.load(at(p, i))))
@@ -134,7 +118,7 @@ def _define_tail(m: ir.Module) -> ir.Function:
         greedy, scaled = b.append_basic_block("temp.greedy"), b.append_basic_block("temp.scaled")
         b.cbranch(b.fcmp_ordered("<=", farg, f32(0.0)), greedy, scaled)
         b.position_at_end(greedy)
-        best, best_l = _Var(b, i64(0), "best"), _Var(b, b.load(at(logit, i64(0))), "best_l")
+        best, best_l = Var(b, i64(0), "best"), Var(b, b.load(at(logit, i64(0))), "best_l")
         with for_range(b, 1, count, name="tg") as i:
             x = b.load(at(logit, i))
             gt = b.fcmp_ordered(">", x, best_l.get())
@@ -163,7 +147,7 @@ def _define_tail(m: ir.Module) -> ir.Function:
 
     b.position_at_end(many)
     first = b.load(at(logit, i64(0)))
-    run = _Var(b, f64(0.0), "run")
+    run = Var(b, f64(0.0), "run")
     with for_range(b, 0, count, name="de") as i:
         x = b.call(expf, [b.fsub(b.load(at(logit, i)), first)])
         b.store(x, at(e, i))

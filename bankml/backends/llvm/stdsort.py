@@ -28,6 +28,7 @@ from llvmlite import ir
 
 from bankml.backends.llvm import jit
 from bankml.backends.llvm.emit.core import (
+    Var,
     f32,
     i1,
     i8,
@@ -74,22 +75,6 @@ class _Pairs:
         return self.b.fcmp_ordered(">", x, y)
 
 
-class _Var:
-    """A mutable i64 local (an alloca: O3's mem2reg turns it into SSA values)."""
-
-    def __init__(self, b: ir.IRBuilder, value, name: str):
-        with b.goto_entry_block():
-            self.ptr = b.alloca(value.type, name=name)
-        self.b = b
-        b.store(value, self.ptr)
-
-    def get(self):
-        return self.b.load(self.ptr)
-
-    def set(self, v) -> None:
-        self.b.store(v, self.ptr)
-
-
 @contextmanager
 def _while(b: ir.IRBuilder, cond, name: str):
     """while (cond()) { body }; cond() is emitted in the loop's condition block. Yields the exit
@@ -108,7 +93,7 @@ def _while(b: ir.IRBuilder, cond, name: str):
 @contextmanager
 def _for_each(b: ir.IRBuilder, lo, hi, name: str):
     """for (i = lo; i < hi; ++i), hi evaluated once; yields i."""
-    i = _Var(b, lo, name)
+    i = Var(b, lo, name)
     with _while(b, lambda: b.icmp_signed("<", i.get(), hi), name):
         v = i.get()
         yield v
@@ -126,7 +111,7 @@ def _define_adjust_heap(m: ir.Module) -> ir.Function:
     fn.linkage = "internal"
     keys, ids, hole0, n, vk, vid = fn.args
     a = _Pairs(b, keys, ids)
-    hole, child = _Var(b, hole0, "hole"), _Var(b, hole0, "child")
+    hole, child = Var(b, hole0, "hole"), Var(b, hole0, "child")
     with _while(b, lambda: b.icmp_signed("<", child.get(), _half(b, b.sub(n, i64(1)))), "down"):
         c = b.mul(i64(2), b.add(child.get(), i64(1)))
         c = b.select(a.gt(a.key(c), a.key(b.sub(c, i64(1)))), b.sub(c, i64(1)), c)
@@ -159,7 +144,7 @@ def _define_make_heap(m: ir.Module, adjust: ir.Function) -> ir.Function:
     fn.linkage = "internal"
     keys, ids, n = fn.args
     a = _Pairs(b, keys, ids)
-    parent = _Var(b, _half(b, b.sub(n, i64(2))), "parent")
+    parent = Var(b, _half(b, b.sub(n, i64(2))), "parent")
     with b.if_then(b.icmp_signed(">=", n, i64(2))), \
             _while(b, lambda: b.icmp_signed(">=", parent.get(), i64(0)), "parent"):
         vk, vid = a.get(parent.get())
@@ -175,7 +160,7 @@ def _define_sort_heap(m: ir.Module, adjust: ir.Function) -> ir.Function:
     fn.linkage = "internal"
     keys, ids, n = fn.args
     a = _Pairs(b, keys, ids)
-    last = _Var(b, b.sub(n, i64(1)), "last")
+    last = Var(b, b.sub(n, i64(1)), "last")
     with _while(b, lambda: b.icmp_signed(">", last.get(), i64(0)), "pop"):
         v = a.get(last.get())
         a.move(last.get(), i64(0))
@@ -205,12 +190,12 @@ def _define_partial_sort(m: ir.Module, adjust, make_heap, sort_heap) -> ir.Funct
         phi.add_incoming(given, given_block)
         return phi
 
-    i = _Var(b, i64(0), "i")
+    i = Var(b, i64(0), "i")
     with _while(b, lambda: b.icmp_signed("<", i.get(), middle), "copy"):
         a.put(i.get(), (b.load(b.gep(src_k, [i.get()])), payload(i.get())))
         i.set(b.add(i.get(), i64(1)))
     b.call(make_heap, [keys, ids, middle])
-    top = _Var(b, a.key(i64(0)), "top")
+    top = Var(b, a.key(i64(0)), "top")
 
     def select(j):                                  # __heap_select's step: a later element above the top replaces it
         v = b.load(b.gep(src_k, [j]), name="v")
@@ -241,7 +226,7 @@ def _define_linear_insert(m: ir.Module) -> ir.Function:
     keys, ids, i0 = fn.args
     a = _Pairs(b, keys, ids)
     v = a.get(i0)
-    i = _Var(b, i0, "i")
+    i = Var(b, i0, "i")
     with _while(b, lambda: a.gt(v[0], a.key(b.sub(i.get(), i64(1)))), "shift"):
         a.move(i.get(), b.sub(i.get(), i64(1)))
         i.set(b.sub(i.get(), i64(1)))
@@ -256,12 +241,12 @@ def _define_insertion_sort(m: ir.Module, insert) -> ir.Function:
     fn.linkage = "internal"
     keys, ids, lo, hi = fn.args
     a = _Pairs(b, keys, ids)
-    i = _Var(b, b.add(lo, i64(1)), "i")
+    i = Var(b, b.add(lo, i64(1)), "i")
     with _while(b, lambda: b.icmp_signed("<", i.get(), hi), "insert"):
         v = a.get(i.get())
         with b.if_else(a.gt(v[0], a.key(lo))) as (first, other):
             with first:                                   # move_backward(lo, i, i + 1); a[lo] = v
-                j = _Var(b, i.get(), "j")
+                j = Var(b, i.get(), "j")
                 with _while(b, lambda: b.icmp_signed(">", j.get(), lo), "back"):
                     a.move(j.get(), b.sub(j.get(), i64(1)))
                     j.set(b.sub(j.get(), i64(1)))
@@ -280,7 +265,7 @@ def _define_introsort_loop(m: ir.Module, make_heap, sort_heap) -> ir.Function:
     fn.linkage = "internal"
     keys, ids, lo, hi0, depth0 = fn.args
     a = _Pairs(b, keys, ids)
-    hi, depth = _Var(b, hi0, "hi"), _Var(b, depth0, "depth")
+    hi, depth = Var(b, hi0, "hi"), Var(b, depth0, "depth")
     with _while(b, lambda: b.icmp_signed(">", b.sub(hi.get(), lo), i64(THRESHOLD)), "intro") as done:
         with b.if_then(b.icmp_signed("==", depth.get(), i64(0))):
             n = b.sub(hi.get(), lo)
@@ -297,7 +282,7 @@ def _define_introsort_loop(m: ir.Module, make_heap, sort_heap) -> ir.Function:
         m_not = b.select(a.gt(kx, kz), x, b.select(a.gt(ky, kz), z, y))
         a.swap(lo, b.select(a.gt(kx, ky), m_xy, m_not))
         pivot = a.key(lo)
-        f, l = _Var(b, b.add(lo, i64(1)), "f"), _Var(b, hi.get(), "l")
+        f, l = Var(b, b.add(lo, i64(1)), "f"), Var(b, hi.get(), "l")
         with _while(b, lambda: i1(1), "part") as cut:      # __unguarded_partition(lo + 1, hi, lo)
             with _while(b, lambda: a.gt(a.key(f.get()), pivot), "right"):
                 f.set(b.add(f.get(), i64(1)))
@@ -339,7 +324,7 @@ def _define_sort_buckets(m: ir.Module, sort, partial) -> ir.Function:
     gathered one after another), std::partial_sort of the last one's first `middle - done`."""
     fn, b = new_function(m, "sort_buckets", ir.FunctionType(void, [f32p, i32p, i64p, i64, i64]))
     keys, ids, lens, nb, middle = fn.args
-    at = _Var(b, i64(0), "at")
+    at = Var(b, i64(0), "at")
     with _for_each(b, i64(0), b.sub(nb, i64(1)), "bucket") as j:
         n = b.load(b.gep(lens, [j]))
         b.call(sort, [b.gep(keys, [at.get()]), b.gep(ids, [at.get()]), n])

@@ -50,6 +50,22 @@ def typed(b: ir.IRBuilder, p, t: ir.Type):
     return b.bitcast(p, t.as_pointer())
 
 
+class Var:
+    """A mutable local: an alloca in the entry block (O3's mem2reg turns it into SSA values)."""
+
+    def __init__(self, b: ir.IRBuilder, value, name: str):
+        with b.goto_entry_block():
+            self.ptr = b.alloca(value.type, name=name)
+        self.b = b
+        b.store(value, self.ptr)
+
+    def get(self):
+        return self.b.load(self.ptr)
+
+    def set(self, v) -> None:
+        self.b.store(v, self.ptr)
+
+
 @contextmanager
 def for_range(b: ir.IRBuilder, start, stop, step=1, name: str = "i"):
     """for (i = start; i < stop; i += step) — yields i (i64) inside the body."""
