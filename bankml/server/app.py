@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import StreamingResponse
+from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from bankml.server import native, ollama, openai, refused, utility, webui
@@ -35,13 +35,15 @@ from bankml.server.fields import BadRequest, Vocab, boolean, chat_logprobs, job_
 from bankml.server.guard import HttpOptions, guarded
 from bankml.server.handoff import Handoff
 from bankml.server.jsonio import JSONResponse, ndjson, read_json, sse
+from bankml.server.metrics import CONTENT_TYPE as METRICS_TYPE, Metrics
 from bankml.tokenizer import tokenizer_for
 from bankml.server.slots import Busy, SlotPool
 
 class Server:
     def __init__(self, model, n_slots: int = 1, queue_size: int = 16, cache_ram_mib: int = 8192,
-                 swa_full: bool = False, ping_s: float = 30.0):
+                 swa_full: bool = False, ping_s: float = 30.0, metrics: bool = False):
         self.model = model
+        self.metrics = Metrics() if metrics else None     # GET /metrics (--metrics, as llama-server's)
         self.name = model.path.name
         self.pool = SlotPool(model, n_slots, queue_size, cache_ram_mib, swa_full)
         self.workers = {s.id: ThreadPoolExecutor(1, thread_name_prefix=f"bankml-slot-{s.id}") for s in self.pool.slots}
@@ -80,7 +82,10 @@ class Server:
         def work():
             on_text = (lambda s, t, p: put(("text", s, p, t))) if stream else (lambda s, t, p: None)
             try:
-                put(("done", run_job(self.model, slot, job, on_text, cancel.is_set), None, None))
+                r = run_job(self.model, slot, job, on_text, cancel.is_set)
+                if self.metrics is not None:
+                    self.metrics.record(r)
+                put(("done", r, None, None))
             except Exception as e:          # a bankml bug: reported to the client and logged
                 print(f"bankml serve: generation failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
                 put(("error", e, None, None))
@@ -167,6 +172,17 @@ async def slots(request: Request):
     srv: Server = request.app.state.server
     return JSONResponse([{"id": s.id, "n_ctx": srv.model.n_ctx, "is_processing": s.busy, "n_tokens": len(s.tokens)}
                          for s in srv.pool.slots])
+
+
+async def get_metrics(request: Request):
+    """llama-server's /metrics: Prometheus text, with --metrics only (501 otherwise, as llama-server)."""
+    srv: Server = request.app.state.server
+    if srv.metrics is None:
+        return oai_error("This server does not support metrics endpoint. Start it with `--metrics`", 501,
+                         "not_supported_error")
+    body = srv.metrics.exposition(srv.pool.n_busy(), len(srv.pool.waiting))
+    return Response(body, media_type=METRICS_TYPE,
+                    headers={"Process-Start-Time-Unix": str(int(srv.metrics.started * 1e6))})
 
 
 async def chat_completions(request: Request):
@@ -383,16 +399,16 @@ async def server_error(request: Request, exc):
 
 
 def make_app(model, n_slots: int = 1, queue_size: int = 16, api_key: str | None = None, cache_ram_mib: int = 8192,
-             swa_full: bool = False, http: HttpOptions | None = None):
-    """The guarded app (guard.py); `api_key` adds one key to http.api_keys."""
+             swa_full: bool = False, http: HttpOptions | None = None, metrics: bool = False):
+    """The guarded app (guard.py); `api_key` adds one key to http.api_keys; `metrics` serves /metrics."""
     http = http or HttpOptions()
     if api_key:
         http = dataclasses.replace(http, api_keys=(*http.api_keys, api_key))
-    server = Server(model, n_slots, queue_size, cache_ram_mib, swa_full, http.sse_ping_s)
+    server = Server(model, n_slots, queue_size, cache_ram_mib, swa_full, http.sse_ping_s, metrics)
     routes = [
         Route("/", webui.root, methods=["GET", "HEAD"]),
         Route("/health", health), Route("/v1/health", health),
-        Route("/v1/models", models), Route("/models", models), Route("/slots", slots),
+        Route("/v1/models", models), Route("/models", models), Route("/slots", slots), Route("/metrics", get_metrics),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
