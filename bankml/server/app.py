@@ -51,7 +51,7 @@ class Server:
         self.vocab = Vocab.of(model)            # what logit_bias and ignore_eos read
         tok = tokenizer_for(model)
         self.piece = lambda t: tok.piece(t, special=False)
-        self.detokenize = lambda ids: b"".join(tok.piece(t, special=True) for t in ids).decode("utf-8", "replace")
+        self.detokenize = lambda ids: tok.decode(ids, special=True)
         self.started = time.time()
         self.handoff = Handoff()                # the workers' events to the loop (handoff.py)
         # prompts are rendered and tokenized on one thread: it is Python under the GIL, so more

@@ -48,7 +48,7 @@ class Metrics:
         self._lock = threading.Lock()
         self.prompt, self.predict = _Bucket(), _Bucket()
         self.prompt_window, self.predict_window = _Bucket(), _Bucket()
-        self.n_prompt_cached = self.n_tokens_max = self.n_decode = self.n_busy_slots = 0
+        self.n_prompt_cached = self.n_tokens_max = self.n_decode = 0
         self.registry = CollectorRegistry(auto_describe=False)     # this server's own, no global state
         self._scrape: tuple[int, int] = (0, 0)
         self.registry.register(self)
@@ -64,7 +64,6 @@ class Metrics:
                 b.add(n_gen, max(n_gen - 1, 0), r.t_gen_ms / 1e3)
             self.n_prompt_cached += r.n_cached
             self.n_decode += decodes
-            self.n_busy_slots += decodes        # one slot busy in each of its decodes
             self.n_tokens_max = max(self.n_tokens_max, r.n_prompt + max(n_gen - 1, 0))
 
     def collect(self):
@@ -90,8 +89,9 @@ class Metrics:
                    self.predict_window.rate()),
                   ("requests_processing", "Number of requests processing", busy),
                   ("requests_deferred", "Number of requests deferred", queued),
+                  # each of bankml's decodes is one slot's (no batch of slots yet): 1 once any ran
                   ("n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
-                   self.n_busy_slots / max(self.n_decode, 1)))
+                   min(self.n_decode, 1)))
         for name, doc, value in gauges:
             yield GaugeMetricFamily(PREFIX + name, doc, value=value)
 
