@@ -29,7 +29,8 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
-from bankml.server import native, ollama, openai, refused, utility, webui
+from bankml.server import webui
+from bankml.server.api import native, ollama, openai, refused, utility
 from bankml.server.engine import Job, run_job
 from bankml.server.fields import BadRequest, Vocab, boolean, chat_logprobs, job_fields
 from bankml.server.guard import HttpOptions, guarded
@@ -262,7 +263,7 @@ async def _openai(request: Request, chat: bool):
 
 
 async def completion(request: Request):
-    """llama-server's own /completion (server/native.py)."""
+    """llama-server's own /completion (server/api/native.py)."""
     srv: Server = request.app.state.server
     try:
         body = await read_json(request)

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
 
-from bankml.server import ollama, openai
+from bankml.server.api import ollama, openai
 from bankml.server.jsonio import JSONResponse
 
 PUBLIC = {"/", "/health", "/v1/health"}         # no key needed (llama-server's public endpoints)

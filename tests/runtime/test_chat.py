@@ -114,7 +114,7 @@ def test_server_chats_in_chatml_when_the_header_has_no_template():
 
     from bankml.gguf import read_gguf
     from bankml.runtime.chat import CHATML_TEMPLATE
-    from bankml.server.openai import chat_prompt
+    from bankml.server.api.openai import chat_prompt
 
     class Headerless:                               # SmolLM2's header less its template
         def __init__(self):

@@ -172,7 +172,7 @@ OLLAMA = [
 def test_ollama_options_equal_llama_server_with_ollamas_defaults(pair, options):
     """/api/generate (raw) with Ollama's options gives the text llama-server gives for the same
     fields under its names, Ollama's defaults spelled out; repeat_last_n -1 is the context."""
-    from bankml.server import ollama
+    from bankml.server.api import ollama
     ours, theirs = pair
     for seed in range(5):
         opts = {"seed": seed, "num_predict": N, **options}

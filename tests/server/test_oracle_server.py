@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from bankml.oracle.server import LlamaServer
-from bankml.server import ollama
+from bankml.server.api import ollama
 from bankml.testing import models
 from bankml.testing.serve import BankmlServer
 

@@ -1,10 +1,10 @@
-"""Fields bankml does not serve are refused naming the field (bankml/server/refused.py): pure
+"""Fields bankml does not serve are refused naming the field (bankml/server/api/refused.py): pure
 parsing, no model. The clients' view is in test_clients.py."""
 from __future__ import annotations
 
 import pytest
 
-from bankml.server import refused
+from bankml.server.api import refused
 from bankml.server.fields import BadRequest
 
 

@@ -13,7 +13,7 @@ bytes. Errors where llama-server's JSON access throws are its 400 with nlohmann'
 """
 from __future__ import annotations
 
-from bankml.server import openai
+from bankml.server.api import openai
 from bankml.server.fields import BadRequest, _json_type, i32
 from bankml.tokenizer import tokenizer_for
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from bankml.runtime.sampler import c_float
 from bankml.server.engine import Prob, Result
-from bankml.server.openai import probs_json
+from bankml.server.api.openai import probs_json
 
 _SETTINGS = (("temperature", "temp"), ("dynatemp_range", None), ("dynatemp_exponent", None), ("top_k", None),
              ("top_p", None), ("min_p", None), ("top_n_sigma", None), ("xtc_probability", None),

@@ -15,7 +15,7 @@ import hashlib
 
 from bankml.server.engine import Result
 from bankml.server.fields import BadRequest, c_float, job_fields
-from bankml.server.openai import chat_messages, chat_prompt
+from bankml.server.api.openai import chat_messages, chat_prompt
 
 VERSION = "0.6.3"       # the Ollama API version these shapes follow (the ollama client tested against)
 
