@@ -32,7 +32,7 @@ from starlette.routing import Route
 from bankml.server import webui
 from bankml.server.api import native, ollama, openai, refused, utility
 from bankml.server.engine import Job, run_job
-from bankml.server.fields import BadRequest, Vocab, boolean, chat_logprobs, job_fields
+from bankml.server.fields import BadRequest, Vocab, boolean, chat_logprobs, job_fields, sse_ping
 from bankml.server.guard import HttpOptions, guarded
 from bankml.server.handoff import Handoff
 from bankml.server.jsonio import JSONResponse, ndjson, read_json, sse
@@ -64,10 +64,10 @@ class Server:
         """fn(*args) on the prompt thread."""
         return await asyncio.get_running_loop().run_in_executor(self.prep, fn, *args)
 
-    async def generate(self, prompt: list[int], fields: dict, stream: bool = True):
+    async def generate(self, prompt: list[int], fields: dict, stream: bool = True, ping_s: float | None = None):
         """A slot for the prompt (Busy when the queue is full), then its events as they come:
         ("text", str, Prob | None, token) per token when streaming, then ("done", Result, None, None)
-        or ("error", exception, None, None)."""
+        or ("error", exception, None, None). ping_s: the request's sse_ping_interval (None: the server's)."""
         if len(prompt) >= self.model.n_ctx:
             raise BadRequest(f"request ({len(prompt)} tokens) exceeds the available context size "
                              f"({self.model.n_ctx} tokens), try increasing it", 400, "exceed_context_size_error")
@@ -94,7 +94,8 @@ class Server:
                 self.handoff.put(loop, self.pool.release, slot)
 
         loop.run_in_executor(self.workers[slot.id], work)
-        return _Events(q, cancel, self.ping_s if stream else 0.0)
+        ping_s = self.ping_s if ping_s is None else ping_s
+        return _Events(q, cancel, ping_s if stream else 0.0)
 
     def close(self) -> None:
         self.prep.shutdown(wait=True, cancel_futures=True)
@@ -205,7 +206,7 @@ async def _openai(request: Request, chat: bool):
     srv: Server = request.app.state.server
     try:
         body = await read_json(request)
-        refused.openai_fields(body)
+        refused.request("/v1/chat/completions" if chat else "/v1/completions", body, srv.model)
         if chat:
             body = chat_logprobs(body)
         fields = job_fields(body, srv.vocab)
@@ -214,11 +215,11 @@ async def _openai(request: Request, chat: bool):
         include_usage = boolean(opts, "include_usage", False)
         if chat:
             messages = openai.chat_messages(body)
-            prompt = await srv.prepare(openai.chat_prompt, srv.model, messages)
+            prompt = await srv.prepare(openai.chat_prompt, srv.model, messages, openai.generation_prompt(body))
             fields["user_starts"] = openai.user_starts(srv.model, prompt)
         else:
             prompt = await srv.prepare(openai.completion_prompt, srv.model, body)
-        events = await srv.generate(prompt, fields, stream)
+        events = await srv.generate(prompt, fields, stream, sse_ping(body))
     except (BadRequest, Busy) as e:
         return refusal(e)
     cid = openai.gen_id("chatcmpl-" if chat else "cmpl-")
@@ -267,12 +268,12 @@ async def completion(request: Request):
     srv: Server = request.app.state.server
     try:
         body = await read_json(request)
-        refused.openai_fields(body)
+        refused.request("/completion", body, srv.model)
         fields = job_fields(body, srv.vocab)
         stream = boolean(body, "stream", False)
         return_tokens = boolean(body, "return_tokens", False)
         prompt = await srv.prepare(openai.completion_prompt, srv.model, body)
-        events = await srv.generate(prompt, fields, stream)
+        events = await srv.generate(prompt, fields, stream, sse_ping(body))
     except (BadRequest, Busy) as e:
         return refusal(e)
     post = fields["post_sampling_probs"]
@@ -332,7 +333,7 @@ async def _ollama(request: Request, kind: str):
         loaded = ollama.load_request(body, kind)   # `ollama run` first: no prompt, only "load the model"
         if loaded is not None:
             return JSONResponse({"model": name, **loaded})
-        refused.ollama_fields(body)
+        refused.request(f"/api/{kind}", body, srv.model)
         fields = ollama.options_fields(body, srv.vocab, srv.model.n_ctx)
         stream = ollama.streaming(body)
         build = ollama.chat_ids if kind == "chat" else ollama.generate_ids

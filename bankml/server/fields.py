@@ -348,6 +348,13 @@ def job_fields(body: dict, vocab: Vocab | None = None, defaults: dict | None = N
                 cache_prompt=boolean(body, "cache_prompt", True), **probs)
 
 
+def sse_ping(body: dict) -> float | None:
+    """sse_ping_interval: seconds between SSE comment lines on a quiet stream (-1: none); None: the
+    server's --sse-ping-interval."""
+    v = num(body, "sse_ping_interval", None, i32, -1, INT32_MAX, hard=True)
+    return None if v is None else float(v)
+
+
 def chat_logprobs(body: dict) -> dict:
     """oaicompat_chat_params_parse's logprobs: `logprobs: true` asks for top_logprobs (default 20)
     as n_probs; top_logprobs without it is refused. The body to read the fields from, rewritten."""
@@ -359,3 +366,185 @@ def chat_logprobs(body: dict) -> dict:
     if body.get("top_logprobs") is not None and not (isinstance(lp, bool) and lp):
         raise BadRequest("top_logprobs requires logprobs to be set to true")
     return body
+
+
+# ---------------------------------------------------------------- every field a client may send
+
+SERVED, REFUSED, INERT = "served", "refused", "inert"
+
+
+def absent(v, model=None) -> bool:
+    """A value that asks for nothing: null, false, an empty string, array or object."""
+    return v is None or v is False or (isinstance(v, (str, list, dict)) and not v)
+
+
+def at_most(limit):
+    """A number at most `limit` (off, in llama-server's schema) asks for nothing."""
+    return lambda v, model=None: absent(v) or (isinstance(v, (int, float)) and not isinstance(v, bool) and v <= limit)
+
+
+def _same(v, x) -> bool:
+    """v is x as JSON: numbers by value (a boolean is not a number), the rest by type and value."""
+    number = (int, float)
+    if isinstance(x, number) and not isinstance(x, bool):
+        return isinstance(v, number) and not isinstance(v, bool) and v == x
+    return type(v) is type(x) and v == x
+
+
+def one_of(*values):
+    return lambda v, model=None: absent(v) or any(_same(v, x) for x in values)
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What bankml does with one request field: SERVED with llama-server's (or Ollama's) meaning;
+    REFUSED unless `idle(value, model)` says it asks for nothing (501 naming it, or `status` with
+    llama-server's own message `note`); INERT: without effect on the answer, in llama-server (or
+    Ollama) as in bankml, `note` says why."""
+    what: str
+    note: str = ""
+    idle: object = absent
+    status: int = 501
+
+
+def served(note: str = "") -> Rule:
+    return Rule(SERVED, note)
+
+
+def refused(note: str, idle=absent, status: int = 501) -> Rule:
+    return Rule(REFUSED, note, idle, status)
+
+
+def inert(note: str) -> Rule:
+    return Rule(INERT, note)
+
+
+NO_SHIFT = "acts only in a context shift: llama-server shifts with --context-shift (off by default), bankml never"
+ONE_MODEL = "bankml serves one model, whatever the name (llama-server without a router does the same)"
+ACCOUNT = "an OpenAI platform setting (accounts, storage, caching, routing): no effect on the answer, llama-server ignores it too"
+TOOLS = "tool calling"
+GRAMMAR = "constrained output (a grammar or JSON schema)"
+REASONING = "reasoning control (thinking budgets and tags)"
+
+# make_llama_cmpl_schema (server-schema.cpp) and the task's id_slot: what /completion, /v1/completions
+# and /v1/chat/completions all read
+LLAMA_SERVER = {
+    "verbose": served("with return_tokens: the __verbose object"),
+    "timings_per_token": refused("timings in every streamed chunk"),
+    "stream": served(), "stream_options": served("include_usage"), "cache_prompt": served(),
+    "return_tokens": served(), "return_progress": refused("prompt progress events"),
+    "sse_ping_interval": served(),
+    "n_predict": served(), "max_completion_tokens": served(), "max_tokens": served(),
+    "n_indent": refused("a minimum indentation (code infill)", at_most(0)),
+    "n_keep": inert(NO_SHIFT), "n_discard": inert(NO_SHIFT),
+    "n_cmpl": refused("more than one completion a request", one_of(1)),
+    "n": refused("more than one completion a request", one_of(1)),
+    "n_cache_reuse": refused("reusing cache chunks by shifting them (--cache-reuse)", at_most(0)),
+    "t_max_predict_ms": refused("a time limit on generation", at_most(0)),
+    "response_fields": refused("a chosen subset of the response's fields"),
+    **{f.name: served() for f in SAMPLING}, "min_keep": served(),
+    "adaptive_target": refused("the adaptive-p sampler", lambda v, model=None: absent(v) or (
+        isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0)),
+    "adaptive_decay": inert("tunes the adaptive-p sampler, which is off unless adaptive_target is set (refused)"),
+    "seed": served(), "n_probs": served(), "logprobs": served(), "post_sampling_probs": served(),
+    "backend_sampling": refused("sampling on the backend"),
+    "lora": refused("LoRA adapters"),
+    "dry_sequence_breakers": served(), "logit_bias": served(), "ignore_eos": served(), "stop": served(),
+    "samplers": served(),
+    "json_schema": refused(GRAMMAR), "grammar": refused(GRAMMAR), "grammar_type": refused(GRAMMAR),
+    "grammar_lazy": refused(GRAMMAR), "grammar_triggers": refused(GRAMMAR), "preserved_tokens": refused(GRAMMAR),
+    "chat_format": refused("a chat output parser", one_of(0)),
+    "reasoning_format": refused("reasoning extraction", one_of("none", "auto")),
+    "generation_prompt": refused("a chat output parser"), "chat_parser": refused("a chat output parser"),
+    "parse_tool_calls": refused(TOOLS),
+    "continue_final_message": refused("continuing a final message (a final assistant message is continued "
+                                      "without it)"),
+    "echo": refused("echoing the prompt"),
+    "reasoning_control": refused(REASONING), "reasoning_budget_tokens": refused(REASONING, at_most(-1)),
+    "reasoning_budget_start_tag": refused(REASONING), "reasoning_budget_end_tags": refused(REASONING),
+    "reasoning_budget_end_tag": refused(REASONING), "reasoning_budget_message": refused(REASONING),
+    "id_slot": refused("a chosen slot", one_of(-1)),
+    "model": inert(ONE_MODEL),
+}
+
+# oaicompat_chat_params_parse (server-common.cpp) and OpenAI's chat completion request
+OPENAI_CHAT = {
+    **LLAMA_SERVER,
+    "messages": served(), "add_generation_prompt": served(),
+    "tools": refused(TOOLS), "tool_choice": refused(TOOLS, one_of("none", "auto")),
+    "parallel_tool_calls": inert("applies to tool calls only, and tools are refused"),
+    "response_format": refused("structured output (a JSON object or schema)",
+                               lambda v, model=None: v is None or (isinstance(v, dict) and v.get("type") in (None, "text"))),
+    "chat_template_kwargs": refused("extra chat template variables"),
+    "reasoning_effort": refused(REASONING), "thinking_budget_tokens": refused(REASONING, at_most(-1)),
+    "top_logprobs": served(),
+    "audio": refused("audio output"), "modalities": refused("output other than text", one_of(["text"])),
+    "functions": refused(TOOLS), "function_call": refused(TOOLS, one_of("none", "auto")),
+    "verbosity": refused("a verbosity setting"), "web_search_options": refused("web search"),
+    "moderation": refused("moderation of the input and output"),
+    "prediction": inert("a predicted output only speeds OpenAI up; the answer is the same"),
+    **{k: inert(ACCOUNT) for k in ("user", "store", "metadata", "service_tier", "safety_identifier",
+                                   "prompt_cache_key", "prompt_cache_options", "prompt_cache_retention")},
+}
+
+# oaicompat_completion_params_parse and OpenAI's (legacy) completion request; /completion reads the same
+OPENAI_COMPLETIONS = {
+    **LLAMA_SERVER,
+    "prompt": served(),
+    "echo": refused("Only no echo is supported", status=500),
+    "best_of": refused("Unsupported param: best_of", lambda v, model=None: False, status=500),
+    "suffix": refused("Unsupported param: suffix", lambda v, model=None: False, status=500),
+    "user": inert(ACCOUNT),
+}
+
+# one message of a chat (common_chat_msgs_parse_oaicompat; name, tool_call_id and
+# reasoning_content reach the template as llama-server passes them)
+OPENAI_MESSAGE = {
+    "role": served(), "content": served(), "name": served(), "tool_call_id": served(),
+    "reasoning_content": served(), "tool_calls": refused(TOOLS),
+    "refusal": inert("an assistant's refusal text, which llama-server's templates do not render"),
+    "audio": refused("audio input"), "function_call": refused(TOOLS),
+}
+
+OLLAMA_SERVER = "Ollama keeps the model loaded for keep_alive; bankml keeps it for the server's life"
+NO_CUT = "Ollama cuts or shifts a conversation that outgrows the context; bankml answers 400 instead, never silently"
+
+# api/types.go ChatRequest and GenerateRequest (the ollama client 0.6.3's fields)
+OLLAMA_COMMON = {
+    "model": inert(ONE_MODEL), "stream": served(), "options": served(), "keep_alive": inert(OLLAMA_SERVER),
+    "format": refused("structured output (JSON or a schema)"), "think": refused("thinking"),
+    "truncate": inert(NO_CUT), "shift": inert(NO_CUT),
+    "logprobs": refused("log probabilities"), "top_logprobs": refused("log probabilities", at_most(0)),
+}
+OLLAMA_CHAT = {**OLLAMA_COMMON, "messages": served(), "tools": refused(TOOLS)}
+OLLAMA_GENERATE = {
+    **OLLAMA_COMMON, "prompt": served(), "system": served(), "raw": served(),
+    "suffix": refused("a suffix (fill in the middle)"), "template": refused("a template other than the model's"),
+    "context": refused("a conversation as the tokens of an earlier answer"), "images": refused("image input"),
+    "width": refused("image generation"), "height": refused("image generation"), "steps": refused("image generation"),
+}
+OLLAMA_MESSAGE = {
+    "role": served(), "content": served(), "images": refused("image input"), "thinking": refused("thinking"),
+    "tool_calls": refused(TOOLS), "tool_name": refused(TOOLS),
+}
+
+# api/types.go Options and Runner; mirostat* as the client 0.6.3 sends them
+OLLAMA_OPTIONS = {
+    **{k: served() for k in ("seed", "num_predict", "top_k", "top_p", "min_p", "typical_p", "repeat_last_n",
+                             "temperature", "repeat_penalty", "presence_penalty", "frequency_penalty", "stop",
+                             "mirostat", "mirostat_tau", "mirostat_eta")},
+    "num_keep": inert(NO_SHIFT), "penalize_newline": inert("Ollama reads it and no longer acts on it"),
+    "tfs_z": refused("tail-free sampling (llama.cpp has none)", one_of(1, 1.0)),
+    "num_ctx": refused("a context size other than the server's (--ctx-size)",
+                       lambda v, model=None: absent(v) or (model is not None and v == model.n_ctx)),
+    "num_batch": refused("a micro-batch size other than the server's (--ubatch-size)",
+                         lambda v, model=None: absent(v) or (model is not None and v == model.n_ubatch)),
+    "num_thread": refused("a thread count other than the server's (--threads)",
+                          lambda v, model=None: absent(v) or v == 0 or (model is not None and v == model.threads)),
+    **{k: inert("where the weights live and how they are loaded: no effect on the answer on a CPU")
+       for k in ("num_gpu", "main_gpu", "low_vram", "use_mmap", "use_mlock", "numa", "vocab_only", "f16_kv")},
+    "logits_all": refused("every position's logits"), "embedding_only": refused("embeddings"),
+}
+
+ROUTES = {"/v1/chat/completions": OPENAI_CHAT, "/v1/completions": OPENAI_COMPLETIONS,
+          "/completion": OPENAI_COMPLETIONS, "/api/chat": OLLAMA_CHAT, "/api/generate": OLLAMA_GENERATE}

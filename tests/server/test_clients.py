@@ -115,3 +115,9 @@ def test_fields_bankml_does_not_serve_are_refused_not_dropped(srv, oai, oll):
         oll.generate(model="m", prompt="Hi", images=[b"\x89PNG\r\n"], options={"num_predict": 2})
     assert e.value.status_code == 501 and "Field 'images'" in e.value.error
     assert oll.chat(model="m", messages=MSG, options={"num_predict": 2}, format="", think=False).message is not None
+    with pytest.raises(openai.BadRequestError) as e:                   # a field no API defines: 400 naming it
+        oai.chat.completions.create(model="m", messages=MSG, max_tokens=2, extra_body={"temprature": 0.2})
+    assert e.value.message.endswith("Unrecognized request argument supplied: temprature")
+    with pytest.raises(ollama.ResponseError) as e:
+        oll.chat(model="m", messages=MSG, options={"num_predict": 2, "num_ctx": 10**6})
+    assert e.value.status_code == 501 and "Field 'options.num_ctx'" in e.value.error

@@ -80,6 +80,19 @@ def test_sse_keep_alive_comments_and_clients_read_through_them(srv):
 
 
 @pytest.mark.server
+def test_a_request_sets_its_own_sse_ping_interval(srv):
+    """sse_ping_interval -1 (llama-server's per-request field): no keep-alive comment, where the
+    server's own 2 ms interval sends some during the same long prefill."""
+    body = {"messages": [{"role": "user", "content": "Say hello. " * 150}], "max_tokens": 2, "temperature": 0,
+            "stream": True, "cache_prompt": False}
+    for interval, pings in ((None, True), (-1, False)):
+        with httpx.stream("POST", srv.url + "/v1/chat/completions", headers=H, timeout=60,
+                          json={**body, "sse_ping_interval": interval}) as r:
+            assert r.status_code == 200
+            assert (":" in list(r.iter_lines())) == pings, interval
+
+
+@pytest.mark.server
 def test_ollama_run_load_request(srv):
     # `ollama run MODEL` first asks /api/show, then generates with no prompt to load the model
     c = ollama.Client(host=srv.url, headers=H)

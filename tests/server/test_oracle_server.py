@@ -160,6 +160,8 @@ def test_request_sequence_equals_llama_server(pair, record):
         (("/api/generate", {"prompt": QUESTIONS[1], "options": {**o, "top_k": 0, "top_p": 0.9, "temperature": 1.0,
                                                                    "seed": 2024}, "stream": False}),
          chat([user(QUESTIONS[1])], **{**od, "top_k": 0, "top_p": 0.9, "temperature": 1.0, "seed": 2024})),
+        (("/api/generate", {"prompt": QUESTIONS[0], "system": "Answer in one word.", "options": o, "stream": False}),
+         chat([{"role": "system", "content": "Answer in one word."}, user(QUESTIONS[0])], **{**od, **GREEDY})),
     ]
     for (opath, obody), (path, body) in pairs:
         got, want = call(ours.url, opath, obody), call(theirs.url, path, body)

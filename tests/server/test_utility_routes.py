@@ -62,10 +62,14 @@ def test_detokenize_answers_as_llama_server(pair):
 @pytest.mark.oracle
 @pytest.mark.server
 def test_apply_template_answers_as_llama_server(pair):
-    for messages in CONVERSATIONS:
-        ours, theirs = both(pair, "/apply-template", {"messages": messages})
-        assert theirs.status_code == 200, theirs.text
-        assert ours.status_code == 200 and ours.json() == theirs.json(), messages
+    named = [{"role": "user", "content": "Hi", "name": "ann"}, {"role": "assistant", "content": "Hello.",
+                                                                 "reasoning_content": "greet"},
+             {"role": "tool", "content": "42", "tool_call_id": "c1"}, {"role": "user", "content": "and?"}]
+    for messages in [*CONVERSATIONS, named]:
+        for flags in ({}, {"add_generation_prompt": False}):
+            ours, theirs = both(pair, "/apply-template", {"messages": messages, **flags})
+            assert theirs.status_code == 200, theirs.text
+            assert ours.status_code == 200 and ours.json() == theirs.json(), (messages, flags)
 
 
 @pytest.mark.oracle

@@ -14,7 +14,7 @@ import bankml
 from bankml.runtime.chat import ChatTemplateError, render_chat
 from bankml.runtime.probs import logarithm
 from bankml.server.engine import Prob, Result
-from bankml.server.fields import BadRequest, boolean
+from bankml.server.fields import BadRequest, _json_type, boolean
 
 _ALNUM = string.digits + string.ascii_uppercase + string.ascii_lowercase
 FINGERPRINT = f"bankml-{bankml.__version__}"
@@ -60,8 +60,29 @@ def chat_messages(body: dict) -> list[dict]:
             raise BadRequest("All non-assistant messages must contain 'content'")
         if role == "assistant" and "content" not in msg and "tool_calls" not in msg:
             raise BadRequest("Assistant message must contain either 'content' or 'tool_calls'!")
-        out.append({"role": role, "content": message_text(msg)})
+        out.append({"role": role, "content": message_text(msg), **_passed(msg)})
     return out
+
+
+def _passed(msg: dict) -> dict:
+    """A message's reasoning_content, name and tool_call_id, as llama.cpp hands them to the template
+    (common_chat_msg::to_json_oaicompat: each when not empty)."""
+    out = {}
+    for key in ("reasoning_content", "name", "tool_call_id"):
+        if key in msg:
+            v = msg[key]
+            if not isinstance(v, str):
+                raise BadRequest("Failed to parse messages: [json.exception.type_error.302] type must be string, "
+                                 f"but is {_json_type(v)}")
+            if v:
+                out[key] = v
+    return out
+
+
+def generation_prompt(body: dict) -> bool:
+    """add_generation_prompt (json_value: true unless a boolean says otherwise)."""
+    v = body.get("add_generation_prompt")
+    return v if isinstance(v, bool) else True
 
 
 def chat_text(model, messages: list[dict], add_generation_prompt: bool = True) -> str:
