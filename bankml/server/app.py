@@ -32,7 +32,7 @@ from starlette.routing import Route
 from bankml.server import webui
 from bankml.server.api import native, ollama, openai, refused, utility
 from bankml.server.engine import Job, run_job
-from bankml.server.fields import BadRequest, Vocab, boolean, chat_logprobs, job_fields, sse_ping
+from bankml.server.fields import BadRequest, Vocab, boolean, chat_logprobs, child_seed, job_fields, n_cmpl, sse_ping
 from bankml.server.guard import HttpOptions, guarded
 from bankml.server.handoff import Handoff
 from bankml.server.jsonio import JSONResponse, ndjson, read_json, sse
@@ -97,6 +97,21 @@ class Server:
         ping_s = self.ping_s if ping_s is None else ping_s
         return _Events(q, cancel, ping_s if stream else 0.0)
 
+    async def completions(self, prompt: list[int], fields: dict, n: int = 1, stream: bool = True,
+                          ping_s: float | None = None) -> Completions:
+        """n generations of the prompt (n_cmpl), the k-th with seed + k; Busy when the queue is full
+        (the ones already started are cancelled)."""
+        started: list[_Events] = []
+        try:
+            for k in range(n):
+                started.append(await self.generate(prompt, {**fields, "seed": child_seed(fields["seed"], k)},
+                                                   stream, ping_s))
+        except BaseException:
+            for e in started:
+                e.cancel.set()
+            raise
+        return Completions(started)
+
     def close(self) -> None:
         self.prep.shutdown(wait=True, cancel_futures=True)
         for w in self.workers.values():
@@ -126,22 +141,74 @@ class _Events:
         finally:
             self.cancel.set()               # the client left (or the stream ended): stop generating
 
-    async def result(self, request: Request):
-        """The Result; a client that disconnects meanwhile cancels the generation (the
-        worker stops at the next token) instead of leaving its slot generating for no one."""
+
+
+class Completions:
+    """The generations of one request: one, or n_cmpl of them (the k-th samples with seed + k), each
+    on its own slot. Iterated: (k, event) as the events come."""
+
+    def __init__(self, events: list[_Events]):
+        self.events = events
+
+    def cancel(self) -> None:
+        for e in self.events:
+            e.cancel.set()
+
+    async def __aiter__(self):
+        try:
+            if len(self.events) == 1:       # the common case: no merging, no extra hop per token
+                async for ev in self.events[0]:
+                    yield 0, ev
+            else:
+                async for k, ev in self._merged():
+                    yield k, ev
+        finally:
+            self.cancel()                   # the client left (or all ended): stop generating
+
+    async def _merged(self):
+        q: asyncio.Queue = asyncio.Queue()
+
+        async def pump(k, events):
+            try:
+                async for ev in events:
+                    q.put_nowait((k, ev))
+            finally:
+                q.put_nowait((k, None))
+        pumps = [asyncio.ensure_future(pump(k, e)) for k, e in enumerate(self.events)]
+        try:
+            left = len(pumps)
+            while left:
+                k, ev = await q.get()
+                if ev is None:
+                    left -= 1
+                    continue
+                yield k, ev
+                if ev[0] == "error":
+                    return
+        finally:
+            for p in pumps:
+                p.cancel()
+
+    async def results(self, request: Request) -> list:
+        """Each completion's Result, by index; a client that disconnects meanwhile cancels them
+        (the workers stop at the next token) instead of leaving slots generating for no one."""
         async def watch():
             while (await request.receive())["type"] != "http.disconnect":
                 pass
-            self.cancel.set()
+            self.cancel()
         watcher = asyncio.ensure_future(watch())
+        out = [None] * len(self.events)
         try:
-            async for kind, value, _, _ in self:
+            async for k, (kind, value, _, _) in self:
                 if kind == "done":
-                    return value
-                if kind == "error":
+                    out[k] = value
+                elif kind == "error":
                     raise value
         finally:
             watcher.cancel()
+        if any(r is None for r in out):
+            raise RuntimeError("a generation ended without a result")
+        return out
 
 
 PING = ("ping", None, None, None)
@@ -210,6 +277,7 @@ async def _openai(request: Request, chat: bool):
         if chat:
             body = chat_logprobs(body)
         fields = job_fields(body, srv.vocab)
+        n = n_cmpl(body, len(srv.pool.slots))
         stream = boolean(body, "stream", False)
         opts = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else {}
         include_usage = boolean(opts, "include_usage", False)
@@ -219,47 +287,51 @@ async def _openai(request: Request, chat: bool):
             fields["user_starts"] = openai.user_starts(srv.model, prompt)
         else:
             prompt = await srv.prepare(openai.completion_prompt, srv.model, body)
-        events = await srv.generate(prompt, fields, stream, sse_ping(body))
+        group = await srv.completions(prompt, fields, n, stream, sse_ping(body))
     except (BadRequest, Busy) as e:
         return refusal(e)
     cid = openai.gen_id("chatcmpl-" if chat else "cmpl-")
     post = fields["post_sampling_probs"]
     if not stream:
         try:
-            r = await events.result(request)
+            rs = await group.results(request)
         except Exception:
             return oai_error(FAILED, 500, "server_error")
         make = openai.chat_response if chat else openai.text_response
-        res = make(r, cid, srv.name, post, srv.piece)
+        res = make(rs[0], cid, srv.name, post, srv.piece)
+        for k, r in enumerate(rs[1:], 1):           # llama-server: the first's answer, every choice
+            res["choices"] += openai.indexed(make(r, cid, srv.name, post, srv.piece), k)["choices"]
         if body.get("verbose") is True and body.get("return_tokens") is True:
-            res["__verbose"] = {"content": r.text, "tokens": r.tokens, "stop_type": r.stop_type}
+            res["__verbose"] = {"content": rs[0].text, "tokens": rs[0].tokens, "stop_type": rs[0].stop_type}
         return JSONResponse(res)
 
     async def body_iter():
-        first = True
-        async for kind, value, prob, _ in events:
+        first = [True] * n
+        async for k, (kind, value, prob, _) in group:
             if kind == "ping":
                 yield SSE_PING
             elif kind == "text":
                 if chat:
-                    for c in openai.chat_token_chunks(cid, srv.name, first, value, prob, post, srv.piece):
-                        yield sse(c)
+                    for c in openai.chat_token_chunks(cid, srv.name, first[k], value, prob, post, srv.piece):
+                        yield sse(openai.indexed(c, k))
                 else:
-                    yield sse(openai.text_chunk(cid, srv.name, value, prob=prob, post=post, piece=srv.piece))
-                first = False
+                    yield sse(openai.indexed(openai.text_chunk(cid, srv.name, value, prob=prob, post=post,
+                                                               piece=srv.piece), k))
+                first[k] = False
             elif kind == "done":
                 if chat:
                     for c in openai.chat_final_chunks(value, cid, srv.name, include_usage):
-                        yield sse(c)
+                        yield sse(openai.indexed(c, k))
                 else:
                     last = openai.text_chunk(cid, srv.name, "", value.finish)
                     last["timings"] = value.timings()
                     if include_usage:
                         last["usage"] = openai.usage(value)
-                    yield sse(last)
-                yield b"data: [DONE]\n\n"
+                    yield sse(openai.indexed(last, k))
             else:
                 yield SSE_FAILED
+                return
+        yield b"data: [DONE]\n\n"
     return StreamingResponse(body_iter(), media_type="text/event-stream")
 
 
@@ -272,33 +344,37 @@ async def completion(request: Request):
         fields = job_fields(body, srv.vocab)
         stream = boolean(body, "stream", False)
         return_tokens = boolean(body, "return_tokens", False)
+        n = n_cmpl(body, len(srv.pool.slots))
         prompt = await srv.prepare(openai.completion_prompt, srv.model, body)
-        events = await srv.generate(prompt, fields, stream, sse_ping(body))
+        group = await srv.completions(prompt, fields, n, stream, sse_ping(body))
     except (BadRequest, Busy) as e:
         return refusal(e)
     post = fields["post_sampling_probs"]
     prompt_text = srv.detokenize(prompt)
+    job = [{**fields, "seed": child_seed(fields["seed"], k)} for k in range(n)]
     if not stream:
         try:
-            r = await events.result(request)
+            rs = await group.results(request)
         except Exception:
             return oai_error(FAILED, 500, "server_error")
-        return JSONResponse(native.final(r, fields, srv.name, prompt_text, False, srv.piece,
-                                         return_tokens))
+        out = [native.final(r, job[k], srv.name, prompt_text, False, srv.piece, return_tokens, k)
+               for k, r in enumerate(rs)]
+        return JSONResponse(out[0] if n == 1 else out)      # several: an array, as llama-server's
 
     async def body_iter():
-        n = 0
-        async for kind, value, prob, tok in events:
+        count = [0] * n
+        async for k, (kind, value, prob, tok) in group:
             if kind == "ping":
                 yield SSE_PING
             elif kind == "text":
-                n += 1
+                count[k] += 1
                 if prob is not None or not fields["n_probs"]:
-                    yield sse(native.partial(n, len(prompt), value, tok, prob, post, srv.piece))
+                    yield sse(native.partial(count[k], len(prompt), value, tok, prob, post, srv.piece, k))
             elif kind == "done":
-                yield sse(native.final(value, fields, srv.name, prompt_text, True, srv.piece))
+                yield sse(native.final(value, job[k], srv.name, prompt_text, True, srv.piece, index=k))
             else:
                 yield SSE_FAILED
+                return
     return StreamingResponse(body_iter(), media_type="text/event-stream")
 
 
@@ -347,7 +423,7 @@ async def _ollama(request: Request, kind: str):
         return JSONResponse(ollama.error_body(BUSY), status_code=503)
     if not stream:
         try:
-            r = await events.result(request)
+            r, = await Completions([events]).results(request)
         except Exception:
             return JSONResponse(ollama.error_body(FAILED), status_code=500)
         return JSONResponse(ollama.final(name, kind, r, r.text, time.perf_counter_ns() - t0, prompt))

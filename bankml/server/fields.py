@@ -348,6 +348,17 @@ def job_fields(body: dict, vocab: Vocab | None = None, defaults: dict | None = N
                 cache_prompt=boolean(body, "cache_prompt", True), **probs)
 
 
+def n_cmpl(body: dict, n_parallel: int) -> int:
+    """n_cmpl (alias n): how many completions of the prompt, 1 to the server's slots (a hard limit);
+    the k-th after the first samples with seed + k (server_task::add_child)."""
+    return num(body, ("n_cmpl", "n"), 1, i32, 1, n_parallel, hard=True)
+
+
+def child_seed(seed: int, k: int) -> int:
+    """The seed of completion k (0: the request's own); a random seed (LLAMA_DEFAULT_SEED) stays random."""
+    return seed if seed == LLAMA_DEFAULT_SEED else (seed + k) & 0xFFFFFFFF
+
+
 def sse_ping(body: dict) -> float | None:
     """sse_ping_interval: seconds between SSE comment lines on a quiet stream (-1: none); None: the
     server's --sse-ping-interval."""
@@ -437,8 +448,7 @@ LLAMA_SERVER = {
     "n_predict": served(), "max_completion_tokens": served(), "max_tokens": served(),
     "n_indent": refused("a minimum indentation (code infill)", at_most(0)),
     "n_keep": inert(NO_SHIFT), "n_discard": inert(NO_SHIFT),
-    "n_cmpl": refused("more than one completion a request", one_of(1)),
-    "n": refused("more than one completion a request", one_of(1)),
+    "n_cmpl": served(), "n": served(),
     "n_cache_reuse": refused("reusing cache chunks by shifting them (--cache-reuse)", at_most(0)),
     "t_max_predict_ms": refused("a time limit on generation", at_most(0)),
     "response_fields": refused("a chosen subset of the response's fields"),

@@ -93,7 +93,6 @@ def test_a_refused_field_that_asks_for_something_is_refused_naming_it(route, nam
 
 
 @pytest.mark.parametrize("route,body", [
-    ("/v1/chat/completions", {"n": 1}), ("/v1/chat/completions", {"n": 1.0}), ("/v1/chat/completions", {"n": None}),
     ("/v1/chat/completions", {"tools": []}), ("/v1/chat/completions", {"tool_choice": "none"}),
     ("/v1/chat/completions", {"tool_choice": "auto"}), ("/v1/chat/completions", {"response_format": {"type": "text"}}),
     ("/v1/chat/completions", {"response_format": {}}), ("/v1/chat/completions", {"grammar": ""}),
@@ -110,8 +109,7 @@ def test_a_value_that_asks_for_nothing_is_served_as_absent(route, body):
 
 
 @pytest.mark.parametrize("route,body,field", [
-    ("/v1/chat/completions", {"n": 2}, "n"), ("/v1/chat/completions", {"n": True}, "n"),
-    ("/v1/chat/completions", {"n_cmpl": 3}, "n_cmpl"), ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice"),
+    ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice"),
     ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
     ("/v1/chat/completions", {"modalities": ["text", "audio"]}, "modalities"),
     ("/v1/chat/completions", {"messages": [{"role": "assistant", "tool_calls": [{}]}]}, "messages[0].tool_calls"),
@@ -158,6 +156,8 @@ OLLAMA_PROBES = {"seed": 5, "num_predict": 9, "top_k": 7, "top_p": 0.5, "min_p":
 # the served fields that shape the prompt, the stream or the response: the test that shows each acting
 ELSEWHERE = {
     "stream": "server/test_oracle_server.py::test_request_sequence_equals_llama_server",
+    "n": "server/test_n_completions.py::test_native_completions_equal_llama_servers_and_each_lone_seed",
+    "n_cmpl": "server/test_n_completions.py::test_more_completions_than_slots_is_llama_servers_400",
     "stream_options": "server/test_oracle_server.py::test_request_sequence_equals_llama_server",
     "verbose": "server/test_oracle_server.py::test_request_sequence_equals_llama_server",
     "return_tokens": "server/test_oracle_server.py::test_request_sequence_equals_llama_server",

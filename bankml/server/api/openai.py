@@ -187,6 +187,13 @@ def chat_response(r: Result, cid: str, model_name: str, post: bool = False, piec
             "timings": r.timings()}
 
 
+def indexed(obj: dict, k: int) -> dict:
+    """obj (a response or a chunk) as completion k's of n_cmpl: each choice's index is k."""
+    for c in obj["choices"]:
+        c["index"] = k
+    return obj
+
+
 def chat_chunk(cid: str, model_name: str, delta: dict, finish: str | None = None) -> dict:
     return {"choices": [{"finish_reason": finish, "index": 0, "delta": delta}],
             **_head("chat.completion.chunk", cid, model_name)}
