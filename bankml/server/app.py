@@ -30,7 +30,7 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from bankml.server import webui
-from bankml.server.api import native, ollama, openai, refused, utility
+from bankml.server.api import native, ollama, openai, props, refused, utility
 from bankml.server.engine import Job, run_job
 from bankml.server.fields import BadRequest, Vocab, boolean, chat_logprobs, child_seed, job_fields, n_cmpl, sse_ping
 from bankml.server.guard import HttpOptions, guarded
@@ -241,6 +241,16 @@ async def slots(request: Request):
     srv: Server = request.app.state.server
     return JSONResponse([{"id": s.id, "n_ctx": srv.model.n_ctx, "is_processing": s.busy, "n_tokens": len(s.tokens)}
                          for s in srv.pool.slots])
+
+
+async def get_props(request: Request):
+    """llama-server's /props (server/api/props.py); POST (changing them) is its 501 without --props."""
+    srv: Server = request.app.state.server
+    if request.method == "POST":
+        return oai_error("This server does not support changing global properties. Start it with `--props`", 501,
+                         "not_supported_error")
+    return JSONResponse(props.props(srv.model, srv.name, len(srv.pool.slots), job_fields({}, srv.vocab),
+                                    srv.metrics is not None))
 
 
 async def get_metrics(request: Request):
@@ -487,6 +497,7 @@ def make_app(model, n_slots: int = 1, queue_size: int = 16, api_key: str | None 
         Route("/", webui.root, methods=["GET", "HEAD"]),
         Route("/health", health), Route("/v1/health", health),
         Route("/v1/models", models), Route("/models", models), Route("/slots", slots), Route("/metrics", get_metrics),
+        Route("/props", get_props, methods=["GET", "POST"]),
         Route("/v1/chat/completions", chat_completions, methods=["POST"]),
         Route("/chat/completions", chat_completions, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
