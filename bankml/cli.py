@@ -296,10 +296,14 @@ def _env(name: str) -> dict:
               "checkpoints for a sliding-window model (default: llama-server's checkpoint batches).")
 @click.option("--metrics", is_flag=True, **_env("METRICS"),
               help="As llama-server --metrics: serve GET /metrics (Prometheus text, llama-server's names).")
+@click.option("--embeddings", is_flag=True, **_env("EMBEDDINGS"),
+              help="As llama-server --embeddings: serve /v1/embeddings, /embedding(s) and Ollama's /api/embed.")
+@click.option("--pooling", type=click.Choice(["none", "mean", "cls", "last"]), default=None, **_env("POOLING"),
+              help="Embeddings' pooling, as llama-server --pooling (default: the model's, else none).")
 @cache_type_options
 def serve(model, host, port, threads, llama_threads, n_ctx, n_slots, queue_size, cache_ram, api_key, api_key_file,
           cors_origins, cors_methods, cors_headers, cors_credentials, max_body, sse_ping, model_name,
-          swa_full, metrics, cache_type_k, cache_type_v):
+          swa_full, metrics, embeddings, pooling, cache_type_k, cache_type_v):
     """Serve MODEL (default: SmolLM2-135M-Instruct) over the OpenAI and Ollama HTTP APIs, with
     llama-server's prompt cache and the same tokens as llama-server b11434 (-np 1). Every option
     can also come from the environment (BANKML_PORT, BANKML_API_KEY, ...), so keys need not be on
@@ -325,15 +329,20 @@ def serve(model, host, port, threads, llama_threads, n_ctx, n_slots, queue_size,
                        sse_ping_s=sse_ping)
     m = bankml.load(_model_or_default(model, model_name), threads=threads, llama_threads=llama_threads, n_ctx=n_ctx,
                     cache_type_k=cache_type_k, cache_type_v=cache_type_v)
+    if embeddings:
+        from bankml.server.api.embeddings import model_pooling
+        pooling = pooling or model_pooling(m)
+        if pooling == "rank":
+            raise BankmlError(f"{m.path.name}: pooling 'rank' (a reranker's head) is not served; choose --pooling")
     click.echo(f"bankml serve: {cache_line(m.kv, m.hparams, m.n_ctx)} per slot", err=True)
     t0 = time.perf_counter()
-    m.compile()                                 # every variant now: no request waits for the JIT
+    m.compile(embeddings)                       # every variant now: no request waits for the JIT
     m.warm_up()                                 # as llama-server's warm-up run
     click.echo(f"bankml serve: {m.path.name} ready ({len(m.variants)} graphs in {time.perf_counter() - t0:.1f} s), "
                f"{n_slots} slot(s) of {n_ctx} tokens, on http://{host}:{port}"
                + (f", {len(keys)} API key(s)" if keys else ""), err=True)
     app = make_app(m, n_slots=n_slots, queue_size=queue_size, cache_ram_mib=cache_ram, swa_full=swa_full, http=http,
-                   metrics=metrics)
+                   metrics=metrics, pooling=pooling if embeddings else None)
     try:
         uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
     finally:

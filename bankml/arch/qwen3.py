@@ -53,5 +53,6 @@ def build_qwen3(b: Builder) -> None:
         inpL = cur
 
     cur = b.cb(b.norm(inpL, model.output_norm, -1), "result_norm")
+    b.output("embd", cur)                                    # res->t_embd
     cur = b.cb(b.mm(model.output, cur), "result_output")
     b.output("logits", cur)

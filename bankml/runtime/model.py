@@ -84,9 +84,10 @@ class Model:
         """The concrete IR of one micro-batch after every pass."""
         return run_passes(self.build_graph(n_tokens, n_kv, n_outputs))
 
-    def build_graph(self, n_tokens, n_kv, n_outputs, n_kv_swa=None) -> Graph:
+    def build_graph(self, n_tokens, n_kv, n_outputs, n_kv_swa=None, want: str = "logits") -> Graph:
         """The IR of one micro-batch as the architecture file builds it, before passes; sizes
-        may be numbers or Dims (a generic graph)."""
+        may be numbers or Dims (a generic graph). `want`: the output kept, "logits" or "embd" (the
+        final-norm rows, llama.cpp's t_embd; the output head is then dead code)."""
         if n_kv_swa is None and self.kv_size_swa:
             n_kv_swa = self.n_kv_swa_for(n_kv)
         b = Builder(self.plan, Batch(n_tokens, n_kv, n_outputs, self.kv_size, n_kv_swa, self.kv_size_swa),
@@ -98,40 +99,46 @@ class Model:
             g.meta["profile"] = self.profile
         if self.device is not None:         # passes/place_on_device.py puts decode's Q1_0 matvecs there
             g.meta["device"] = "gpu"
-        if n_outputs == 0:          # no logits wanted: only the cache writes stay alive
-            g.outputs = {}
+        if want not in g.outputs:
+            raise BankmlError(f"the {self.arch} graph has no {want!r} output")
+        # no rows wanted: only the cache writes stay alive
+        g.outputs = {want: g.outputs[want]} if n_outputs != 0 else {}
         return g
 
-    def generic_graph(self, v: Variant) -> Graph:
-        """The generic graph of a variant after every pass (built once per model)."""
+    def generic_graph(self, v: Variant, want: str = "logits") -> Graph:
+        """The generic graph of a variant after every pass (built once per model and output)."""
+        key = _key(v, want)
         with self._prepare_lock:                   # sessions of several threads share the model
-            if v.name not in self._graphs:
-                self._graphs[v.name] = run_passes(self.build_graph(v.n_tokens, v.n_kv, v.n_outputs, v.n_kv_swa))
-            return self._graphs[v.name]
+            if key not in self._graphs:
+                self._graphs[key] = run_passes(self.build_graph(v.n_tokens, v.n_kv, v.n_outputs, v.n_kv_swa, want))
+            return self._graphs[key]
 
-    def prepare(self, v: Variant) -> float:
+    def prepare(self, v: Variant, want: str = "logits") -> float:
         """Make a variant ready to run (the llvm backend compiles it); the seconds that took."""
         with self._prepare_lock:                   # sessions of several threads share the model
-            return self._prepare(v)
+            return self._prepare(v, want)
 
-    def _prepare(self, v: Variant) -> float:
-        if v.name in self._ready:
+    def _prepare(self, v: Variant, want: str = "logits") -> float:
+        key = _key(v, want)
+        if key in self._ready:
             return 0.0
         t0, misses = time.perf_counter(), jit_cache.counts["miss"]
-        self.runner.prepare(self.generic_graph(v))
+        self.runner.prepare(self.generic_graph(v, want))
         seconds = time.perf_counter() - t0
         if self.backend == "llvm":
             self.compile_seconds += seconds
             if jit_cache.counts["miss"] > misses or not jit_cache.enabled():
                 why = "first use; cached afterwards" if jit_cache.enabled() else "BANKML_JIT_CACHE is off"
-                print(f"bankml: compiled the {v.name} graph of {self.path.name} in {seconds:.1f} s ({why})",
+                print(f"bankml: compiled the {key} graph of {self.path.name} in {seconds:.1f} s ({why})",
                       file=sys.stderr, flush=True)
-        self._ready.add(v.name)
+        self._ready.add(key)
         return seconds
 
-    def compile(self) -> float:
-        """Prepare every variant a session can need; afterwards nothing compiles again."""
-        return sum(self.prepare(v) for v in self.variants)
+    def compile(self, embeddings: bool = False) -> float:
+        """Prepare every variant a session can need (with `embeddings`, Session.embeddings' too);
+        afterwards nothing compiles again."""
+        wants = ("logits", "embd") if embeddings else ("logits",)
+        return sum(self.prepare(v, want) for want in wants for v in self.variants)
 
     def warm_up(self) -> None:
         """One single-token decode on a throwaway session, as llama.cpp's common_init_from_params
@@ -176,16 +183,16 @@ class Model:
         return sum(self.prepare(choose_variant(self.variants, *sizes, swa(sizes[1]))[0]) for sizes in need)
 
     def run_ubatch(self, n_tokens: int, n_kv: int, n_outputs: int, inputs: dict, caches: dict, trace=None,
-                   n_kv_swa: int | None = None) -> dict:
-        """One micro-batch through the variant that takes these sizes."""
+                   n_kv_swa: int | None = None, want: str = "logits") -> dict:
+        """One micro-batch through the variant that takes these sizes, its `want` output."""
         if self.runner is None:
             raise BankmlError(f"{self.path.name}: the model is closed")
-        sizes = (n_tokens, n_kv, n_outputs, n_kv_swa)
+        sizes = (n_tokens, n_kv, n_outputs, n_kv_swa, want)
         ready = self._ready_for.get(sizes)      # a decode meets the same sizes 256 steps in a row
         if ready is None:
-            v, values = choose_variant(self.variants, *sizes)
-            self.prepare(v)
-            ready = self._ready_for[sizes] = (self.generic_graph(v), values)
+            v, values = choose_variant(self.variants, *sizes[:4])
+            self.prepare(v, want)
+            ready = self._ready_for[sizes] = (self.generic_graph(v, want), values)
         return self.runner.run(*ready, inputs, caches, trace)
 
     # ---- weights ----
@@ -230,6 +237,11 @@ class Model:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _key(v: Variant, want: str) -> str:
+    """A prepared graph's name: the variant's, and its output when that is not the logits."""
+    return v.name if want == "logits" else f"{v.name}+{want}"
 
 
 def load(path, backend: str = "llvm", threads: int | None = None, llama_threads: int | None = None,

@@ -39,6 +39,13 @@ class Session:
                 rows.append(r)
         return np.concatenate(rows, axis=0)
 
+    def embeddings(self, tokens) -> np.ndarray:
+        """llama_decode of one batch with every token an output, as a llama.cpp context with
+        embeddings on: each token's final-norm row (result_norm, t_embd), not the logits."""
+        tokens = self._checked(tokens)
+        return np.concatenate([self._ubatch(tokens[start:stop], out_ids, "embd")
+                               for start, stop, out_ids in self.model.micro_batches(len(tokens), "all")], axis=0)
+
     def decode(self, token: int) -> np.ndarray:
         """One more single-token llama_decode: the logits row of the next position."""
         return self._ubatch(self._checked([token]), [0])[0]
@@ -85,7 +92,7 @@ class Session:
                               f"{m.n_ctx}{padded}")
         return tokens
 
-    def _ubatch(self, tokens: list[int], out_ids: list[int]) -> np.ndarray | None:
+    def _ubatch(self, tokens: list[int], out_ids: list[int], want: str = "logits") -> np.ndarray | None:
         m = self.model
         T = len(tokens)
         used = self.n_past + T
@@ -110,11 +117,11 @@ class Session:
             inputs["kq_mask_swa"] = self.swa.mask(pos, n_kv_swa)
         ub = self._ubatch_index
         trace = (lambda n, v: self.trace(ub, n, v)) if self.trace else None
-        out = m.run_ubatch(T, n_kv, len(out_ids), inputs, self.caches, trace, n_kv_swa)
+        out = m.run_ubatch(T, n_kv, len(out_ids), inputs, self.caches, trace, n_kv_swa, want)
         self.n_past = used
         self._ubatch_index += 1
-        logits = out.get("logits")
-        return None if logits is None or not out_ids else logits[:len(out_ids)]
+        rows = out.get(want)
+        return None if rows is None or not out_ids else rows[:len(out_ids)]
 
 
 def new_caches(g: Graph) -> dict[tuple[int, str], np.ndarray]:

@@ -30,10 +30,12 @@ from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
 from bankml.server import webui
-from bankml.server.api import native, ollama, openai, props, refused, utility
+from bankml.server.api import embeddings, native, ollama, openai, props, refused, utility
 from bankml.server.engine import Job, run_job
 from bankml.server.fields import BadRequest, Vocab, boolean, chat_logprobs, child_seed, job_fields, n_cmpl, sse_ping
 from bankml.server.guard import HttpOptions, guarded
+from bankml.errors import BankmlError
+from bankml.runtime.embeddings import embed
 from bankml.server.handoff import Handoff
 from bankml.server.jsonio import JSONResponse, ndjson, read_json, sse
 from bankml.server.metrics import CONTENT_TYPE as METRICS_TYPE, Metrics
@@ -42,8 +44,10 @@ from bankml.server.slots import Busy, SlotPool
 
 class Server:
     def __init__(self, model, n_slots: int = 1, queue_size: int = 16, cache_ram_mib: int = 8192,
-                 swa_full: bool = False, ping_s: float = 30.0, metrics: bool = False):
+                 swa_full: bool = False, ping_s: float = 30.0, metrics: bool = False, pooling: str | None = None):
         self.model = model
+        self.pooling = pooling                  # --embeddings: the pooling ("none", "mean", ...); None: off
+        self._embedder = None                   # the embeddings' session, used on the prompt thread only
         self.metrics = Metrics() if metrics else None     # GET /metrics (--metrics, as llama-server's)
         self.name = model.path.name
         self.pool = SlotPool(model, n_slots, queue_size, cache_ram_mib, swa_full)
@@ -63,6 +67,17 @@ class Server:
     async def prepare(self, fn, *args):
         """fn(*args) on the prompt thread."""
         return await asyncio.get_running_loop().run_in_executor(self.prep, fn, *args)
+
+    def embed(self, prompts: list[list[int]], embd_norm: int | None) -> list:
+        """Each prompt's embedding (runtime/embeddings.py), on the prompt thread: one session of
+        its own, emptied for each prompt as llama-server computes an embedding's prompt whole."""
+        if self._embedder is None:
+            self._embedder = self.model.session()
+        try:
+            return [embed(self.model, p, self.pooling, 2 if embd_norm is None else embd_norm, self._embedder)
+                    for p in prompts]
+        except BankmlError as e:
+            raise BadRequest(str(e), 500, "server_error") from None
 
     async def generate(self, prompt: list[int], fields: dict, stream: bool = True, ping_s: float | None = None):
         """A slot for the prompt (Busy when the queue is full), then its events as they come:
@@ -400,6 +415,37 @@ def _utility(fn):
     return route
 
 
+async def oai_embeddings(request: Request):
+    return await _embeddings(request, oai=True)
+
+
+async def native_embeddings(request: Request):
+    return await _embeddings(request, oai=False)
+
+
+def _embedding_mode(srv: Server, oai: bool) -> None:
+    if srv.pooling is None:
+        raise BadRequest(embeddings.NOT_STARTED, 501, "not_supported_error")
+    if oai and srv.pooling == "none":
+        raise BadRequest("Pooling type 'none' is not OAI compatible. Please use a different pooling type")
+
+
+async def _embeddings(request: Request, oai: bool):
+    """llama-server --embeddings: /v1/embeddings (OpenAI's shape), /embedding and /embeddings (its own)."""
+    srv: Server = request.app.state.server
+    try:
+        body = await read_json(request)
+        _embedding_mode(srv, oai)
+        refused.request("/v1/embeddings", body, srv.model)
+        prompts, use_base64, norm = await srv.prepare(embeddings.request, srv.model, body, oai)
+        vectors = await srv.prepare(srv.embed, prompts, norm)
+    except BadRequest as e:
+        return refusal(e)
+    if not oai or "content" in body and "input" not in body:    # "content" is not OpenAI's: the native shape
+        return JSONResponse(embeddings.native_response(vectors))
+    return JSONResponse(embeddings.oai_response(body, srv.name, vectors, sum(map(len, prompts)), use_base64))
+
+
 # ---------------------------------------------------------------- Ollama routes
 
 async def api_chat(request: Request):
@@ -450,6 +496,22 @@ async def _ollama(request: Request, kind: str):
     return StreamingResponse(body_iter(), media_type="application/x-ndjson")
 
 
+async def api_embed(request: Request):
+    """Ollama's /api/embed over llama-server's vectors (the server's pooling, normalised)."""
+    srv: Server = request.app.state.server
+    t0 = time.perf_counter_ns()
+    try:
+        body = await read_json(request)
+        _embedding_mode(srv, oai=True)
+        refused.request("/api/embed", body, srv.model)
+        prompts = await srv.prepare(embeddings.ollama_inputs, srv.model, body)
+        vectors = await srv.prepare(srv.embed, prompts, None)
+    except BadRequest as e:
+        return JSONResponse(ollama.error_body(str(e)), status_code=e.status)
+    name = body["model"] if isinstance(body.get("model"), str) and body["model"] else srv.name
+    return JSONResponse(embeddings.ollama_response(name, vectors, sum(map(len, prompts)), time.perf_counter_ns() - t0))
+
+
 async def api_tags(request: Request):
     srv: Server = request.app.state.server
     return JSONResponse(ollama.tags(srv.model, srv.name))
@@ -487,12 +549,14 @@ async def server_error(request: Request, exc):
 
 
 def make_app(model, n_slots: int = 1, queue_size: int = 16, api_key: str | None = None, cache_ram_mib: int = 8192,
-             swa_full: bool = False, http: HttpOptions | None = None, metrics: bool = False):
-    """The guarded app (guard.py); `api_key` adds one key to http.api_keys; `metrics` serves /metrics."""
+             swa_full: bool = False, http: HttpOptions | None = None, metrics: bool = False,
+             pooling: str | None = None):
+    """The guarded app (guard.py); `api_key` adds one key to http.api_keys; `metrics` serves /metrics;
+    `pooling` (a model loaded with embeddings=True) serves the embeddings routes."""
     http = http or HttpOptions()
     if api_key:
         http = dataclasses.replace(http, api_keys=(*http.api_keys, api_key))
-    server = Server(model, n_slots, queue_size, cache_ram_mib, swa_full, http.sse_ping_s, metrics)
+    server = Server(model, n_slots, queue_size, cache_ram_mib, swa_full, http.sse_ping_s, metrics, pooling)
     routes = [
         Route("/", webui.root, methods=["GET", "HEAD"]),
         Route("/health", health), Route("/v1/health", health),
@@ -506,7 +570,10 @@ def make_app(model, n_slots: int = 1, queue_size: int = 16, api_key: str | None 
         Route("/tokenize", _utility(utility.tokenize), methods=["POST"]),
         Route("/detokenize", _utility(utility.detokenize), methods=["POST"]),
         Route("/apply-template", _utility(utility.apply_template), methods=["POST"]),
+        Route("/v1/embeddings", oai_embeddings, methods=["POST"]),
+        Route("/embedding", native_embeddings, methods=["POST"]), Route("/embeddings", native_embeddings, methods=["POST"]),
         Route("/api/chat", api_chat, methods=["POST"]), Route("/api/generate", api_generate, methods=["POST"]),
+        Route("/api/embed", api_embed, methods=["POST"]),
         Route("/api/tags", api_tags), Route("/api/ps", api_ps), Route("/api/show", api_show, methods=["POST"]),
         Route("/api/version", api_version),
     ]

@@ -547,7 +547,7 @@ OLLAMA_OPTIONS = {
     "tfs_z": refused("tail-free sampling (llama.cpp has none)", one_of(1, 1.0)),
     "num_ctx": refused("a context size other than the server's (--ctx-size)",
                        lambda v, model=None: absent(v) or (model is not None and v == model.n_ctx)),
-    "num_batch": refused("a micro-batch size other than the server's (--ubatch-size)",
+    "num_batch": refused("a micro-batch size other than the server's (512)",
                          lambda v, model=None: absent(v) or (model is not None and v == model.n_ubatch)),
     "num_thread": refused("a thread count other than the server's (--threads)",
                           lambda v, model=None: absent(v) or v == 0 or (model is not None and v == model.threads)),
@@ -556,5 +556,18 @@ OLLAMA_OPTIONS = {
     "logits_all": refused("every position's logits"), "embedding_only": refused("embeddings"),
 }
 
+# handle_embeddings_impl and OpenAI's embedding request
+EMBEDDINGS = {
+    "input": served(), "content": served(), "encoding_format": served(), "embd_normalize": served(),
+    "model": inert("echoed in the answer; bankml serves one model, as llama-server without a router"),
+    "dimensions": refused("fewer dimensions than the model's"), "user": inert(ACCOUNT),
+}
+# api/types.go EmbedRequest
+OLLAMA_EMBED = {
+    "model": inert(ONE_MODEL), "input": served(), "truncate": inert(NO_CUT), "options": served(),
+    "keep_alive": inert(OLLAMA_SERVER), "dimensions": refused("fewer dimensions than the model's"),
+}
+
 ROUTES = {"/v1/chat/completions": OPENAI_CHAT, "/v1/completions": OPENAI_COMPLETIONS,
-          "/completion": OPENAI_COMPLETIONS, "/api/chat": OLLAMA_CHAT, "/api/generate": OLLAMA_GENERATE}
+          "/completion": OPENAI_COMPLETIONS, "/api/chat": OLLAMA_CHAT, "/api/generate": OLLAMA_GENERATE,
+          "/v1/embeddings": EMBEDDINGS, "/api/embed": OLLAMA_EMBED}

@@ -57,6 +57,8 @@ def test_every_field_the_openai_client_sends_is_in_the_tables():
         return set().union(*(t.__annotations__ for t in typed_dicts))
     assert not keys(chat.CompletionCreateParamsBase) - set(F.OPENAI_CHAT)
     assert not keys(cmpl.CompletionCreateParamsBase) - set(F.OPENAI_COMPLETIONS)
+    from openai.types import embedding_create_params as embd
+    assert not keys(embd.EmbeddingCreateParams) - set(F.EMBEDDINGS)
     from openai.types.chat import (ChatCompletionAssistantMessageParam, ChatCompletionDeveloperMessageParam,
                                    ChatCompletionSystemMessageParam, ChatCompletionToolMessageParam,
                                    ChatCompletionUserMessageParam)
@@ -71,10 +73,12 @@ def test_every_field_the_ollama_client_sends_is_in_the_tables():
     assert not set(T.GenerateRequest.model_fields) - set(F.OLLAMA_GENERATE)
     assert not set(T.Message.model_fields) - set(F.OLLAMA_MESSAGE)
     assert not set(T.Options.model_fields) - set(F.OLLAMA_OPTIONS)
+    assert not set(T.EmbedRequest.model_fields) - set(F.OLLAMA_EMBED)
 
 
 TABLES = {"/v1/chat/completions": F.OPENAI_CHAT, "/v1/completions": F.OPENAI_COMPLETIONS,
-          "/api/chat": F.OLLAMA_CHAT, "/api/generate": F.OLLAMA_GENERATE}
+          "/api/chat": F.OLLAMA_CHAT, "/api/generate": F.OLLAMA_GENERATE, "/v1/embeddings": F.EMBEDDINGS,
+          "/api/embed": F.OLLAMA_EMBED}
 
 
 def _cases(what: str):
@@ -171,6 +175,9 @@ ELSEWHERE = {
     "raw": "server/test_oracle_server.py::test_request_sequence_equals_llama_server",
     "role": "server/test_oracle_server.py::test_request_sequence_equals_llama_server",
     "content": "server/test_oracle_server.py::test_request_sequence_equals_llama_server",
+    "input": "server/test_embeddings.py::test_embeddings_equal_llama_servers",
+    "encoding_format": "server/test_embeddings.py::test_embeddings_equal_llama_servers",
+    "embd_normalize": "server/test_embeddings.py::test_embeddings_equal_llama_servers",
     "name": "server/test_refused.py::test_message_fields_reach_the_template",
     "tool_call_id": "server/test_refused.py::test_message_fields_reach_the_template",
     "reasoning_content": "server/test_refused.py::test_message_fields_reach_the_template",
