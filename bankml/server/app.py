@@ -58,6 +58,7 @@ class Server:
         self.piece = lambda t: tok.piece(t, special=False)
         self.detokenize = lambda ids: tok.decode(ids, special=True)
         self.started = time.time()
+        self.n_tasks = 0                        # tasks so far: a task's id (GET /slots)
         self.handoff = Handoff()                # the workers' events to the loop (handoff.py)
         # prompts are rendered and tokenized on one thread: it is Python under the GIL, so more
         # threads would not go faster, and one bounds the memory of many large prompts at once
@@ -88,6 +89,8 @@ class Server:
                              f"({self.model.n_ctx} tokens), try increasing it", 400, "exceed_context_size_error")
         job = Job(prompt=prompt, **fields)
         slot = await self.pool.acquire(prompt)
+        self.n_tasks += 1
+        slot.last = (self.n_tasks, fields, stream)
         loop = asyncio.get_running_loop()
         q: asyncio.Queue = asyncio.Queue()
         cancel = threading.Event()
@@ -253,9 +256,11 @@ async def models(request: Request):
 
 
 async def slots(request: Request):
+    """llama-server's GET /slots (server/api/props.py); ?fail_on_no_slot=1: 503 when none is free."""
     srv: Server = request.app.state.server
-    return JSONResponse([{"id": s.id, "n_ctx": srv.model.n_ctx, "is_processing": s.busy, "n_tokens": len(s.tokens)}
-                         for s in srv.pool.slots])
+    if request.query_params.get("fail_on_no_slot") and srv.pool.n_busy() == len(srv.pool.slots):
+        return oai_error("no slot available", 503, "unavailable_error")
+    return JSONResponse([props.slot(s, srv.model.n_ctx) for s in srv.pool.slots])
 
 
 async def get_props(request: Request):

@@ -122,6 +122,7 @@ class Slot:
     n_swa: int = 0                  # the model's window when llama-server's checkpoints apply (swa_full=false)
     checkpoints: list = field(default_factory=list)     # server/checkpoints.py
     n_tasks: int = 0
+    last: tuple | None = None       # (task id, job, stream) of the slot's latest task: what GET /slots shows
 
     def keep_for(self, prompt: list[int], cache_prompt: bool = True) -> int:
         """How many cells a prompt keeps (llama-server's n_past), at least one token left to compute."""

@@ -40,3 +40,33 @@ def test_template_caps_see_what_a_template_renders():
     assert caps["supports_tools"] and caps["supports_tool_calls"] and caps["supports_parallel_tool_calls"]
     assert caps["supports_typed_content"] and caps["supports_object_arguments"]
     assert not caps["supports_preserve_reasoning"] and not caps["supports_reasoning_effort"]
+
+
+@pytest.mark.oracle
+@pytest.mark.server
+def test_slots_answer_as_llama_server():
+    """After the same requests: each slot's fields, its task's settings, the tokens its cells
+    hold and the counters a finished task leaves; not the task ids (llama-server counts its
+    internal tasks too) nor a chat task's chat_format and generation_prompt (its template
+    parser's name and the text it appended)."""
+    model = "smollm2-q4_1"
+    with BankmlServer(model, "--parallel", "2", threads=1) as ours, \
+            LlamaServer(models.path(model), threads=1, extra=("-np", "2", "-c", "8192")) as theirs:
+        def slots(url):
+            out = httpx.get(url + "/slots").json()
+            for s in out:
+                s.pop("id_task", None)
+                if "params" in s:
+                    s["params"].pop("chat_format")
+                    s["params"].pop("generation_prompt")
+            return out
+        assert slots(ours.url) == slots(theirs.url)
+        for path, body in (("/completion", {"prompt": "Once upon a time", "n_predict": 5, "seed": 3,
+                                            "temperature": 0.5, "top_k": 7}),
+                           ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
+                                                    "stream": True}),
+                           ("/completion", {"prompt": "Once upon a time there", "n_predict": 2})):
+            for url in (ours.url, theirs.url):
+                assert httpx.post(url + path, json=body, timeout=60).status_code == 200
+            assert slots(ours.url) == slots(theirs.url), body
+        assert [httpx.get(u + "/slots?fail_on_no_slot=1").status_code for u in (ours.url, theirs.url)] == [200, 200]

@@ -1,5 +1,6 @@
 """llama-server's GET /props (server-context.cpp handle_props): the default generation settings, the
-slots, the model file, its chat template and what the template takes, the special tokens.
+slots, the model file, its chat template and what the template takes, the special tokens; and its
+GET /slots (server_slot::to_json(only_metrics), as llama-server answers without --slots-debug).
 
 The template's capabilities are found as llama.cpp's jinja caps_get finds them, by rendering probe
 conversations, here by whether a probe's marker reaches the output (llama.cpp also watches which
@@ -36,18 +37,18 @@ def ftype_name(model) -> str:
     return "(guessed) " + FTYPE_NAMES.get(_GUESS.get(ggml_type_name(model.plan.matrix_type), -1), "unknown, may not work")
 
 
-def default_params(job: dict) -> dict:
-    """task_params::to_json(only_metrics) of the defaults, in its order."""
-    s = generation_settings(job, False)
+def default_params(job: dict, stream: bool = False, reasoning_format: str = "none") -> dict:
+    """task_params::to_json(only_metrics) of a job (the defaults: fields.job_fields({})), in its order."""
+    s = generation_settings(job, stream)
     lead = ("seed", "temperature", "dynatemp_range", "dynatemp_exponent", "top_k", "top_p", "min_p", "top_n_sigma",
             "xtc_probability", "xtc_threshold", "typical_p", "repeat_last_n", "repeat_penalty", "presence_penalty",
             "frequency_penalty", "dry_multiplier", "dry_base", "dry_allowed_length", "dry_penalty_last_n", "mirostat",
             "mirostat_tau", "mirostat_eta")
     out = {k: s[k] for k in lead}
     out.update({"adaptive_target": -1.0, "adaptive_decay": 0.8999999761581421, "max_tokens": s["max_tokens"],
-                "n_predict": s["n_predict"], "n_keep": 0, "n_discard": 0, "ignore_eos": False, "stream": False,
+                "n_predict": s["n_predict"], "n_keep": 0, "n_discard": 0, "ignore_eos": False, "stream": stream,
                 "n_probs": s["n_probs"], "min_keep": s["min_keep"], "chat_format": "Content-only",
-                "reasoning_format": "none", "reasoning_in_content": False, "generation_prompt": "",
+                "reasoning_format": reasoning_format, "reasoning_in_content": False, "generation_prompt": "",
                 "samplers": s["samplers"], "speculative.types": "none", "timings_per_token": False,
                 "post_sampling_probs": s["post_sampling_probs"], "backend_sampling": False, "lora": []})
     return out
@@ -100,3 +101,17 @@ def props(model, model_name: str, n_slots: int, default_job: dict, metrics: bool
             "ui_settings": {}, "chat_template": source, "chat_template_caps": template_caps(source),
             "bos_token": text(tok.bos), "eos_token": text(tok.eos), "build_info": f"bankml-{bankml.__version__}",
             "is_sleeping": False, "cors_proxy_enabled": False}
+
+
+def slot(s, n_ctx: int) -> dict:
+    """One slot: a slot that never ran a task shows its id, size and state; after one, its task's
+    id and settings, the tokens its cells hold, and the counters as a finished task leaves them
+    (server_slot::reset: no next token, the statistics cleared)."""
+    out = {"id": s.id, "n_ctx": n_ctx, "speculative": False, "is_processing": s.busy}
+    if s.last is None:
+        return out
+    id_task, job, stream = s.last
+    out.update({"id_task": id_task, "n_prompt_tokens": len(s.tokens), "n_prompt_tokens_processed": 0,
+                "n_prompt_tokens_cache": 0, "params": default_params(job, stream, "deepseek"),
+                "next_token": [{"has_next_token": s.busy, "has_new_line": False, "n_remain": -1, "n_decoded": 0}]})
+    return out
