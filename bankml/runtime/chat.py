@@ -110,21 +110,45 @@ def chat_template(model) -> str:
 
 
 def render_chat(model, messages: list[dict], add_generation_prompt: bool = True,
-                prefill_assistant: bool = True, template: str | None = None, **extra) -> str:
+                prefill_assistant: bool = True, template: str | None = None, continue_final: str | None = None,
+                **extra) -> str:
     """The prompt text llama-server's /apply-template gives for `messages` on this model
     (with `template`: as llama-server --chat-template-file gives it).
 
-    With `prefill_assistant` (llama-server's default), a final assistant message is continued:
-    the earlier messages with the generation prompt, then that message's content.
+    `continue_final` ("auto", "content" or "reasoning_content": a request's continue_final_message)
+    continues the last message, whatever its role; with `prefill_assistant` (llama-server's
+    default) a final assistant message is continued ("auto") unasked. A continuation is the
+    earlier messages without the generation prompt, then, unless the last message is empty, the
+    generation prompt and (in "content" mode) that message's content (common_chat_templates_apply
+    and the autoparser's generate_parser). A "developer" message is a "system" one.
     """
-    tok = tokenizer_for(model)
-    if prefill_assistant and messages and messages[-1].get("role") == "assistant":
+    source = template or chat_template(model)
+    if "<|channel|>" not in source:         # map_developer_role_to_system: all but GPT-OSS templates
+        messages = [{**m, "role": "system"} if m.get("role") == "developer" else m for m in messages]
+    if continue_final is None and prefill_assistant and messages and messages[-1].get("role") == "assistant":
         if len(messages) >= 2 and messages[-2].get("role") == "assistant":
             raise ChatTemplateError("cannot continue after 2 or more assistant messages at the end")
-        head = render_chat(model, messages[:-1], True, False, template, **extra)
-        return head + str(messages[-1].get("content") or "")
+        continue_final = "auto"
+    if continue_final is not None and messages:
+        last, head = messages[-1], messages[:-1]
+        before = _render(model, source, head, False, extra)
+        content, reasoning = str(last.get("content") or ""), str(last.get("reasoning_content") or "")
+        content = last.get("_continued", content)           # content parts continue joined by blank lines
+        if not content and not reasoning and not last.get("tool_calls"):
+            return before                   # an empty message: nothing to continue
+        if continue_final == "auto":
+            continue_final = "reasoning_content" if reasoning and not content else "content"
+        with_prompt = _render(model, source, head, True, extra)
+        n = next((i for i, (a, b) in enumerate(zip(before, with_prompt)) if a != b), min(len(before), len(with_prompt)))
+        return before + with_prompt[n:] + (content if continue_final == "content" else "")
+    return _render(model, source, messages, add_generation_prompt, extra)
+
+
+def _render(model, source: str, messages: list[dict], add_generation_prompt: bool, extra: dict) -> str:
+    tok = tokenizer_for(model)
+    messages = [{k: v for k, v in m.items() if not k.startswith("_")} for m in messages]
 
     def text(tid):
         return tok.piece(tid).decode("utf-8", "replace") if tid is not None else ""
-    return render_template(template or chat_template(model), messages, text(tok.bos), text(tok.eos),
-                           add_generation_prompt, tok.add_bos, tok.add_eos, **extra)
+    return render_template(source, messages, text(tok.bos), text(tok.eos), add_generation_prompt,
+                           tok.add_bos, tok.add_eos, **extra)

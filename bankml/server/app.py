@@ -313,7 +313,8 @@ async def _openai(request: Request, chat: bool):
         include_usage = boolean(opts, "include_usage", False)
         if chat:
             messages = openai.chat_messages(body)
-            prompt = await srv.prepare(openai.chat_prompt, srv.model, messages, openai.generation_prompt(body))
+            prompt = await srv.prepare(openai.chat_prompt, srv.model, messages, openai.generation_prompt(body),
+                                       openai.continuation(body))
             fields["user_starts"] = openai.user_starts(srv.model, prompt)
         else:
             prompt = await srv.prepare(openai.completion_prompt, srv.model, body)

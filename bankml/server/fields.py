@@ -467,8 +467,7 @@ LLAMA_SERVER = {
     "reasoning_format": refused("reasoning extraction", one_of("none", "auto")),
     "generation_prompt": refused("a chat output parser"), "chat_parser": refused("a chat output parser"),
     "parse_tool_calls": refused(TOOLS),
-    "continue_final_message": refused("continuing a final message (a final assistant message is continued "
-                                      "without it)"),
+    "continue_final_message": served(),
     "echo": refused("echoing the prompt"),
     "reasoning_control": refused(REASONING), "reasoning_budget_tokens": refused(REASONING, at_most(-1)),
     "reasoning_budget_start_tag": refused(REASONING), "reasoning_budget_end_tags": refused(REASONING),

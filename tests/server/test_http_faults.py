@@ -53,9 +53,9 @@ def test_a_whole_answer_client_that_leaves_stops_its_generation(srv):
         time.sleep(0.02)
     s = slot(srv)
     assert not s["is_processing"], "the slot still generates for a client that left"
-    assert s["n_tokens"] < 3000, s                  # stopped early: not run to max_tokens
+    assert s["n_prompt_tokens"] < 3000, s                  # stopped early: not run to max_tokens
     time.sleep(0.3)
-    assert slot(srv)["n_tokens"] == s["n_tokens"]   # and no decode since
+    assert slot(srv)["n_prompt_tokens"] == s["n_prompt_tokens"]   # and no decode since
     r = httpx.post(srv.url + "/v1/completions", json={**body, "max_tokens": 4}, headers=H, timeout=30)
     assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 4
 

@@ -168,6 +168,7 @@ ELSEWHERE = {
     "sse_ping_interval": "server/test_http_faults.py::test_a_request_sets_its_own_sse_ping_interval",
     "messages": "server/test_oracle_server.py::test_request_sequence_equals_llama_server",
     "add_generation_prompt": "server/test_utility_routes.py::test_apply_template_answers_as_llama_server",
+    "continue_final_message": "server/test_utility_routes.py::test_apply_template_answers_as_llama_server",
     "top_logprobs": "server/test_oracle_sampling.py::test_chat_logprobs_equal_llama_server",
     "prompt": "server/test_oracle_server.py::test_request_sequence_equals_llama_server",
     "options": "server/test_fields.py::test_ollama_options_map_to_llama_server_fields",

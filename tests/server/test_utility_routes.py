@@ -65,11 +65,16 @@ def test_apply_template_answers_as_llama_server(pair):
     named = [{"role": "user", "content": "Hi", "name": "ann"}, {"role": "assistant", "content": "Hello.",
                                                                  "reasoning_content": "greet"},
              {"role": "tool", "content": "42", "tool_call_id": "c1"}, {"role": "user", "content": "and?"}]
-    for messages in [*CONVERSATIONS, named]:
-        for flags in ({}, {"add_generation_prompt": False}):
+    user, prefix = {"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Sure, here:"}
+    continued = [[user, prefix], [user], [{"role": "system", "content": "S"}, user, {"role": "assistant", "content": ""}],
+                 [{"role": "developer", "content": "Be brief."}, user], [prefix, prefix],
+                 [user, {"role": "assistant", "content": "", "reasoning_content": "thinking"}]]
+    for messages in [*CONVERSATIONS, named, *continued]:
+        for flags in ({}, {"add_generation_prompt": False}, {"continue_final_message": True},
+                      {"continue_final_message": True, "add_generation_prompt": False},
+                      {"continue_final_message": "reasoning_content", "add_generation_prompt": False}):
             ours, theirs = both(pair, "/apply-template", {"messages": messages, **flags})
-            assert theirs.status_code == 200, theirs.text
-            assert ours.status_code == 200 and ours.json() == theirs.json(), (messages, flags)
+            assert (ours.status_code, ours.json()) == (theirs.status_code, theirs.json()), (messages, flags)
 
 
 @pytest.mark.oracle

@@ -30,19 +30,36 @@ def error_body(message: str, status: int = 400, kind: str = "invalid_request_err
     return {"error": {"code": status, "message": message, "type": kind}}
 
 
-def message_text(msg: dict) -> str:
-    """A message's content: a string, or the text of an array of {"type": "text"} parts."""
+def joined(parts: list[str], delimiter: str) -> str:
+    """Text parts joined as llama.cpp joins them: a delimiter only after some text."""
+    text = ""
+    for p in parts:
+        if text:
+            text += delimiter
+        text += p
+    return text
+
+
+def message_parts(msg: dict) -> list[str] | None:
+    """A message's text parts when its content is an array of {"type": "text"} parts, else None."""
     content = msg.get("content")
     if content is None or isinstance(content, str):
-        return content or ""
+        return None
     if isinstance(content, list):
         parts = []
         for p in content:
             if not isinstance(p, dict) or p.get("type") != "text" or not isinstance(p.get("text"), str):
                 raise BadRequest("bankml serves text only: content parts must be {\"type\": \"text\", \"text\": ...}")
             parts.append(p["text"])
-        return "\n".join(parts)
+        return parts
     raise BadRequest("Expected 'content' to be a string or an array")
+
+
+def message_text(msg: dict) -> str:
+    """A message's content as the template sees it: a string, or its text parts joined by
+    newlines (common_chat_msg::to_json_oaicompat)."""
+    parts = message_parts(msg)
+    return (msg.get("content") or "") if parts is None else joined(parts, "\n")
 
 
 def chat_messages(body: dict) -> list[dict]:
@@ -60,7 +77,10 @@ def chat_messages(body: dict) -> list[dict]:
             raise BadRequest("All non-assistant messages must contain 'content'")
         if role == "assistant" and "content" not in msg and "tool_calls" not in msg:
             raise BadRequest("Assistant message must contain either 'content' or 'tool_calls'!")
+        parts = message_parts(msg)
         out.append({"role": role, "content": message_text(msg), **_passed(msg)})
+        if parts is not None:       # a continued message's text: its parts joined by blank lines (render_content)
+            out[-1]["_continued"] = joined(parts, "\n\n")
     return out
 
 
@@ -85,20 +105,33 @@ def generation_prompt(body: dict) -> bool:
     return v if isinstance(v, bool) else True
 
 
-def chat_text(model, messages: list[dict], add_generation_prompt: bool = True) -> str:
+def chat_text(model, messages: list[dict], add_generation_prompt: bool = True,
+              continue_final: str | None = None) -> str:
     """The rendered conversation (a model without a template: ChatML, as llama-server)."""
-    if messages and messages[-1]["role"] == "assistant" and len(messages) >= 2 \
+    if continue_final is None and messages and messages[-1]["role"] == "assistant" and len(messages) >= 2 \
             and messages[-2]["role"] == "assistant":
         raise BadRequest("Cannot have 2 or more assistant messages at the end of the list.")
     try:
-        return render_chat(model, messages, add_generation_prompt=add_generation_prompt)
+        return render_chat(model, messages, add_generation_prompt=add_generation_prompt, continue_final=continue_final)
     except ChatTemplateError as e:
         raise BadRequest(str(e)) from None
 
 
-def chat_prompt(model, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+def continuation(body: dict) -> str | None:
+    """continue_final_message (common_chat_continuation_parse): true is "auto", "content" and
+    "reasoning_content" themselves, anything else none; it needs add_generation_prompt false."""
+    v = body.get("continue_final_message")
+    mode = "auto" if v is True else v if v in ("content", "reasoning_content") else None
+    if mode is not None and generation_prompt(body):
+        raise BadRequest("Cannot set both add_generation_prompt and continue_final_message to true.")
+    return mode
+
+
+def chat_prompt(model, messages: list[dict], add_generation_prompt: bool = True,
+                continue_final: str | None = None) -> list[int]:
     """The tokens of the rendered conversation."""
-    return model.tokenize(chat_text(model, messages, add_generation_prompt), add_special=True, parse_special=True)
+    return model.tokenize(chat_text(model, messages, add_generation_prompt, continue_final), add_special=True,
+                          parse_special=True)
 
 
 def user_starts(model, prompt: list[int]) -> frozenset:
