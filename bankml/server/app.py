@@ -32,7 +32,8 @@ from starlette.routing import Route
 from bankml.server import webui
 from bankml.server.api import embeddings, native, ollama, openai, props, refused, utility
 from bankml.server.engine import Job, run_job
-from bankml.server.fields import BadRequest, Vocab, boolean, chat_logprobs, child_seed, job_fields, n_cmpl, sse_ping
+from bankml.server.fields import (BadRequest, Vocab, boolean, chat_logprobs, child_seed, job_fields, n_cmpl,
+                                  nested_values, response_fields, sse_ping)
 from bankml.server.guard import HttpOptions, guarded
 from bankml.errors import BankmlError
 from bankml.runtime.embeddings import embed
@@ -388,8 +389,10 @@ async def completion(request: Request):
             rs = await group.results(request)
         except Exception:
             return oai_error(FAILED, 500, "server_error")
+        keep = response_fields(body)
         out = [native.final(r, job[k], srv.name, prompt_text, False, srv.piece, return_tokens, k)
                for k, r in enumerate(rs)]
+        out = [nested_values(keep, o) for o in out] if keep else out
         return JSONResponse(out[0] if n == 1 else out)      # several: an array, as llama-server's
 
     async def body_iter():
@@ -402,7 +405,8 @@ async def completion(request: Request):
                 if prob is not None or not fields["n_probs"]:
                     yield sse(native.partial(count[k], len(prompt), value, tok, prob, post, srv.piece, k))
             elif kind == "done":
-                yield sse(native.final(value, job[k], srv.name, prompt_text, True, srv.piece, index=k))
+                last = native.final(value, job[k], srv.name, prompt_text, True, srv.piece, index=k)
+                yield sse(nested_values(response_fields(body), last) if response_fields(body) else last)
             else:
                 yield SSE_FAILED
                 return

@@ -37,6 +37,7 @@ class Job:
     cache_prompt: bool = True
     n_probs: int = 0                        # > 0: each token's probabilities (populate_token_probs)
     post_sampling_probs: bool = False       # from the chain's candidates, not the whole row
+    t_max_predict_ms: int = -1              # > 0: stop at a newline once generating took longer
 
 
 @dataclass
@@ -158,6 +159,8 @@ def run_job(model, slot: Slot, job: Job, on_text: Callable[..., None] = lambda s
                 prob = Prob(tp, chunk)
                 probs.append(prob)
             on_text(chunk, t, prob)
+            if job.t_max_predict_ms > 0 and "\n" in chunk and (time.perf_counter() - t1) * 1e3 > job.t_max_predict_ms:
+                finish, stop_type, has_next = "length", "limit", False     # the time limit, met at a newline
         else:
             on_text("", t, None)
         if len(job.prompt) + len(out) >= model.n_ctx:

@@ -344,8 +344,30 @@ def job_fields(body: dict, vocab: Vocab | None = None, defaults: dict | None = N
     adaptive_p(body)
     seed = seed_of(body)
     probs = probs_fields(body)
+    t_max = num(body, "t_max_predict_ms", -1, int, -1, 2**63 - 1, hard=True)
     return dict(n_predict=n_predict, params=make_params(kw), seed=seed, stop=stop_words(body),
-                cache_prompt=boolean(body, "cache_prompt", True), **probs)
+                cache_prompt=boolean(body, "cache_prompt", True), t_max_predict_ms=t_max, **probs)
+
+
+def response_fields(body: dict) -> list[str]:
+    """response_fields (json_value: an array of strings, else none): the paths kept of /completion's answer."""
+    v = body.get("response_fields")
+    return v if isinstance(v, list) and all(isinstance(p, str) for p in v) else []
+
+
+def nested_values(paths: list[str], obj: dict) -> dict:
+    """json_get_nested_values: each path ("a/b" goes into a) that exists, under its path as key."""
+    out = {}
+    for path in paths:
+        cur, ok = obj, True
+        for k in path.split("/"):
+            if ok and isinstance(cur, dict) and k in cur:
+                cur = cur[k]
+            else:
+                ok = False
+        if ok:
+            out[path] = cur
+    return out
 
 
 def n_cmpl(body: dict, n_parallel: int) -> int:
@@ -450,8 +472,7 @@ LLAMA_SERVER = {
     "n_keep": inert(NO_SHIFT), "n_discard": inert(NO_SHIFT),
     "n_cmpl": served(), "n": served(),
     "n_cache_reuse": refused("reusing cache chunks by shifting them (--cache-reuse)", at_most(0)),
-    "t_max_predict_ms": refused("a time limit on generation", at_most(0)),
-    "response_fields": refused("a chosen subset of the response's fields"),
+    "t_max_predict_ms": served(), "response_fields": served("/completion's answer"),
     **{f.name: served() for f in SAMPLING}, "min_keep": served(),
     "adaptive_target": refused("the adaptive-p sampler", lambda v, model=None: absent(v) or (
         isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0)),

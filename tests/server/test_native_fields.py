@@ -1,0 +1,47 @@
+"""llama-server's own request fields that shape /completion's answer, against llama-server b11434:
+response_fields (the kept paths of the answer) and t_max_predict_ms (stop at a newline once
+generating took longer)."""
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from bankml.oracle.server import LlamaServer
+from bankml.testing import models
+from bankml.testing.serve import BankmlServer
+
+MODEL = "smollm2-q4_1"
+
+
+@pytest.fixture(scope="module")
+def pair():
+    with BankmlServer(MODEL, threads=1) as ours, LlamaServer(models.path(MODEL), threads=1) as theirs:
+        yield ours.url, theirs.url
+
+
+def both(pair, body: dict) -> list[dict]:
+    out = []
+    for url in pair:
+        r = httpx.post(url + "/completion", json=body, timeout=120)
+        assert r.status_code == 200, r.text
+        out.append(r.json())
+    return out
+
+
+@pytest.mark.oracle
+@pytest.mark.server
+def test_response_fields_keep_the_paths_asked(pair):
+    body = {"prompt": "Once upon a time", "n_predict": 6, "temperature": 0,
+            "response_fields": ["content", "generation_settings/n_predict", "tokens_predicted", "stop_type", "nope/x"]}
+    got, want = both(pair, body)
+    assert got == want and set(got) == {"content", "generation_settings/n_predict", "tokens_predicted", "stop_type"}
+
+
+@pytest.mark.oracle
+@pytest.mark.server
+def test_t_max_predict_ms_stops_at_the_first_newline_past_the_limit(pair):
+    body = {"prompt": "Count with me:\n1\n2\n3\n4\n", "n_predict": 40, "temperature": 0, "t_max_predict_ms": 1}
+    (got, want), (free, _) = both(pair, body), both(pair, {**body, "t_max_predict_ms": -1})
+    key = lambda r: (r["content"], r["tokens_predicted"], r["stop_type"])       # noqa: E731
+    assert key(got) == key(want) and got["stop_type"] == "limit" and got["content"].endswith("\n")
+    assert got["tokens_predicted"] < free["tokens_predicted"] and free["content"].startswith(got["content"])
