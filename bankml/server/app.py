@@ -33,7 +33,7 @@ from bankml.server import webui
 from bankml.server.api import embeddings, native, ollama, openai, props, refused, utility
 from bankml.server.engine import Job, run_job
 from bankml.server.fields import (BadRequest, Vocab, boolean, chat_logprobs, child_seed, job_fields, n_cmpl,
-                                  nested_values, response_fields, sse_ping)
+                                  nested_values, response_fields, slot_asked, sse_ping)
 from bankml.server.guard import HttpOptions, guarded
 from bankml.errors import BankmlError
 from bankml.runtime.embeddings import embed
@@ -81,7 +81,8 @@ class Server:
         except BankmlError as e:
             raise BadRequest(str(e), 500, "server_error") from None
 
-    async def generate(self, prompt: list[int], fields: dict, stream: bool = True, ping_s: float | None = None):
+    async def generate(self, prompt: list[int], fields: dict, stream: bool = True, ping_s: float | None = None,
+                       id_slot: int = -1):
         """A slot for the prompt (Busy when the queue is full), then its events as they come:
         ("text", str, Prob | None, token) per token when streaming, then ("done", Result, None, None)
         or ("error", exception, None, None). ping_s: the request's sse_ping_interval (None: the server's)."""
@@ -89,7 +90,7 @@ class Server:
             raise BadRequest(f"request ({len(prompt)} tokens) exceeds the available context size "
                              f"({self.model.n_ctx} tokens), try increasing it", 400, "exceed_context_size_error")
         job = Job(prompt=prompt, **fields)
-        slot = await self.pool.acquire(prompt)
+        slot = await self.pool.acquire(prompt, id_slot)
         self.n_tasks += 1
         slot.last = (self.n_tasks, fields, stream)
         loop = asyncio.get_running_loop()
@@ -114,17 +115,18 @@ class Server:
 
         loop.run_in_executor(self.workers[slot.id], work)
         ping_s = self.ping_s if ping_s is None else ping_s
-        return _Events(q, cancel, ping_s if stream else 0.0)
+        return _Events(q, cancel, ping_s if stream else 0.0, slot.id)
 
     async def completions(self, prompt: list[int], fields: dict, n: int = 1, stream: bool = True,
-                          ping_s: float | None = None) -> Completions:
-        """n generations of the prompt (n_cmpl), the k-th with seed + k; Busy when the queue is full
-        (the ones already started are cancelled)."""
+                          ping_s: float | None = None, id_slot: int = -1) -> Completions:
+        """n generations of the prompt (n_cmpl), the k-th with seed + k (only the first on the slot
+        asked for, as llama-server's child tasks); Busy when the queue is full (the ones already
+        started are cancelled)."""
         started: list[_Events] = []
         try:
             for k in range(n):
                 started.append(await self.generate(prompt, {**fields, "seed": child_seed(fields["seed"], k)},
-                                                   stream, ping_s))
+                                                   stream, ping_s, id_slot if k == 0 else -1))
         except BaseException:
             for e in started:
                 e.cancel.set()
@@ -140,8 +142,8 @@ class Server:
 class _Events:
     """One generation's events; ("ping", ...) when a stream was quiet for ping_s seconds."""
 
-    def __init__(self, q: asyncio.Queue, cancel: threading.Event, ping_s: float = 0.0):
-        self.q, self.cancel, self.ping_s = q, cancel, ping_s
+    def __init__(self, q: asyncio.Queue, cancel: threading.Event, ping_s: float = 0.0, slot_id: int = 0):
+        self.q, self.cancel, self.ping_s, self.slot_id = q, cancel, ping_s, slot_id
 
     async def __aiter__(self):
         try:
@@ -319,7 +321,7 @@ async def _openai(request: Request, chat: bool):
             fields["user_starts"] = openai.user_starts(srv.model, prompt)
         else:
             prompt = await srv.prepare(openai.completion_prompt, srv.model, body)
-        group = await srv.completions(prompt, fields, n, stream, sse_ping(body))
+        group = await srv.completions(prompt, fields, n, stream, sse_ping(body), slot_asked(body))
     except (BadRequest, Busy) as e:
         return refusal(e)
     cid = openai.gen_id("chatcmpl-" if chat else "cmpl-")
@@ -378,7 +380,7 @@ async def completion(request: Request):
         return_tokens = boolean(body, "return_tokens", False)
         n = n_cmpl(body, len(srv.pool.slots))
         prompt = await srv.prepare(openai.completion_prompt, srv.model, body)
-        group = await srv.completions(prompt, fields, n, stream, sse_ping(body))
+        group = await srv.completions(prompt, fields, n, stream, sse_ping(body), slot_asked(body))
     except (BadRequest, Busy) as e:
         return refusal(e)
     post = fields["post_sampling_probs"]
@@ -390,8 +392,8 @@ async def completion(request: Request):
         except Exception:
             return oai_error(FAILED, 500, "server_error")
         keep = response_fields(body)
-        out = [native.final(r, job[k], srv.name, prompt_text, False, srv.piece, return_tokens, k)
-               for k, r in enumerate(rs)]
+        out = [native.final(r, job[k], srv.name, prompt_text, False, srv.piece, return_tokens, k,
+                            group.events[k].slot_id) for k, r in enumerate(rs)]
         out = [nested_values(keep, o) for o in out] if keep else out
         return JSONResponse(out[0] if n == 1 else out)      # several: an array, as llama-server's
 
@@ -403,9 +405,11 @@ async def completion(request: Request):
             elif kind == "text":
                 count[k] += 1
                 if prob is not None or not fields["n_probs"]:
-                    yield sse(native.partial(count[k], len(prompt), value, tok, prob, post, srv.piece, k))
+                    yield sse(native.partial(count[k], len(prompt), value, tok, prob, post, srv.piece, k,
+                                             group.events[k].slot_id))
             elif kind == "done":
-                last = native.final(value, job[k], srv.name, prompt_text, True, srv.piece, index=k)
+                last = native.final(value, job[k], srv.name, prompt_text, True, srv.piece, index=k,
+                                    id_slot=group.events[k].slot_id)
                 yield sse(nested_values(response_fields(body), last) if response_fields(body) else last)
             else:
                 yield SSE_FAILED

@@ -381,6 +381,12 @@ def child_seed(seed: int, k: int) -> int:
     return seed if seed == LLAMA_DEFAULT_SEED else (seed + k) & 0xFFFFFFFF
 
 
+def slot_asked(body: dict) -> int:
+    """id_slot (json_value(data, "id_slot", -1)): the slot a request asks for, -1 any."""
+    v = body.get("id_slot")
+    return int(v) if isinstance(v, int) and not isinstance(v, bool) else -1
+
+
 def sse_ping(body: dict) -> float | None:
     """sse_ping_interval: seconds between SSE comment lines on a quiet stream (-1: none); None: the
     server's --sse-ping-interval."""
@@ -493,7 +499,7 @@ LLAMA_SERVER = {
     "reasoning_control": refused(REASONING), "reasoning_budget_tokens": refused(REASONING, at_most(-1)),
     "reasoning_budget_start_tag": refused(REASONING), "reasoning_budget_end_tags": refused(REASONING),
     "reasoning_budget_end_tag": refused(REASONING), "reasoning_budget_message": refused(REASONING),
-    "id_slot": refused("a chosen slot", one_of(-1)),
+    "id_slot": served(),
     "model": inert(ONE_MODEL),
 }
 

@@ -150,11 +150,12 @@ class SlotPool:
     def n_busy(self) -> int:
         return sum(s.busy for s in self.slots)
 
-    async def acquire(self, prompt: list[int]) -> Slot:
-        """A free slot for this prompt, after waiting in line; Busy when the line is full."""
+    async def acquire(self, prompt: list[int], id_slot: int = -1) -> Slot:
+        """A free slot for this prompt (id_slot != -1: that slot, its id taken modulo the slots, as
+        get_slot_by_id), after waiting in line; Busy when the line is full."""
         while True:
             if not self.waiting:
-                slot = self._pick(prompt)
+                slot = self._pick(prompt, id_slot)
                 if slot is not None:
                     return slot
             if len(self.waiting) >= self.queue_size:
@@ -166,7 +167,7 @@ class SlotPool:
             finally:
                 if fut in self.waiting:
                     self.waiting.remove(fut)
-            slot = self._pick(prompt)
+            slot = self._pick(prompt, id_slot)
             if slot is not None:
                 self._wake()                    # another slot may be free too
                 return slot
@@ -183,10 +184,16 @@ class SlotPool:
                 fut.set_result(None)
                 return
 
-    def _pick(self, prompt: list[int]) -> Slot | None:
-        """get_available_slot: by LCP similarity, else least recently used; then the prompt cache."""
+    def _pick(self, prompt: list[int], id_slot: int = -1) -> Slot | None:
+        """get_available_slot: the slot asked for, else by LCP similarity, else least recently
+        used; then the prompt cache."""
         with self.lock:
             free = [s for s in self.slots if not s.busy]
+            if id_slot != -1:
+                asked = self.slots[id_slot % len(self.slots)]
+                if asked.busy:
+                    return None                 # the task waits for its slot (a deferred task)
+                free = [asked]
             if not free:
                 return None
             ret, update_cache = None, False
@@ -200,6 +207,8 @@ class SlotPool:
             if ret is not None:
                 f_keep = f_sim_best * len(prompt) / len(ret.tokens)
                 update_cache = f_keep < 0.5
+            elif id_slot != -1:
+                ret = free[0]                   # the slot asked for, its cells kept as they are
             else:
                 t_last = -1.0
                 for s in free:

@@ -45,3 +45,21 @@ def test_t_max_predict_ms_stops_at_the_first_newline_past_the_limit(pair):
     key = lambda r: (r["content"], r["tokens_predicted"], r["stop_type"])       # noqa: E731
     assert key(got) == key(want) and got["stop_type"] == "limit" and got["content"].endswith("\n")
     assert got["tokens_predicted"] < free["tokens_predicted"] and free["content"].startswith(got["content"])
+
+
+@pytest.mark.oracle
+@pytest.mark.server
+def test_id_slot_runs_the_request_on_that_slot():
+    """id_slot (taken modulo the slots) picks the slot, whose id the answer and /slots show, the
+    other slot's cells untouched; as llama-server -np 2."""
+    with BankmlServer(MODEL, "--parallel", "2", threads=1) as ours, \
+            LlamaServer(models.path(MODEL), threads=1, extra=("-np", "2", "-c", "8192")) as theirs:
+        pair = (ours.url, theirs.url)
+        for body in ({"prompt": "Once upon a time", "n_predict": 4, "temperature": 0, "id_slot": 1},
+                     {"prompt": "Once upon a time", "n_predict": 4, "temperature": 0, "id_slot": 2},
+                     {"prompt": "The cat sat", "n_predict": 3, "temperature": 0, "id_slot": 3, "stream": False}):
+            got, want = both(pair, body)
+            key = lambda r: (r["id_slot"], r["content"], r["tokens_evaluated"], r["timings"]["cache_n"])  # noqa: E731
+            assert key(got) == key(want), body
+        held = [[s.get("n_prompt_tokens") for s in httpx.get(url + "/slots").json()] for url in pair]
+        assert held[0] == held[1]

@@ -38,9 +38,10 @@ def generation_settings(job: dict, stream: bool) -> dict:
 
 
 def partial(r_tokens_so_far: int, n_prompt: int, text: str, tok: int, prob: Prob | None, post: bool, piece,
-            index: int = 0) -> dict:
-    """server_task_result_cmpl_partial::to_json_non_oaicompat (index: the completion's, of n_cmpl)."""
-    out = {"index": index, "content": text, "tokens": [tok], "stop": False, "id_slot": 0,
+            index: int = 0, id_slot: int = 0) -> dict:
+    """server_task_result_cmpl_partial::to_json_non_oaicompat (index: the completion's, of n_cmpl;
+    id_slot: the slot that ran it)."""
+    out = {"index": index, "content": text, "tokens": [tok], "stop": False, "id_slot": id_slot,
            "tokens_predicted": r_tokens_so_far, "tokens_evaluated": n_prompt}
     if prob is not None and prob.probs.top:
         out["completion_probabilities"] = probs_json([prob], post, piece)
@@ -48,12 +49,12 @@ def partial(r_tokens_so_far: int, n_prompt: int, text: str, tok: int, prob: Prob
 
 
 def final(r: Result, job: dict, model_name: str, prompt_text: str, stream: bool, piece,
-          return_tokens: bool = False, index: int = 0) -> dict:
+          return_tokens: bool = False, index: int = 0, id_slot: int = 0) -> dict:
     """server_task_result_cmpl_final::to_json_non_oaicompat (tokens with return_tokens; index: the
     completion's, of n_cmpl)."""
     out = {"index": index, "content": "" if stream else r.text,
            "tokens": list(r.tokens) if return_tokens and not stream else [],
-           "id_slot": 0, "stop": True, "model": model_name, "tokens_predicted": len(r.tokens),
+           "id_slot": id_slot, "stop": True, "model": model_name, "tokens_predicted": len(r.tokens),
            "tokens_evaluated": r.n_prompt, "generation_settings": generation_settings(job, stream),
            "prompt": prompt_text, "has_new_line": "\n" in r.text, "truncated": False, "stop_type": r.stop_type,
            "stopping_word": r.stopping_word, "tokens_cached": r.n_prompt + max(len(r.tokens) - 1, 0),
