@@ -74,6 +74,10 @@ class LlamaServer:
         body = {"messages": messages, "add_generation_prompt": add_generation_prompt}
         return self.post("/apply-template", body)["prompt"]
 
+    def apply_template_body(self, body: dict) -> str:
+        """/apply-template of a whole request body (chat_template_kwargs, reasoning_effort, ...)."""
+        return self.post("/apply-template", body)["prompt"]
+
     def close(self) -> None:
         proc = getattr(self, "proc", None)
         if proc is not None:

@@ -5,7 +5,8 @@
 
 A template is untrusted input: it runs in jinja2's ImmutableSandboxedEnvironment. The context
 is llama.cpp's (common/chat.cpp, common_chat_template_direct_apply_impl): messages, bos_token and
-eos_token (the pieces of the BOS/EOS ids), enable_thinking, add_generation_prompt, and
+eos_token (the pieces of the BOS/EOS ids), enable_thinking, add_generation_prompt, datetime and
+date_string (today, common_chat_extra_context), a request's chat_template_kwargs over them, and
 raise_exception / strftime_now; the lexer options are common/jinja/lexer.cpp's (trim_blocks and
 lstrip_blocks on, one trailing newline of the template dropped). As llama.cpp does, a leading
 BOS text is cut when the vocabulary adds BOS itself (and a trailing EOS when it adds EOS).
@@ -53,8 +54,10 @@ def render_template(source: str, messages: list[dict], bos_token: str = "", eos_
                     add_generation_prompt: bool = True, add_bos: bool = False, add_eos: bool = False,
                     **extra) -> str:
     """Render one template source with llama.cpp's variables."""
+    now = datetime.datetime.now()           # common_chat_extra_context: today, two ways
     ctx = {"messages": [dict(m) for m in messages], "bos_token": bos_token, "eos_token": eos_token,
-           "enable_thinking": True, **extra}
+           "enable_thinking": True, "datetime": now.strftime("%b %d %Y"), "date_string": now.strftime("%d %b %Y"),
+           **extra}
     if add_generation_prompt:
         ctx["add_generation_prompt"] = True
     try:

@@ -317,7 +317,7 @@ async def _openai(request: Request, chat: bool):
         if chat:
             messages = openai.chat_messages(body)
             prompt = await srv.prepare(openai.chat_prompt, srv.model, messages, openai.generation_prompt(body),
-                                       openai.continuation(body))
+                                       openai.continuation(body), openai.template_variables(body))
             fields["user_starts"] = openai.user_starts(srv.model, prompt)
         else:
             prompt = await srv.prepare(openai.completion_prompt, srv.model, body)

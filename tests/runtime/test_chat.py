@@ -1,6 +1,7 @@
 """Chat templates rendered in jinja2's sandbox against llama-server's /apply-template (--jinja)."""
 from __future__ import annotations
 
+import datetime
 from pathlib import Path
 
 import pytest
@@ -128,3 +129,32 @@ def test_server_chats_in_chatml_when_the_header_has_no_template():
     m, msgs = Headerless(), CONVERSATIONS[0]        # no system message: SmolLM2 adds its own
     assert chat_prompt(m, msgs) == m.tokenize(render_template(CHATML_TEMPLATE, msgs), True, True)
     assert chat_prompt(m, msgs) != m.tokenize(render_chat(m.path, msgs), True, True)      # not SmolLM2's own
+
+
+VARIABLES_TEMPLATE = Path(__file__).parents[1] / "data" / "variables_chat_template.jinja"
+
+
+@pytest.mark.oracle
+def test_template_variables_equal_llama_servers():
+    """datetime and date_string (today), chat_template_kwargs and reasoning_effort
+    reach the template as llama-server --chat-template-file hands them over; a string
+    enable_thinking is its 400."""
+    import httpx
+
+    from bankml.oracle.server import LlamaServer
+    from bankml.server.api import openai
+    from bankml.server.fields import BadRequest
+    p, src = models.path("smollm2-q4_1"), VARIABLES_TEMPLATE.read_text()
+    conv = [{"role": "user", "content": "Hi"}]
+    with LlamaServer(p, threads=1, n_ctx=512, extra=("--chat-template-file", str(VARIABLES_TEMPLATE))) as srv:
+        for extra in ({}, {"chat_template_kwargs": {"custom": {"a": [1, 2]}, "enable_thinking": False}},
+                      {"reasoning_effort": "high"}, {"reasoning_effort": "none", "chat_template_kwargs": {"custom": 3}},
+                      {"chat_template_kwargs": {"enable_thinking": True, "reasoning_effort": "low"}}):
+            want = srv.apply_template_body({"messages": conv, **extra})
+            assert render_chat(p, conv, template=src, **openai.template_variables(extra)) == want, extra
+        assert "[date " + datetime.datetime.now().strftime("%d %b %Y") in want
+        r = httpx.post(srv.url + "/apply-template", json={"messages": conv,
+                                                           "chat_template_kwargs": {"enable_thinking": "yes"}})
+        with pytest.raises(BadRequest) as e:
+            openai.template_variables({"chat_template_kwargs": {"enable_thinking": "yes"}})
+        assert r.status_code == 400 and r.json()["error"]["message"] == str(e.value)

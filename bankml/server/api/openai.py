@@ -105,14 +105,35 @@ def generation_prompt(body: dict) -> bool:
     return v if isinstance(v, bool) else True
 
 
+def template_variables(body: dict) -> dict:
+    """The template's variables a request sets (oaicompat_chat_params_parse): chat_template_kwargs
+    (an object; each value as given), enable_thinking from its "enable_thinking" (a boolean; a
+    string is refused), reasoning_effort "none" turning thinking off, another effort passed on."""
+    kwargs = body.get("chat_template_kwargs")
+    out = dict(kwargs) if isinstance(kwargs, dict) else {}
+    thinking = out.get("enable_thinking")
+    if isinstance(thinking, str):
+        raise BadRequest('invalid type for "enable_thinking" (expected boolean, got string)')
+    variables = {"enable_thinking": thinking} if isinstance(thinking, bool) else {}
+    effort = body.get("reasoning_effort")
+    if effort == "none":
+        variables["enable_thinking"] = False
+        out.pop("reasoning_effort", None)
+    elif isinstance(effort, str) and effort:
+        out["reasoning_effort"] = effort
+    return {**variables, **out}
+
+
 def chat_text(model, messages: list[dict], add_generation_prompt: bool = True,
-              continue_final: str | None = None) -> str:
-    """The rendered conversation (a model without a template: ChatML, as llama-server)."""
+              continue_final: str | None = None, variables: dict | None = None) -> str:
+    """The rendered conversation (a model without a template: ChatML, as llama-server); variables:
+    template_variables of the request."""
     if continue_final is None and messages and messages[-1]["role"] == "assistant" and len(messages) >= 2 \
             and messages[-2]["role"] == "assistant":
         raise BadRequest("Cannot have 2 or more assistant messages at the end of the list.")
     try:
-        return render_chat(model, messages, add_generation_prompt=add_generation_prompt, continue_final=continue_final)
+        return render_chat(model, messages, add_generation_prompt=add_generation_prompt, continue_final=continue_final,
+                           **(variables or {}))
     except ChatTemplateError as e:
         raise BadRequest(str(e)) from None
 
@@ -128,10 +149,10 @@ def continuation(body: dict) -> str | None:
 
 
 def chat_prompt(model, messages: list[dict], add_generation_prompt: bool = True,
-                continue_final: str | None = None) -> list[int]:
+                continue_final: str | None = None, variables: dict | None = None) -> list[int]:
     """The tokens of the rendered conversation."""
-    return model.tokenize(chat_text(model, messages, add_generation_prompt, continue_final), add_special=True,
-                          parse_special=True)
+    return model.tokenize(chat_text(model, messages, add_generation_prompt, continue_final, variables),
+                          add_special=True, parse_special=True)
 
 
 def user_starts(model, prompt: list[int]) -> frozenset:

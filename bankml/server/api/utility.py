@@ -91,4 +91,4 @@ def apply_template(model, body: dict) -> dict:
     """What /v1/chat/completions would generate from, without generating: the messages through
     the chat template (with the generation prompt unless add_generation_prompt is false)."""
     return {"prompt": openai.chat_text(model, openai.chat_messages(body), openai.generation_prompt(body),
-                                       openai.continuation(body))}
+                                       openai.continuation(body), openai.template_variables(body))}
