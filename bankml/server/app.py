@@ -29,14 +29,14 @@ from starlette.requests import Request
 from starlette.responses import Response, StreamingResponse
 from starlette.routing import Route
 
+from bankml.errors import BankmlError
+from bankml.runtime.embeddings import embed
 from bankml.server import webui
 from bankml.server.api import embeddings, native, ollama, openai, props, refused, utility
 from bankml.server.engine import Job, run_job
 from bankml.server.fields import (BadRequest, Vocab, boolean, chat_logprobs, child_seed, job_fields, n_cmpl,
                                   nested_values, response_fields, slot_asked, sse_ping)
 from bankml.server.guard import HttpOptions, guarded
-from bankml.errors import BankmlError
-from bankml.runtime.embeddings import embed
 from bankml.server.handoff import Handoff
 from bankml.server.jsonio import JSONResponse, ndjson, read_json, sse
 from bankml.server.metrics import CONTENT_TYPE as METRICS_TYPE, Metrics
@@ -161,7 +161,6 @@ class _Events:
                     return
         finally:
             self.cancel.set()               # the client left (or the stream ended): stop generating
-
 
 
 class Completions:
@@ -386,12 +385,12 @@ async def completion(request: Request):
     post = fields["post_sampling_probs"]
     prompt_text = srv.detokenize(prompt)
     job = [{**fields, "seed": child_seed(fields["seed"], k)} for k in range(n)]
+    keep = response_fields(body)
     if not stream:
         try:
             rs = await group.results(request)
         except Exception:
             return oai_error(FAILED, 500, "server_error")
-        keep = response_fields(body)
         out = [native.final(r, job[k], srv.name, prompt_text, False, srv.piece, return_tokens, k,
                             group.events[k].slot_id) for k, r in enumerate(rs)]
         out = [nested_values(keep, o) for o in out] if keep else out
@@ -410,7 +409,7 @@ async def completion(request: Request):
             elif kind == "done":
                 last = native.final(value, job[k], srv.name, prompt_text, True, srv.piece, index=k,
                                     id_slot=group.events[k].slot_id)
-                yield sse(nested_values(response_fields(body), last) if response_fields(body) else last)
+                yield sse(nested_values(keep, last) if keep else last)
             else:
                 yield SSE_FAILED
                 return
@@ -451,7 +450,7 @@ async def _embeddings(request: Request, oai: bool):
         body = await read_json(request)
         _embedding_mode(srv, oai)
         refused.request("/v1/embeddings", body, srv.model)
-        prompts, use_base64, norm = await srv.prepare(embeddings.request, srv.model, body, oai)
+        prompts, use_base64, norm = await srv.prepare(embeddings.request, srv.model, body)
         vectors = await srv.prepare(srv.embed, prompts, norm)
     except BadRequest as e:
         return refusal(e)

@@ -19,7 +19,7 @@ import base64
 import numpy as np
 
 from bankml.server.api.utility import tokenize_mixed
-from bankml.server.fields import BadRequest, i32
+from bankml.server.fields import BadRequest, _json_type, i32
 
 POOLING_TYPES = {0: "none", 1: "mean", 2: "cls", 3: "last", 4: "rank"}     # llama_pooling_type
 NOT_STARTED = "This server does not support embeddings. Start it with `--embeddings`"
@@ -59,7 +59,7 @@ def inputs(model, prompt) -> list[list[int]]:
     return out
 
 
-def request(model, body: dict, oai: bool) -> tuple[list[list[int]], bool, int | None]:
+def request(model, body: dict) -> tuple[list[list[int]], bool, int | None]:
     """(each input's tokens, base64, embd_normalize or None) of an embeddings request."""
     if "input" in body:
         prompt = body["input"]
@@ -78,8 +78,8 @@ def request(model, body: dict, oai: bool) -> tuple[list[list[int]], bool, int | 
     if "embd_normalize" in body:
         v = body["embd_normalize"]
         if not isinstance(v, (int, float)) or isinstance(v, bool):
-            raise BadRequest("[json.exception.type_error.302] type must be number, but is "
-                             + ("string" if isinstance(v, str) else type(v).__name__), 500, "server_error")
+            raise BadRequest(f"[json.exception.type_error.302] type must be number, but is {_json_type(v)}", 500,
+                             "server_error")
         norm = i32(v)
     return inputs(model, prompt), use_base64, norm
 
