@@ -33,7 +33,7 @@ from bankml.errors import BankmlError
 from bankml.runtime.embeddings import embed
 from bankml.server import webui
 from bankml.server.api import embeddings, native, ollama, openai, props, refused, utility
-from bankml.server.engine import Job, run_job
+from bankml.server.engine import Job, run_job, timings_so_far
 from bankml.server.fields import (BadRequest, Vocab, boolean, chat_logprobs, child_seed, job_fields, n_cmpl,
                                   nested_values, response_fields, slot_asked, sse_ping)
 from bankml.server.guard import HttpOptions, guarded
@@ -313,6 +313,7 @@ async def _openai(request: Request, chat: bool):
         stream = boolean(body, "stream", False)
         opts = body.get("stream_options") if isinstance(body.get("stream_options"), dict) else {}
         include_usage = boolean(opts, "include_usage", False)
+        per_token = boolean(body, "timings_per_token", False)
         if chat:
             messages = openai.chat_messages(body)
             prompt = await srv.prepare(openai.chat_prompt, srv.model, messages, openai.generation_prompt(body),
@@ -339,17 +340,20 @@ async def _openai(request: Request, chat: bool):
         return JSONResponse(res)
 
     async def body_iter():
-        first = [True] * n
+        first, count = [True] * n, [0] * n
         async for k, (kind, value, prob, _) in group:
             if kind == "ping":
                 yield SSE_PING
             elif kind == "text":
+                count[k] += 1
                 if chat:
-                    for c in openai.chat_token_chunks(cid, srv.name, first[k], value, prob, post, srv.piece):
-                        yield sse(openai.indexed(c, k))
+                    chunks = openai.chat_token_chunks(cid, srv.name, first[k], value, prob, post, srv.piece)
                 else:
-                    yield sse(openai.indexed(openai.text_chunk(cid, srv.name, value, prob=prob, post=post,
-                                                               piece=srv.piece), k))
+                    chunks = [openai.text_chunk(cid, srv.name, value, prob=prob, post=post, piece=srv.piece)]
+                if per_token and chunks:        # timings_per_token: on the token's last chunk
+                    chunks[-1]["timings"] = timings_so_far(srv.pool.slots[group.events[k].slot_id], count[k])
+                for c in chunks:
+                    yield sse(openai.indexed(c, k))
                 first[k] = False
             elif kind == "done":
                 if chat:
@@ -377,6 +381,7 @@ async def completion(request: Request):
         fields = job_fields(body, srv.vocab)
         stream = boolean(body, "stream", False)
         return_tokens = boolean(body, "return_tokens", False)
+        per_token = boolean(body, "timings_per_token", False)
         n = n_cmpl(body, len(srv.pool.slots))
         prompt = await srv.prepare(openai.completion_prompt, srv.model, body)
         group = await srv.completions(prompt, fields, n, stream, sse_ping(body), slot_asked(body))
@@ -404,8 +409,11 @@ async def completion(request: Request):
             elif kind == "text":
                 count[k] += 1
                 if prob is not None or not fields["n_probs"]:
-                    yield sse(native.partial(count[k], len(prompt), value, tok, prob, post, srv.piece, k,
-                                             group.events[k].slot_id))
+                    slot_id = group.events[k].slot_id
+                    out = native.partial(count[k], len(prompt), value, tok, prob, post, srv.piece, k, slot_id)
+                    if per_token:
+                        out["timings"] = timings_so_far(srv.pool.slots[slot_id], count[k])
+                    yield sse(out)
             elif kind == "done":
                 last = native.final(value, job[k], srv.name, prompt_text, True, srv.piece, index=k,
                                     id_slot=group.events[k].slot_id)

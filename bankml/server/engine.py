@@ -73,13 +73,23 @@ class Result:
 
     def timings(self) -> dict:
         """server_slot_stats::to_json."""
-        n_gen = len(self.tokens)
-        return {"cache_n": self.n_cached, "prompt_n": self.n_processed, "prompt_ms": self.t_prompt_ms,
-                "prompt_per_token_ms": self.t_prompt_ms / self.n_processed if self.n_processed else 0.0,
-                "prompt_per_second": 1e3 * self.n_processed / self.t_prompt_ms if self.t_prompt_ms > 0 else 0.0,
-                "predicted_n": n_gen, "predicted_ms": self.t_gen_ms,
-                "predicted_per_token_ms": self.t_gen_ms / n_gen if n_gen else 0.0,
-                "predicted_per_second": 1e3 * n_gen / self.t_gen_ms if self.t_gen_ms > 0 else 0.0}
+        return timings_json(self.n_cached, self.n_processed, self.t_prompt_ms, len(self.tokens), self.t_gen_ms)
+
+
+def timings_json(n_cached: int, n_processed: int, t_prompt_ms: float, n_gen: int, t_gen_ms: float) -> dict:
+    """server_slot_stats::to_json of these counts and times."""
+    return {"cache_n": n_cached, "prompt_n": n_processed, "prompt_ms": t_prompt_ms,
+            "prompt_per_token_ms": t_prompt_ms / n_processed if n_processed else 0.0,
+            "prompt_per_second": 1e3 * n_processed / t_prompt_ms if t_prompt_ms > 0 else 0.0,
+            "predicted_n": n_gen, "predicted_ms": t_gen_ms,
+            "predicted_per_token_ms": t_gen_ms / n_gen if n_gen else 0.0,
+            "predicted_per_second": 1e3 * n_gen / t_gen_ms if t_gen_ms > 0 else 0.0}
+
+
+def timings_so_far(slot, n_gen: int) -> dict:
+    """A streamed token's timings (timings_per_token): the slot's prompt, n_gen tokens so far."""
+    n_prompt, n_cached, t_prompt_ms, t_start = slot.progress
+    return timings_json(n_cached, n_prompt - n_cached, t_prompt_ms, n_gen, (time.perf_counter() - t_start) * 1e3)
 
 
 def find_partial_stop(text: str, word: str) -> int:
@@ -109,6 +119,7 @@ def run_job(model, slot: Slot, job: Job, on_text: Callable[..., None] = lambda s
     slot.tokens = list(job.prompt)
     sampler = start_sampler(job.params, job.seed, tok, job.prompt)   # init_sampler
     t1 = time.perf_counter()
+    slot.progress = (len(job.prompt), n_cached, (t1 - t0) * 1e3, t1)    # what timings_so_far reads
     out: list[int] = []
     probs: list[Prob] = []
     raw = bytearray()           # every piece so far

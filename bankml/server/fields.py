@@ -469,7 +469,7 @@ REASONING = "reasoning control (thinking budgets and tags)"
 # and /v1/chat/completions all read
 LLAMA_SERVER = {
     "verbose": served("with return_tokens: the __verbose object"),
-    "timings_per_token": refused("timings in every streamed chunk"),
+    "timings_per_token": served(),
     "stream": served(), "stream_options": served("include_usage"), "cache_prompt": served(),
     "return_tokens": served(), "return_progress": refused("prompt progress events"),
     "sse_ping_interval": served(),

@@ -123,6 +123,7 @@ class Slot:
     checkpoints: list = field(default_factory=list)     # server/checkpoints.py
     n_tasks: int = 0
     last: tuple | None = None       # (task id, job, stream) of the slot's latest task: what GET /slots shows
+    progress: tuple = (0, 0, 0.0, 0.0)  # its prompt: (tokens, cached, ms, when generating began)
 
     def keep_for(self, prompt: list[int], cache_prompt: bool = True) -> int:
         """How many cells a prompt keeps (llama-server's n_past), at least one token left to compute."""

@@ -1,6 +1,6 @@
-"""llama-server's own request fields that shape /completion's answer, against llama-server b11434:
-response_fields (the kept paths of the answer) and t_max_predict_ms (stop at a newline once
-generating took longer)."""
+"""llama-server's own request fields, against llama-server b11434: response_fields (the kept paths
+of /completion's answer), t_max_predict_ms (stop at a newline once generating took longer), id_slot
+(the slot that runs it) and timings_per_token (timings on every streamed token)."""
 from __future__ import annotations
 
 import httpx
@@ -63,3 +63,27 @@ def test_id_slot_runs_the_request_on_that_slot():
             assert key(got) == key(want), body
         held = [[s.get("n_prompt_tokens") for s in httpx.get(url + "/slots").json()] for url in pair]
         assert held[0] == held[1]
+
+
+def _streamed(url: str, path: str, body: dict) -> list[dict]:
+    import json
+    with httpx.stream("POST", url + path, json={**body, "stream": True}, timeout=120) as r:
+        assert r.status_code == 200
+        return [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: ") and line != "data: [DONE]"]
+
+
+@pytest.mark.oracle
+@pytest.mark.server
+@pytest.mark.parametrize("path,body", [
+    ("/completion", {"prompt": "Once upon a time", "n_predict": 5, "temperature": 0}),
+    ("/v1/completions", {"prompt": "Once upon a time", "max_tokens": 5, "temperature": 0}),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 5, "temperature": 0})])
+def test_timings_per_token_on_every_streamed_token(pair, path, body):
+    """The same chunks carry timings as llama-server's, with its keys and its counts (prompt_n,
+    cache_n, the tokens so far); the milliseconds are each server's own."""
+    def counts(url):
+        chunks = _streamed(url, path, {**body, "timings_per_token": True, "cache_prompt": False})
+        return [(sorted(c["timings"]), c["timings"]["prompt_n"], c["timings"]["cache_n"], c["timings"]["predicted_n"])
+                if "timings" in c else None for c in chunks]
+    got, want = (counts(url) for url in pair)
+    assert got == want and sum(t is not None for t in got) >= 5

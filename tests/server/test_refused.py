@@ -182,6 +182,7 @@ ELSEWHERE = {
     "embd_normalize": "server/test_embeddings.py::test_embeddings_equal_llama_servers",
     "response_fields": "server/test_native_fields.py::test_response_fields_keep_the_paths_asked",
     "id_slot": "server/test_native_fields.py::test_id_slot_runs_the_request_on_that_slot",
+    "timings_per_token": "server/test_native_fields.py::test_timings_per_token_on_every_streamed_token",
     "chat_template_kwargs": "runtime/test_chat.py::test_template_variables_equal_llama_servers",
     "reasoning_effort": "runtime/test_chat.py::test_template_variables_equal_llama_servers",
     "name": "server/test_refused.py::test_message_fields_reach_the_template",
