@@ -573,7 +573,7 @@ def make_app(model, n_slots: int = 1, queue_size: int = 16, api_key: str | None 
              swa_full: bool = False, http: HttpOptions | None = None, metrics: bool = False,
              pooling: str | None = None):
     """The guarded app (guard.py); `api_key` adds one key to http.api_keys; `metrics` serves /metrics;
-    `pooling` (a model loaded with embeddings=True) serves the embeddings routes."""
+    `pooling` ("mean", "cls", "last", "none") serves the embeddings routes with it (None: their 501)."""
     http = http or HttpOptions()
     if api_key:
         http = dataclasses.replace(http, api_keys=(*http.api_keys, api_key))
