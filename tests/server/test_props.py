@@ -64,8 +64,8 @@ def test_slots_answer_as_llama_server():
         for path, body in (("/completion", {"prompt": "Once upon a time", "n_predict": 5, "seed": 3,
                                             "temperature": 0.5, "top_k": 7}),
                            ("/v1/chat/completions", {"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 4,
-                                                    "stream": True}),
-                           ("/completion", {"prompt": "Once upon a time there", "n_predict": 2})):
+                                                    "stream": True, "seed": 1}),
+                           ("/completion", {"prompt": "Once upon a time there", "n_predict": 2, "seed": 2})):
             for url in (ours.url, theirs.url):
                 assert httpx.post(url + path, json=body, timeout=60).status_code == 200
             assert slots(ours.url) == slots(theirs.url), body
