@@ -142,8 +142,8 @@ def render_chat(model, messages: list[dict], add_generation_prompt: bool = True,
         if continue_final == "auto":
             continue_final = "reasoning_content" if reasoning and not content else "content"
         with_prompt = _render(model, source, head, True, extra)
-        n = next((i for i, (a, b) in enumerate(zip(before, with_prompt)) if a != b), min(len(before), len(with_prompt)))
-        return before + with_prompt[n:] + (content if continue_final == "content" else "")
+        generation_prompt = with_prompt[common_prefix(before, with_prompt):]
+        return before + generation_prompt + (content if continue_final == "content" else "")
     return _render(model, source, messages, add_generation_prompt, extra)
 
 

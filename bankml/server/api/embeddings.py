@@ -18,6 +18,7 @@ import base64
 
 import numpy as np
 
+from bankml.server.api.openai import known_ids
 from bankml.server.api.utility import tokenize_mixed
 from bankml.server.fields import BadRequest, _json_type, i32
 
@@ -45,13 +46,7 @@ def inputs(model, prompt) -> list[list[int]]:
             raise BadRequest("bankml embeds text and token ids; content parts are not served")
         if not isinstance(p, (str, list)):
             raise BadRequest("\"input\" must be a string, an array of strings or of token ids")
-        ids = tokenize_mixed(model, p, True, True) if isinstance(p, list) else \
-            model.tokenize(p, add_special=True, parse_special=True)
-        n_vocab = model.hparams.n_vocab
-        bad = next((t for t in ids if not 0 <= t < n_vocab), None)
-        if bad is not None:
-            raise BadRequest(f"invalid token id {bad} in the input (vocabulary of {n_vocab})")
-        out.append(ids)
+        out.append(known_ids(model, tokenize_mixed(model, p, True, True), " in the input"))
     if not out:
         raise BadRequest("\"input\" must not be empty")
     if any(not ids for ids in out):

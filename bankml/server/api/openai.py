@@ -166,6 +166,16 @@ def user_starts(model, prompt: list[int]) -> frozenset:
     return frozenset(starts(prompt, model.tokenize("<|im_start|>user", add_special=False, parse_special=True)))
 
 
+def known_ids(model, ids: list[int], where: str = "") -> list[int]:
+    """The ids, or 400 naming the first outside the vocabulary (llama-server answers 500 there);
+    where: what holds them (" in the prompt")."""
+    n_vocab = model.hparams.n_vocab
+    bad = next((t for t in ids if not 0 <= t < n_vocab), None)
+    if bad is not None:
+        raise BadRequest(f"invalid token id {bad}{where} (vocabulary of {n_vocab})")
+    return ids
+
+
 def completion_prompt(model, body: dict) -> list[int]:
     """A /v1/completions prompt: a string, or a list of token ids (one prompt only)."""
     if "prompt" not in body:
@@ -181,11 +191,7 @@ def completion_prompt(model, body: dict) -> list[int]:
     if isinstance(p, str):
         return model.tokenize(p, add_special=True, parse_special=True)
     if isinstance(p, list) and p and all(isinstance(t, int) and not isinstance(t, bool) for t in p):
-        n_vocab = model.hparams.n_vocab
-        bad = next((t for t in p if not 0 <= t < n_vocab), None)
-        if bad is not None:
-            raise BadRequest(f"invalid token id {bad} in the prompt (vocabulary of {n_vocab})")
-        return list(p)
+        return list(known_ids(model, p, " in the prompt"))
     raise BadRequest("\"prompt\" must be a string or a list of tokens (bankml serves one prompt per request)")
 
 

@@ -59,15 +59,6 @@ def _piece_json(piece: bytes):
         return list(piece)
 
 
-def _known(model, ids: list[int]) -> list[int]:
-    """The ids, or 400 naming the first outside the vocabulary (llama-server answers 500 there)."""
-    n_vocab = model.hparams.n_vocab
-    bad = next((t for t in ids if not 0 <= t < n_vocab), None)
-    if bad is not None:
-        raise BadRequest(f"invalid token id {bad} (vocabulary of {n_vocab})")
-    return ids
-
-
 def tokenize(model, body: dict) -> dict:
     if "content" not in body:
         return {"tokens": []}
@@ -76,7 +67,8 @@ def tokenize(model, body: dict) -> dict:
     if not json_value(body, "with_pieces", False):
         return {"tokens": ids}
     tok = tokenizer_for(model)
-    return {"tokens": [{"id": t, "piece": _piece_json(tok.piece(t, special=True))} for t in _known(model, ids)]}
+    ids = openai.known_ids(model, ids)
+    return {"tokens": [{"id": t, "piece": _piece_json(tok.piece(t, special=True))} for t in ids]}
 
 
 def detokenize(model, body: dict) -> dict:
@@ -84,7 +76,7 @@ def detokenize(model, body: dict) -> dict:
     if "tokens" not in body:
         return {"content": ""}
     ids = [_token_id(t) for t in _get(body["tokens"], "array", lambda x: isinstance(x, list))]
-    return {"content": tokenizer_for(model).decode(_known(model, ids), special=True)}
+    return {"content": tokenizer_for(model).decode(openai.known_ids(model, ids), special=True)}
 
 
 def apply_template(model, body: dict) -> dict:
