@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 
 from bankml.cli_chat import Conversation, chat, chat_ids, first_messages, history_file, report, stream_reply
-from bankml.cli_sampler import sampler_options, sampler_params
+from bankml.cli_sampler import grammar_options, grammar_text, sampler_options, sampler_params
 from bankml.errors import BankmlError
 from bankml.runtime.default_model import DEFAULT_MODELS
 from bankml.runtime.sampler import LLAMA_DEFAULT_SEED
@@ -218,6 +218,7 @@ def diff(model: str, prompt: str, threads: int, outputs: str, cache_type_k: str,
               help="Float orders: llama.cpp's (ggml) or bankml's portable arithmetic (reference and llvm backends; docs/PORTABLE.md).")
 @cache_type_options
 @sampler_options
+@grammar_options
 def run(model, prompt, system, raw, interactive, multiline, history, n_predict, n_ctx, temp, seed, ignore_eos,
         top_k, top_p, min_p, threads, backend, gpu, as_json, model_name, profile, cache_type_k, cache_type_v,
         **sampling):
@@ -226,7 +227,10 @@ def run(model, prompt, system, raw, interactive, multiline, history, n_predict, 
     terminal); or complete raw text (--raw, or a model without a template). Streams tokens."""
     import bankml
     from bankml.runtime.chat import has_chat_template
-    sampler_params(temp, top_k, top_p, min_p, sampling)         # bad sampler flags fail before the model loads
+    gbnf = grammar_text(sampling)                                # bad grammar flags fail before the model loads
+    sampler_params(temp, top_k, top_p, min_p, sampling)         # and bad sampler flags
+    if gbnf and prompt is None:
+        raise click.UsageError("--grammar and --json-schema constrain a -p reply; the interactive chat takes none")
     if raw and (system is not None or prompt is None):
         raise click.UsageError("--raw completes the -p text as it is: it takes no --system and is not interactive")
     if n_predict < -1 or threads < 1 or n_ctx < 2:
@@ -252,7 +256,19 @@ def run(model, prompt, system, raw, interactive, multiline, history, n_predict, 
         ids = chat_ids(m, first_messages(system) + [{"role": "user", "content": prompt}])
     if len(ids) >= m.n_ctx:
         raise BankmlError(f"the prompt is {len(ids)} tokens; the context holds {m.n_ctx} (--ctx)")
-    report(stream_reply(m, m.session(), ids, n_predict, params, seed, echo=not as_json, ignore_eos=ignore_eos), as_json)
+    grammar = reply_grammar(m, gbnf) if gbnf else None
+    report(stream_reply(m, m.session(), ids, n_predict, params, seed, echo=not as_json, ignore_eos=ignore_eos,
+                        grammar=grammar), as_json)
+
+
+def reply_grammar(m, gbnf: str):
+    """The reply's grammar over the model's vocabulary; a bad one is one line (llama.cpp's parse error)."""
+    from bankml.runtime.grammar.matcher import GrammarError, for_vocab
+    from bankml.tokenizer import tokenizer_for
+    try:
+        return for_vocab(gbnf, tokenizer_for(m))
+    except GrammarError as e:
+        raise BankmlError(f"--grammar: {e}") from None
 
 
 def _env(name: str) -> dict:

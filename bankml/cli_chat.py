@@ -63,7 +63,7 @@ def _note(text: str) -> None:
 # ---------------------------------------------------------------- one reply
 
 def stream_reply(m, sess, ids: list[int], n_predict: int, params, seed: int, echo: bool, ignore_eos: bool = False,
-                 history: list[int] = (), stop=None) -> dict:
+                 history: list[int] = (), stop=None, grammar=None) -> dict:
     """Prefill ids into sess (after the cells it holds: history), sample until -n, the
     end-of-generation token, a full context or stop() (asked after each token); stream text as it
     comes. Timings leave out native compile time."""
@@ -76,7 +76,8 @@ def stream_reply(m, sess, ids: list[int], n_predict: int, params, seed: int, ech
     dec = StreamDecoder(tokenizer_for(m), special=False)
     c0, t0 = m.compile_seconds, _now()             # generate() compiles (the first time) before any text streams
     c_first = t_first = None
-    for t in generate(m, ids, n, params, seed=seed, session=sess, ignore_eos=ignore_eos, history=history):
+    for t in generate(m, ids, n, params, seed=seed, session=sess, ignore_eos=ignore_eos, history=history,
+                      grammar=grammar):
         if t_first is None:
             c_first, t_first = m.compile_seconds, _now()
         out.append(t)

@@ -13,8 +13,10 @@ llama-server's min_keep (llama-cli has no flag for it).
 """
 from __future__ import annotations
 
+import json
 import math
 import re
+from pathlib import Path
 
 import click
 
@@ -137,3 +139,46 @@ def sampler_params(temp, top_k, top_p, min_p, opts: dict):
     """SamplerParams from the flags (ValueError: what common_sampler_init refuses, a sampler bankml
     does not implement)."""
     return SamplerParams(**sampler_kwargs(temp, top_k, top_p, min_p, opts))
+
+
+# ---------------------------------------------------------------- constrained output
+
+def grammar_options(fn):
+    """llama-cli's --grammar, --grammar-file, -j/--json-schema and -jf/--json-schema-file."""
+    fn = click.option("-jf", "--json-schema-file", "g_json_schema_file", default=None, metavar="FILE",
+                      type=click.Path(dir_okay=False), help="--json-schema from a file.")(fn)
+    fn = click.option("-j", "--json-schema", "g_json_schema", default=None, metavar="SCHEMA",
+                      help="A JSON schema the reply must match (made a grammar as llama.cpp makes it).")(fn)
+    fn = click.option("--grammar-file", "g_grammar_file", default=None, metavar="FILE",
+                      type=click.Path(dir_okay=False), help="--grammar from a file.")(fn)
+    fn = click.option("--grammar", "g_grammar", default=None, metavar="GBNF",
+                      help="A GBNF grammar every generated token must fit (llama.cpp's grammars).")(fn)
+    return fn
+
+
+def grammar_text(opts: dict) -> str:
+    """The GBNF the grammar flags in opts ask for ("" for none), as common/arg.cpp reads them: a
+    JSON schema through json_schema_to_grammar. One flag at most; a bad schema fails here, one line."""
+    from bankml.runtime.grammar.json_schema import SchemaError, to_grammar
+    given = {k: v for k, v in opts.items() if k.startswith("g_") and v is not None}
+    for k in given:
+        opts.pop(k)
+    if len(given) > 1:
+        raise click.UsageError("give one of --grammar, --grammar-file, --json-schema, --json-schema-file")
+    if not given:
+        return ""
+    (key, value), = given.items()
+    flag = "--" + key[2:].replace("_", "-")
+    if key.endswith("_file"):
+        try:
+            value = Path(value).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise click.BadParameter(f"cannot read {value}: {e}", param_hint=flag) from None
+    if key.startswith("g_grammar"):
+        return value
+    try:
+        return to_grammar(json.loads(value))
+    except json.JSONDecodeError as e:
+        raise click.BadParameter(f"not JSON: {e}", param_hint=flag) from None
+    except SchemaError as e:
+        raise click.BadParameter(str(e).replace("\n", " "), param_hint=flag) from None

@@ -3,9 +3,10 @@
 
 gen (run.py --rows gen): one raw prompt (PROMPT) completed by `bankml run --raw --ignore-eos
 --json` and by `llama-completion -no-cnv --ignore-eos`, with the same -t, -c, -n, seed and K/V
-cache types, for each -n of --gen-tokens and two samplers: greedy (`--temp 0`) and llama.cpp's
+cache types, for each -n of --gen-tokens and three samplers: greedy (`--temp 0`), llama.cpp's
 default chain (temperature 0.8, top-k 40, top-p 0.95, min-p 0.05, both sides' defaults) with
-`--seed`. Every run is a new process. The figure is the generation phase's tokens/s from each
+`--seed`, and that chain under `--grammar GRAMMAR` (a list of short strings that never has to end:
+each token checked, a rejected one drawn again from the masked row). Every run is a new process. The figure is the generation phase's tokens/s from each
 tool's own report (bankml's timings.predicted_per_second, llama-completion's `eval time` line:
 both count the decodes after the first token); the whole process's wall time stands beside it.
 Cold: the model's first bankml run, on an empty BANKML_CACHE (its graphs compiled inside the
@@ -15,7 +16,8 @@ cache (the run of the higher tok/s, its wall time beside), each bankml run follo
 llama.cpp run of the same setting. "same text": both printed the same text.
 
 sampler: in one bankml process (load, graphs compiled, a warm-up generation), --gen-tokens[0]
-tokens of each sampler after PROMPT with Sampler.sample and Session.decode timed apart; the
+tokens of each sampler after PROMPT with Sampler.sample and Session.decode timed apart (the
+grammar made anew for the timed run, as each `bankml run` makes it); the
 share is sample / (sample + decode) per token. llama.cpp's, from its warm run of the same
 setting: `sampling time` per sampled token against `eval time` per run.
 
@@ -48,7 +50,15 @@ from bankml.oracle.server import LlamaServer, chat_reply
 from bankml.testing.serve import BankmlServer
 
 PROMPT = "The history of the printing press begins"
-SAMPLERS = ("greedy", "default")
+SAMPLERS = ("greedy", "default", "grammar")
+# "grammar": the default chain under a GBNF grammar that never has to end (so --ignore-eos never
+# leaves it nothing to pick): a JSON-like list of short strings
+GRAMMAR = 'root ::= "[" item ("," " "? item)*\nitem ::= "\\"" [a-zA-Z .,]{1,40} "\\""'
+
+
+def _flags(sampler: str) -> list[str]:
+    """The sampler's flags, the same for `bankml run` and llama-completion."""
+    return {"greedy": ["--temp", "0"], "default": [], "grammar": ["--grammar", GRAMMAR]}[sampler]
 GEN_CTX = 4096                  # -c of every run, and of each server slot
 CHATS = [
     "Write a short story about a lighthouse keeper.", "Explain how a bicycle stays upright.",
@@ -67,8 +77,7 @@ CHATS = [
 def _bankml_run(path: Path, a, n: int, sampler: str, env: dict) -> dict:
     cmd = [sys.executable, "-m", "bankml.cli", "run", str(path), "--raw", "-p", PROMPT, "-n", str(n),
            "--seed", str(a.seed), "--threads", str(a.threads), "--ctx", str(GEN_CTX), "--backend", a.backend,
-           "--ignore-eos", "--json", "-ctk", a.cache_type_k, "-ctv", a.cache_type_v,
-           *(["--temp", "0"] if sampler == "greedy" else [])]
+           "--ignore-eos", "--json", "-ctk", a.cache_type_k, "-ctv", a.cache_type_v, *_flags(sampler)]
     t0 = time.perf_counter()
     p = subprocess.run(cmd, capture_output=True, text=True, stdin=subprocess.DEVNULL, env=env, timeout=3600)
     wall = time.perf_counter() - t0
@@ -81,8 +90,8 @@ def _bankml_run(path: Path, a, n: int, sampler: str, env: dict) -> dict:
 
 
 def _llama_run(path: Path, a, n: int, sampler: str) -> dict:
-    r = completion(path, PROMPT, n, temp=0.0 if sampler == "greedy" else None, seed=a.seed, threads=a.threads,
-                   n_ctx=GEN_CTX, ignore_eos=True, extra=("-ctk", a.cache_type_k, "-ctv", a.cache_type_v))
+    r = completion(path, PROMPT, n, temp=None, seed=a.seed, threads=a.threads, n_ctx=GEN_CTX, ignore_eos=True,
+                   extra=("-ctk", a.cache_type_k, "-ctv", a.cache_type_v, *_flags(sampler)))
     p = r["perf"]
     return {"tok_s": p["eval_per_second"], "n": p["eval_n"] + 1, "wall_s": r["wall_s"], "text": r["text"],
             "sample_ms": p["sampling_ms"] / n, "eval_ms": p["eval_ms"] / max(1, p["eval_n"])}
@@ -131,14 +140,17 @@ def _gen_row(name: str, n: int, sampler: str, cache: str, ours: dict, theirs: di
 def sampler_share(path: Path, backend: str, threads: int, n: int, seed: int, cache: dict) -> dict:
     """In this process: n tokens of each sampler after PROMPT, Sampler.sample and Session.decode
     timed apart (ms per token), after one untimed generation of the same (compiles, warms)."""
+    from bankml.runtime.grammar.matcher import for_vocab
     from bankml.runtime.sampler import GREEDY, Sampler, SamplerParams
+    from bankml.tokenizer import tokenizer_for
     m = bankml.load(path, backend=backend, threads=threads, n_ctx=GEN_CTX, **cache)
     ids = m.tokenize(PROMPT, add_special=True, parse_special=True)
     m.prepare_for(0, len(ids), n)
     out = {}
-    for name, params in (("greedy", GREEDY), ("default", SamplerParams())):
-        for _ in range(2):                              # the first is the warm-up
-            sess, sampler = m.session(), Sampler(params, seed)
+    for name, params in (("greedy", GREEDY), ("default", SamplerParams()), ("grammar", SamplerParams())):
+        for _ in range(2):                              # the first is the warm-up (and decodes the vocabulary)
+            grammar = for_vocab(GRAMMAR, tokenizer_for(m)) if name == "grammar" else None
+            sess, sampler = m.session(), Sampler(params, seed, grammar=grammar)
             row = sess.prefill(ids, outputs="last")[-1]
             t_sample, t_decode = [], []
             for i in range(n):
@@ -277,7 +289,8 @@ def markdown(rows: list[dict], a) -> list[str]:
         lines += ["## What a user runs: `bankml run` and `llama-completion`", "",
                   f"`bankml run --raw --ignore-eos --json` and `llama-completion -no-cnv --ignore-eos` on the "
                   f"prompt \"{PROMPT}\", -t {a.threads}, -c {GEN_CTX}, seed {a.seed}; greedy is `--temp 0`, "
-                  "default is llama.cpp's default chain (both sides' defaults). Each run is a new process. "
+                  "default is llama.cpp's default chain (both sides' defaults), grammar that chain under `--grammar` "
+                  "(bench/generation.py's GRAMMAR). Each run is a new process. "
                   "tok/s: the generation phase from each tool's own report (bankml's timings, "
                   "llama-completion's `eval time`); wall: the whole process. Cold: the model's first bankml "
                   "run, on an empty BANKML_CACHE (compile time inside its wall, not its tok/s), against "

@@ -379,3 +379,32 @@ def test_run_sampler_flags_equal_llama_server(smollm2, servers, flags, fields):
     ids = smollm2.tokenize(prompt, add_special=True, parse_special=True)
     want = servers("smollm2-q4_1").completion(ids, 12, **{"temperature": 0.8, "seed": 3, **fields})
     assert json.loads(r.stdout)["tokens"] == want
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("flag, value", [
+    ("--grammar", 'root ::= " " [A-Z] [a-z]+ (" " [a-z]+){0,6} "."'),
+    ("--json-schema", json.dumps({"type": "object", "properties": {"city": {"type": "string"},
+                                                                   "people": {"type": "integer"}},
+                                  "required": ["city", "people"]})),
+])
+def test_run_grammar_flags_give_llama_completions_text(flag, value):
+    """--grammar and --json-schema as llama-completion's: the same text, sampled with a seed."""
+    from bankml.oracle.completion import completion
+    prompt = "The biggest city of France is"
+    r = invoke("run", str(models.path("smollm2-q4_1")), "--raw", "-p", prompt, "--seed", "5", "-n", "24", "--json",
+               flag, value)
+    assert r.exit_code == 0, r.output
+    want = completion(models.path("smollm2-q4_1"), prompt, 24, temp=0.8, seed=5, extra=(flag, value))
+    assert json.loads(r.stdout)["text"] == want["text"]
+
+
+@pytest.mark.parametrize("args, why", [
+    (("--grammar", "root ::= foo"), "Undefined rule identifier 'foo'"),
+    (("--json-schema", '{"type": "object", "properties": {"a": {"$ref": "#/nope"}}}'), "--json-schema"),
+    (("--json-schema", "{bad"), "not JSON"),
+    (("--grammar", "root ::= [a]", "--json-schema", "{}"), "give one of"),
+])
+def test_bad_grammar_flags_are_one_error_line(args, why):
+    r = invoke("run", str(models.path("smollm2-q4_1")), "--raw", "-p", "x", "-n", "2", *args)
+    assert r.exit_code != 0 and why in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -147,6 +147,14 @@ def render_chat(model, messages: list[dict], add_generation_prompt: bool = True,
     return _render(model, source, messages, add_generation_prompt, extra)
 
 
+def generation_prompt(model, messages: list[dict], **extra) -> str:
+    """What the template adds for the assistant's turn (common_chat_template_generation_prompt):
+    the conversation rendered with add_generation_prompt, past where it parts from the one without."""
+    without = render_chat(model, messages, add_generation_prompt=False, prefill_assistant=False, **extra)
+    with_prompt = render_chat(model, messages, add_generation_prompt=True, prefill_assistant=False, **extra)
+    return with_prompt[common_prefix(without, with_prompt):]
+
+
 def _render(model, source: str, messages: list[dict], add_generation_prompt: bool, extra: dict) -> str:
     tok = tokenizer_for(model)
     messages = [{k: v for k, v in m.items() if not k.startswith("_")} for m in messages]

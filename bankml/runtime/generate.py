@@ -51,21 +51,23 @@ class StopScan:
         return False
 
 
-def start_sampler(params: SamplerParams, seed: int, tokenizer, prompt: Sequence[int]) -> Sampler:
+def start_sampler(params: SamplerParams, seed: int, tokenizer, prompt: Sequence[int], grammar=None) -> Sampler:
     """The chain for one generation, with the prompt accepted into it (common_sampler_accept(tok,
     false) for each prompt token, as llama-server's init_sampler and llama-completion do), so
-    that the penalties and DRY see the prompt."""
-    sampler = Sampler(params, seed, tokenizer=tokenizer)
+    that the penalties and DRY see the prompt. grammar: a runtime.grammar Grammar, whose state
+    is this generation's (pass a clone to keep the original)."""
+    sampler = Sampler(params, seed, tokenizer=tokenizer, grammar=grammar)
     sampler.accept(prompt)
     return sampler
 
 
 def generate(model, prompt_ids: Sequence[int], n: int, sampler_params: SamplerParams = SamplerParams(),
              seed: int = LLAMA_DEFAULT_SEED, stop: Sequence[str] = (), ignore_eos: bool = False,
-             session=None, history: Sequence[int] = ()) -> Iterator[int]:
+             session=None, history: Sequence[int] = (), grammar=None) -> Iterator[int]:
     """Up to `n` sampled token ids after `prompt_ids`, bit for bit llama-server's /completion.
     history: the tokens the session's cells already hold before prompt_ids (a chat's earlier
-    turns); the sampler accepts them first, as init_sampler accepts the slot's whole prompt."""
+    turns); the sampler accepts them first, as init_sampler accepts the slot's whole prompt.
+    grammar: a runtime.grammar Grammar that every sampled token must fit (llama.cpp's --grammar)."""
     if not prompt_ids:
         raise ValueError("generate needs at least one prompt token")
     tok = tokenizer_for(model)
@@ -74,7 +76,7 @@ def generate(model, prompt_ids: Sequence[int], n: int, sampler_params: SamplerPa
     if ignore_eos:                                        # its logit_bias_eog, after the request's biases
         bias = sampler_params.logit_bias + tuple((t, -np.inf) for t in sorted(tok.eog))
         sampler_params = dataclasses.replace(sampler_params, logit_bias=bias)
-    sampler = start_sampler(sampler_params, seed, tok, [*history, *prompt_ids])
+    sampler = start_sampler(sampler_params, seed, tok, [*history, *prompt_ids], grammar)
     model.prepare_for(sess.n_past, len(prompt_ids), n)
     row = sess.prefill(list(prompt_ids), outputs="last")[-1]
     eog = frozenset() if ignore_eos else tok.eog

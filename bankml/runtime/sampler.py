@@ -291,8 +291,9 @@ class Sampler:
     _dry make it 0, off), so the chain needs no n_ctx."""
 
     def __init__(self, params: SamplerParams = SamplerParams(), seed: int = LLAMA_DEFAULT_SEED, *,
-                 tokenizer=None):
+                 tokenizer=None, grammar=None):
         self.params, self.seed = params, seed
+        self.grammar = grammar          # a runtime.grammar Grammar (its state moves with each token) or None
         self.steps = _chain(params, seed, tokenizer)
         self._history = [s for s in self.steps if isinstance(s, (history.Penalties, history.Dry))]
         self._last: Candidates | _Tail | None = None
@@ -302,24 +303,37 @@ class Sampler:
 
     def accept(self, ids) -> None:
         """llama_sampler_accept of the chain for each token, in order (only penalties and DRY keep
-        what they accept; the chain's other accepts do nothing)."""
+        what they accept; the chain's other accepts do nothing). The grammar is not told: these are
+        common_sampler_accept(tok, is_generated=false)'s, the prompt's."""
         for step in self._history:
             for token in ids:
                 step.accept(int(token))
 
     def sample(self, logits: np.ndarray) -> int:
+        """common_sampler_sample(grammar_first=false), then common_sampler_accept(token, true): the
+        chain picks a token; when a grammar rejects it, the chain runs again (its RNG one draw on)
+        on the row with every token the grammar rejects at -inf."""
+        token = self._draw(logits)
+        grammar = self.grammar
+        if grammar is not None:
+            if not grammar.allows(token):
+                token = self._draw(np.where(grammar.mask(), logits, f32(-np.inf)).astype(f32, copy=False))
+            grammar.accept(token)
+        if self._history:
+            self.accept([token])
+        return token
+
+    def _draw(self, logits: np.ndarray) -> int:
+        """The chain on one row (llama_sampler_apply(chain)): the selected token, nothing accepted."""
         tail = self._whole_row
         if tail is not None and type(logits) is np.ndarray and logits.dtype == f32 and logits.ndim == 1 \
                 and logits.flags.c_contiguous:
             self._last = tail                       # candidates() asks it (_Tail.last)
-            return tail.sample_row(logits)          # no history to accept: the chain is this step
+            return tail.sample_row(logits)
         c = self._last = Candidates(logits)
         for step in self.steps:
             step.apply(c)
-        token = int(c.ids[c.selected])
-        if self._history:
-            self.accept([token])
-        return token
+        return int(c.ids[c.selected])
 
     def reset(self) -> None:
         for step in self.steps:

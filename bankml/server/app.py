@@ -31,8 +31,9 @@ from starlette.routing import Route
 
 from bankml.errors import BankmlError
 from bankml.runtime.embeddings import embed
+from bankml.runtime.grammar.pieces import Pieces
 from bankml.server import webui
-from bankml.server.api import embeddings, native, ollama, openai, props, refused, utility
+from bankml.server.api import embeddings, native, ollama, openai, props, refused, structured, utility
 from bankml.server.engine import Job, run_job, timings_so_far
 from bankml.server.fields import (BadRequest, Vocab, boolean, chat_logprobs, child_seed, job_fields, n_cmpl,
                                   nested_values, response_fields, slot_asked, sse_ping)
@@ -58,6 +59,7 @@ class Server:
         tok = tokenizer_for(model)
         self.piece = lambda t: tok.piece(t, special=False)
         self.detokenize = lambda ids: tok.decode(ids, special=True)
+        self._pieces = None                     # the vocabulary as grammars match it (runtime/grammar/pieces.py)
         self.started = time.time()
         self.n_tasks = 0                        # tasks so far: a task's id (GET /slots)
         self.handoff = Handoff()                # the workers' events to the loop (handoff.py)
@@ -65,6 +67,18 @@ class Server:
         # threads would not go faster, and one bounds the memory of many large prompts at once
         self.prep = ThreadPoolExecutor(1, thread_name_prefix="bankml-prompt")
         weakref.finalize(self, self.handoff.close)
+
+    def constrain(self, constraint: structured.Constraint | None) -> dict:
+        """A request's grammar fields (Job.grammar, Job.grammar_text): parsed and prefilled, or none."""
+        if constraint is None:
+            return {"grammar": None, "grammar_text": ""}
+        tok = tokenizer_for(self.model)
+        if self._pieces is None:
+            self._pieces = Pieces([tok.piece(t, special=True) for t in range(tok.n_vocab)], tok.eog)
+
+        def tokenize(text):
+            return self.model.tokenize(text, add_special=False, parse_special=True)
+        return {"grammar": constraint.start(self._pieces, tokenize), "grammar_text": constraint.text}
 
     async def prepare(self, fn, *args):
         """fn(*args) on the prompt thread."""
@@ -316,11 +330,17 @@ async def _openai(request: Request, chat: bool):
         per_token = boolean(body, "timings_per_token", False)
         if chat:
             messages = openai.chat_messages(body)
+            variables, cont = openai.template_variables(body), openai.continuation(body)
             prompt = await srv.prepare(openai.chat_prompt, srv.model, messages, openai.generation_prompt(body),
-                                       openai.continuation(body), openai.template_variables(body))
+                                       cont, variables)
             fields["user_starts"] = openai.user_starts(srv.model, prompt)
+            continued = cont is not None or bool(messages) and messages[-1]["role"] == "assistant"
+            constraint = await srv.prepare(structured.chat, body, srv.model, messages, variables, continued)
         else:
             prompt = await srv.prepare(openai.completion_prompt, srv.model, body)
+            constraint = structured.native(body)
+        fields.update(await srv.prepare(srv.constrain, constraint))
+        parsed = chat and constraint is not None and bool(constraint.prefill)   # the chat parser's content
         group = await srv.completions(prompt, fields, n, stream, sse_ping(body), slot_asked(body))
     except (BadRequest, Busy) as e:
         return refusal(e)
@@ -332,6 +352,8 @@ async def _openai(request: Request, chat: bool):
         except Exception:
             return oai_error(FAILED, 500, "server_error")
         make = openai.chat_response if chat else openai.text_response
+        if parsed:
+            rs = [dataclasses.replace(r, text=structured.response_content(r.text) or r.text) for r in rs]
         res = make(rs[0], cid, srv.name, post, srv.piece)
         for k, r in enumerate(rs[1:], 1):           # llama-server: the first's answer, every choice
             res["choices"] += openai.indexed(make(r, cid, srv.name, post, srv.piece), k)["choices"]
@@ -341,11 +363,14 @@ async def _openai(request: Request, chat: bool):
 
     async def body_iter():
         first, count = [True] * n, [0] * n
+        content = [structured.ContentStream() for _ in range(n)] if parsed else None
         async for k, (kind, value, prob, _) in group:
             if kind == "ping":
                 yield SSE_PING
             elif kind == "text":
                 count[k] += 1
+                if content is not None:
+                    value = content[k].push(value)
                 if chat:
                     chunks = openai.chat_token_chunks(cid, srv.name, first[k], value, prob, post, srv.piece)
                 else:
@@ -384,6 +409,7 @@ async def completion(request: Request):
         per_token = boolean(body, "timings_per_token", False)
         n = n_cmpl(body, len(srv.pool.slots))
         prompt = await srv.prepare(openai.completion_prompt, srv.model, body)
+        fields.update(await srv.prepare(srv.constrain, structured.native(body)))
         group = await srv.completions(prompt, fields, n, stream, sse_ping(body), slot_asked(body))
     except (BadRequest, Busy) as e:
         return refusal(e)
@@ -491,8 +517,16 @@ async def _ollama(request: Request, kind: str):
         stream = ollama.streaming(body)
         build = ollama.chat_ids if kind == "chat" else ollama.generate_ids
         prompt = await srv.prepare(build, srv.model, body)
+        wanted = structured.ollama(body, kind)      # format, as the llama-server fields Ollama sends
         if kind == "chat":
             fields["user_starts"] = openai.user_starts(srv.model, prompt)
+            messages = openai.chat_messages(body)
+            continued = bool(messages) and messages[-1]["role"] == "assistant"
+            constraint = await srv.prepare(structured.chat, wanted, srv.model, messages, {}, continued)
+        else:
+            constraint = structured.native(wanted)
+        fields.update(await srv.prepare(srv.constrain, constraint))
+        parsed = kind == "chat" and constraint is not None and bool(constraint.prefill)
         events = await srv.generate(prompt, fields, stream)
     except BadRequest as e:
         return JSONResponse(ollama.error_body(str(e)), status_code=e.status)
@@ -503,11 +537,15 @@ async def _ollama(request: Request, kind: str):
             r, = await Completions([events]).results(request)
         except Exception:
             return JSONResponse(ollama.error_body(FAILED), status_code=500)
-        return JSONResponse(ollama.final(name, kind, r, r.text, time.perf_counter_ns() - t0, prompt))
+        text = structured.response_content(r.text) or r.text if parsed else r.text
+        return JSONResponse(ollama.final(name, kind, r, text, time.perf_counter_ns() - t0, prompt))
 
     async def body_iter():
+        content = structured.ContentStream() if parsed else None
         async for ev, value, _, _ in events:
             if ev == "text":
+                if content is not None:
+                    value = content.push(value)
                 if value:
                     yield ndjson(ollama.chunk(name, kind, value))
             elif ev == "done":

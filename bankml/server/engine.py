@@ -38,6 +38,8 @@ class Job:
     n_probs: int = 0                        # > 0: each token's probabilities (populate_token_probs)
     post_sampling_probs: bool = False       # from the chain's candidates, not the whole row
     t_max_predict_ms: int = -1              # > 0: stop at a newline once generating took longer
+    grammar: object = None                  # a runtime.grammar Grammar every token must fit (cloned per run)
+    grammar_text: str = ""                  # its GBNF, as generation_settings shows it
 
 
 @dataclass
@@ -117,7 +119,8 @@ def run_job(model, slot: Slot, job: Job, on_text: Callable[..., None] = lambda s
     else:
         row = sess.prefill(rest, outputs="last")[-1]
     slot.tokens = list(job.prompt)
-    sampler = start_sampler(job.params, job.seed, tok, job.prompt)   # init_sampler
+    grammar = job.grammar.clone() if job.grammar is not None else None
+    sampler = start_sampler(job.params, job.seed, tok, job.prompt, grammar)   # init_sampler
     t1 = time.perf_counter()
     slot.progress = (len(job.prompt), n_cached, (t1 - t0) * 1e3, t1)    # what timings_so_far reads
     out: list[int] = []

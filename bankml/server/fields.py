@@ -462,7 +462,7 @@ NO_SHIFT = "acts only in a context shift: llama-server shifts with --context-shi
 ONE_MODEL = "bankml serves one model, whatever the name (llama-server without a router does the same)"
 ACCOUNT = "an OpenAI platform setting (accounts, storage, caching, routing): no effect on the answer, llama-server ignores it too"
 TOOLS = "tool calling"
-GRAMMAR = "constrained output (a grammar or JSON schema)"
+LAZY = "a grammar that waits for a trigger (tool calls)"
 REASONING = "reasoning control (thinking budgets and tags)"
 
 # make_llama_cmpl_schema (server-schema.cpp) and the task's id_slot: what /completion, /v1/completions
@@ -488,8 +488,10 @@ LLAMA_SERVER = {
     "lora": refused("LoRA adapters"),
     "dry_sequence_breakers": served(), "logit_bias": served(), "ignore_eos": served(), "stop": served(),
     "samplers": served(),
-    "json_schema": refused(GRAMMAR), "grammar": refused(GRAMMAR), "grammar_type": refused(GRAMMAR),
-    "grammar_lazy": refused(GRAMMAR), "grammar_triggers": refused(GRAMMAR), "preserved_tokens": refused(GRAMMAR),
+    "json_schema": served(), "grammar": served(),
+    "grammar_type": refused("a grammar of the chat parser's (llama-server sets it itself)"),
+    "grammar_lazy": refused(LAZY, one_of(False)), "grammar_triggers": refused(LAZY, one_of([])),
+    "preserved_tokens": refused("tokens a chat parser keeps whole", one_of([])),
     "chat_format": refused("a chat output parser", one_of(0)),
     "reasoning_format": refused("reasoning extraction", one_of("none", "auto")),
     "generation_prompt": refused("a chat output parser"), "chat_parser": refused("a chat output parser"),
@@ -509,8 +511,7 @@ OPENAI_CHAT = {
     "messages": served(), "add_generation_prompt": served(),
     "tools": refused(TOOLS), "tool_choice": refused(TOOLS, one_of("none", "auto")),
     "parallel_tool_calls": inert("applies to tool calls only, and tools are refused"),
-    "response_format": refused("structured output (a JSON object or schema)",
-                               lambda v, model=None: v is None or (isinstance(v, dict) and v.get("type") in (None, "text"))),
+    "response_format": served(),
     "chat_template_kwargs": served("the template's variables"), "reasoning_effort": served("a template variable"),
     "thinking_budget_tokens": refused(REASONING, at_most(-1)),
     "top_logprobs": served(),
@@ -548,7 +549,7 @@ NO_CUT = "Ollama cuts or shifts a conversation that outgrows the context; bankml
 # api/types.go ChatRequest and GenerateRequest (the ollama client 0.6.3's fields)
 OLLAMA_COMMON = {
     "model": inert(ONE_MODEL), "stream": served(), "options": served(), "keep_alive": inert(OLLAMA_SERVER),
-    "format": refused("structured output (JSON or a schema)"), "think": refused("thinking"),
+    "format": served(), "think": refused("thinking"),
     "truncate": inert(NO_CUT), "shift": inert(NO_CUT),
     "logprobs": refused("log probabilities"), "top_logprobs": refused("log probabilities", at_most(0)),
 }

@@ -19,7 +19,7 @@ from typing import Iterable
 from bankml.errors import ModelRefused
 from bankml.gguf.reader import GGUF_ARRAY, GGUF_STRING
 from bankml.numerics.stdsort import std_sort
-from bankml.tokenizer.vocab import EOG_TEXTS, PieceVocab, st_partition
+from bankml.tokenizer.vocab import EOG_TEXTS, FIM_TEXTS, FIMEOG_TEXTS, PieceVocab, st_partition
 
 # llama_token_type (gguf token_type) -> llama_token_attr bits we use
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
@@ -253,9 +253,9 @@ class Tokenizer(PieceVocab):
         for i, m in enumerate(merges):
             cut = m.find(" ", 1)
             self.ranks.setdefault((m[:cut], m[cut + 1:]) if cut >= 0 else (m, ""), i)
-        eog = {i for i, t in enumerate(tokens) if t in EOG_TEXTS}
-        for i in eog:
-            if self.types[i] not in (CONTROL,):
+        eog = {i for i, t in enumerate(tokens) if t in EOG_TEXTS or t in FIMEOG_TEXTS}
+        for i, t in enumerate(tokens):
+            if (i in eog or t in FIM_TEXTS) and self.types[i] != CONTROL:
                 self.types[i] = CONTROL             # llama.cpp overrides control-looking tokens
         self.eog = frozenset(eog | ({eos} if eos is not None else set()))
         # tokenizer_st_partition's order: longest text first, equal lengths as libstdc++'s std::sort

@@ -21,21 +21,14 @@ from typing import Iterable
 from bankml.errors import ModelRefused
 from bankml.gguf.reader import GGUF_ARRAY, GGUF_FLOAT32, GGUF_INT32, GGUF_STRING
 from bankml.numerics.stdsort import std_sort
-from bankml.tokenizer.vocab import EOG_TEXTS, PieceVocab, st_partition
+from bankml.tokenizer.vocab import EOG_TEXTS, FIM_TEXTS, FIMEOG_TEXTS, PieceVocab, st_partition
 
 # llama_token_attr bits (include/llama.h)
 A_UNKNOWN, A_UNUSED, A_NORMAL, A_CONTROL, A_USER_DEFINED, A_BYTE = 1, 2, 4, 8, 16, 32
 # gguf token_type -> attr (llama_vocab::impl::load); anything else is UNDEFINED (0)
 _TYPE_ATTR = {1: A_NORMAL, 2: A_UNKNOWN, 3: A_CONTROL, 4: A_USER_DEFINED, 5: A_UNUSED, 6: A_BYTE}
 
-# Texts llama.cpp's vocab loader marks as control (and end of generation) whatever their type:
-# the EOG list (EOG_TEXTS, shared with the BPE tokenizer) and the FIM lists of llama_vocab::impl::load.
-_FIMEOG_TEXTS = {"<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]", "<|fim_repo|>", "<|repo_name|>",
-                  "<fim-repo>", "<REPO>", "<reponame>", "<|file_sep|>"}
-_FIM_TEXTS = {"<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
-              "<|code_prefix|>", "<|prefix|>", "<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>",
-              "<SUF>", "▁<SUF>", "<|code_suffix|>", "<|suffix|>", "<|fim_middle|>", "<fim-middle>", "<fim_middle>",
-              "<｜fim▁end｜>", "<MID>", "▁<MID>", "<|code_middle|>", "<|middle|>"}
+# texts llama.cpp's vocab loader marks user-defined whatever their type
 _ALWAYS_USER_DEFINED = {"<|channel|>", "<|message|>", "<|start|>", "<|constrain|>"}   # the gpt-oss hack
 _SPACE, _ESCAPED_SPACE = " ", "\u2581"
 
@@ -92,9 +85,9 @@ class SpmTokenizer(PieceVocab):
         # takes the first match in hash order; bankml marks every match (one per kind in practice)
         eog = set()
         for text, tid in self.token_to_id.items():
-            if text in EOG_TEXTS or text in _FIMEOG_TEXTS or text in _FIM_TEXTS:
+            if text in EOG_TEXTS or text in FIMEOG_TEXTS or text in FIM_TEXTS:
                 self.attrs[tid] |= A_CONTROL
-                if text not in _FIM_TEXTS:
+                if text not in FIM_TEXTS:
                     eog.add(tid)
         for text, tid in self.token_to_id.items():
             if self.attrs[tid] & A_CONTROL and "unused" in text:

@@ -114,7 +114,7 @@ def test_a_value_that_asks_for_nothing_is_served_as_absent(route, body):
 
 @pytest.mark.parametrize("route,body,field", [
     ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice"),
-    ("/v1/chat/completions", {"response_format": {"type": "json_object"}}, "response_format"),
+    ("/v1/chat/completions", {"grammar_lazy": True}, "grammar_lazy"),
     ("/v1/chat/completions", {"modalities": ["text", "audio"]}, "modalities"),
     ("/v1/chat/completions", {"messages": [{"role": "assistant", "tool_calls": [{}]}]}, "messages[0].tool_calls"),
     ("/api/chat", {"messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}, "messages[0].images"),
@@ -188,6 +188,10 @@ ELSEWHERE = {
     "name": "server/test_refused.py::test_message_fields_reach_the_template",
     "tool_call_id": "server/test_refused.py::test_message_fields_reach_the_template",
     "reasoning_content": "server/test_refused.py::test_message_fields_reach_the_template",
+    "grammar": "server/test_structured.py::test_completion_tokens_equal_llama_servers",
+    "json_schema": "server/test_structured.py::test_completion_tokens_equal_llama_servers",
+    "response_format": "server/test_structured.py::test_chat_content_equals_llama_servers",
+    "format": "server/test_structured.py::test_ollama_format_is_what_ollama_sends_llama_server",
 }
 
 

@@ -33,7 +33,7 @@ def generation_settings(job: dict, stream: bool) -> dict:
     out.update({"max_tokens": job["n_predict"], "n_predict": job["n_predict"], "stream": stream,
                 "n_probs": job["n_probs"], "min_keep": p.min_keep,
                 "samplers": list(p.samplers),
-                "post_sampling_probs": job["post_sampling_probs"]})
+                "post_sampling_probs": job["post_sampling_probs"], "grammar": job.get("grammar_text", "")})
     return out
 
 
