@@ -513,7 +513,8 @@ async def _ollama(request: Request, kind: str):
         if loaded is not None:
             return JSONResponse({"model": name, **loaded})
         refused.request(f"/api/{kind}", body, srv.model)
-        fields = ollama.options_fields(body, srv.vocab, srv.model.n_ctx)
+        fields = {**ollama.options_fields(body, srv.vocab, srv.model.n_ctx), **ollama.logprob_fields(body)}
+        with_top = bool(fields.get("n_probs")) and bool(body.get("top_logprobs"))
         stream = ollama.streaming(body)
         build = ollama.chat_ids if kind == "chat" else ollama.generate_ids
         prompt = await srv.prepare(build, srv.model, body)
@@ -538,16 +539,22 @@ async def _ollama(request: Request, kind: str):
         except Exception:
             return JSONResponse(ollama.error_body(FAILED), status_code=500)
         text = structured.response_content(r.text) or r.text if parsed else r.text
-        return JSONResponse(ollama.final(name, kind, r, text, time.perf_counter_ns() - t0, prompt))
+        out = ollama.final(name, kind, r, text, time.perf_counter_ns() - t0, prompt)
+        if fields.get("n_probs"):           # every streamed chunk's, as Ollama gathers them
+            out["logprobs"] = ollama.logprobs([p for p in r.probs if p.text], srv.piece, with_top)
+        return JSONResponse(out)
 
     async def body_iter():
         content = structured.ContentStream() if parsed else None
-        async for ev, value, _, _ in events:
+        async for ev, value, prob, _ in events:
             if ev == "text":
                 if content is not None:
                     value = content.push(value)
                 if value:
-                    yield ndjson(ollama.chunk(name, kind, value))
+                    c = ollama.chunk(name, kind, value)
+                    if prob is not None:
+                        c["logprobs"] = ollama.logprobs([prob], srv.piece, with_top)
+                    yield ndjson(c)
             elif ev == "done":
                 yield ndjson(ollama.final(name, kind, value, "", time.perf_counter_ns() - t0, prompt))
             else:

@@ -551,7 +551,7 @@ OLLAMA_COMMON = {
     "model": inert(ONE_MODEL), "stream": served(), "options": served(), "keep_alive": inert(OLLAMA_SERVER),
     "format": served(), "think": refused("thinking"),
     "truncate": inert(NO_CUT), "shift": inert(NO_CUT),
-    "logprobs": refused("log probabilities"), "top_logprobs": refused("log probabilities", at_most(0)),
+    "logprobs": served(), "top_logprobs": served(),
 }
 OLLAMA_CHAT = {**OLLAMA_COMMON, "messages": served(), "tools": refused(TOOLS)}
 OLLAMA_GENERATE = {

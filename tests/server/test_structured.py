@@ -191,3 +191,21 @@ def test_clients_get_schema_conforming_json(pair):
                                            options={"temperature": 0, "num_predict": 60})
     person = json.loads(out.message.content)
     assert set(person) == {"name", "age"}
+
+
+@pytest.mark.oracle
+@pytest.mark.server
+def test_gemma3_sampled_json_equals_llama_servers():
+    """A 262,144-token SentencePiece vocabulary (byte pieces, partial UTF-8): /completion with a
+    schema and a chat response format, sampled, give llama-server's tokens."""
+    name = "gemma3-270m-q4_k_m"
+    with BankmlServer(name, threads=1) as ours, LlamaServer(models.path(name), threads=1) as theirs:
+        pair = (ours.url, theirs.url)
+        body = {"prompt": "Une personne en JSON :", "n_predict": 32, "return_tokens": True, **SAMPLED,
+                "json_schema": {"type": "object", "properties": {"nom": {"type": "string"},
+                                                                 "ville": {"enum": ["Paris", "Lyon", "Zürich"]}}}}
+        got, want = both(pair, "/completion", body)
+        assert got["tokens"] == want["tokens"]
+        chat = {"messages": CHAT, "max_tokens": 32, **SAMPLED, "response_format": {"type": "json_object"}}
+        got, want = both(pair, "/v1/chat/completions", chat)
+        assert got["choices"][0]["message"] == want["choices"][0]["message"]

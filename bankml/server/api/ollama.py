@@ -13,9 +13,10 @@ from __future__ import annotations
 import datetime
 import hashlib
 
-from bankml.server.engine import Result
+from bankml.runtime.probs import logarithm
+from bankml.server.engine import Prob, Result
 from bankml.server.fields import BadRequest, c_float, job_fields
-from bankml.server.api.openai import chat_messages, chat_prompt
+from bankml.server.api.openai import _token, chat_messages, chat_prompt
 
 VERSION = "0.6.3"       # the Ollama API version these shapes follow (the ollama client tested against)
 
@@ -144,6 +145,35 @@ def generate_ids(model, body: dict) -> list[int]:
         messages.append({"role": "system", "content": body["system"]})
     messages.append({"role": "user", "content": prompt})
     return chat_prompt(model, messages)
+
+
+def logprob_fields(body: dict) -> dict:
+    """logprobs and top_logprobs as Ollama checks them (server/routes.go: 0 to 20) and sends them to
+    llama-server (llm/llama_server.go: n_probs, or a chat's top_logprobs, max(top_logprobs, 1))."""
+    top = body.get("top_logprobs")
+    top = 0 if top is None else top
+    if isinstance(top, bool) or not isinstance(top, int):
+        raise BadRequest("top_logprobs must be an integer")
+    if top < 0 or top > 20:
+        raise BadRequest("top_logprobs must be between 0 and 20")
+    return {"n_probs": max(top, 1), "post_sampling_probs": False} if body.get("logprobs") is True else {}
+
+
+def logprobs(entries: list[Prob], piece, with_top: bool) -> list[dict]:
+    """llama-server's token probabilities as Ollama gives them (convertLogprobs, then toAPILogprobs):
+    token, logprob, the token text's bytes; top_logprobs when top_logprobs > 0 was asked."""
+    def entry(token: str, logprob: float) -> dict:
+        out = {"token": token, "logprob": logprob}
+        if token:
+            out["bytes"] = list(token.encode())
+        return out
+    out = []
+    for e in entries:
+        d = entry(_token(e.text.encode())["token"], logarithm(e.probs.prob))
+        if with_top and e.probs.top:
+            d["top_logprobs"] = [entry(_token(piece(t))["token"], logarithm(p)) for t, p in e.probs.top]
+        out.append(d)
+    return out
 
 
 def chunk(model_name: str, kind: str, text: str) -> dict:
