@@ -44,9 +44,9 @@ def watch_samplers(monkeypatch) -> list[tuple]:
     from bankml.runtime import generate
     made, start = [], generate.start_sampler
 
-    def watched(params, seed, tokenizer, prompt):
+    def watched(params, seed, tokenizer, prompt, grammar=None):
         made.append((params, seed, list(prompt)))
-        return start(params, seed, tokenizer, prompt)
+        return start(params, seed, tokenizer, prompt, grammar)
     monkeypatch.setattr(generate, "start_sampler", watched)
     return made
 
