@@ -353,7 +353,7 @@ async def _openai(request: Request, chat: bool):
             return oai_error(FAILED, 500, "server_error")
         make = openai.chat_response if chat else openai.text_response
         if parsed:
-            rs = [dataclasses.replace(r, text=structured.response_content(r.text) or r.text) for r in rs]
+            rs = [dataclasses.replace(r, text=structured.answer(r.text)) for r in rs]
         res = make(rs[0], cid, srv.name, post, srv.piece)
         for k, r in enumerate(rs[1:], 1):           # llama-server: the first's answer, every choice
             res["choices"] += openai.indexed(make(r, cid, srv.name, post, srv.piece), k)["choices"]
@@ -538,7 +538,7 @@ async def _ollama(request: Request, kind: str):
             r, = await Completions([events]).results(request)
         except Exception:
             return JSONResponse(ollama.error_body(FAILED), status_code=500)
-        text = structured.response_content(r.text) or r.text if parsed else r.text
+        text = structured.answer(r.text) if parsed else r.text
         out = ollama.final(name, kind, r, text, time.perf_counter_ns() - t0, prompt)
         if fields.get("n_probs"):           # every streamed chunk's, as Ollama gathers them
             out["logprobs"] = ollama.logprobs([p for p in r.probs if p.text], srv.piece, with_top)

@@ -18,9 +18,8 @@ Every such grammar is checked before the request is queued: a bad one is llama-s
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import json
+from dataclasses import dataclass
 
 from bankml.runtime.chat import chat_template, generation_prompt
 from bankml.runtime.grammar.json_schema import SchemaError, add_schema, format_literal, to_grammar
@@ -142,14 +141,14 @@ def chat(body: dict, model, messages: list[dict], extra: dict, continued: bool) 
         elif kind not in ("", "text"):
             raise BadRequest(f'response_format type must be one of "text" or "json_object", but got: {kind}')
     if isinstance(schema, dict):
-        return Constraint(chat_grammar(model, messages, extra, schema or {"type": "object"}, continued),
-                          generation_prompt(model, messages, **extra))
+        prompt = generation_prompt(model, messages, **extra)
+        return Constraint(chat_grammar(model, prompt, schema or {"type": "object"}, continued), prompt)
     if schema is not None:                  # not an object: the field handler converts it, and fails
         _schema_grammar(schema)
     return Constraint(grammar) if grammar else None
 
 
-def chat_grammar(model, messages: list[dict], extra: dict, schema: dict, continued: bool) -> str:
+def chat_grammar(model, generation_prompt: str, schema: dict, continued: bool) -> str:
     """The autoparser's grammar for a response format (autoparser::build_parser, no tools, no
     reasoning): root ::= generation prompt, space, then the schema's JSON alone or in a ```json fence."""
     source = chat_template(model)
@@ -166,9 +165,8 @@ def chat_grammar(model, messages: list[dict], extra: dict, schema: dict, continu
     except SchemaError as e:
         raise BadRequest("Unable to generate parser for this template. Automatic parser generation failed: "
                          f"{e}") from None
-    prompt = format_literal(generation_prompt(model, messages, **extra))
     rules["response-format"] = name
-    rules["root"] = (f"{prompt} space space (\"```json\" space response-format space \"```\" | "
+    rules["root"] = (f"{format_literal(generation_prompt)} space space (\"```json\" space response-format space \"```\" | "
                      "space response-format space)")
     lines = [f"{k} ::= {v}" for k, v in rules.items()] + PEG_JSON.splitlines()
     return "\n".join(sorted(lines)) + "\n"
@@ -196,6 +194,12 @@ def response_content(text: str) -> str:
     except ValueError:
         return rest
     return rest[:end]
+
+
+def answer(text: str) -> str:
+    """A response-format answer's content as llama-server answers it: the parsed content, or the
+    whole text when the parser took none."""
+    return response_content(text) or text
 
 
 class ContentStream:
