@@ -316,10 +316,13 @@ def _env(name: str) -> dict:
               help="As llama-server --embeddings: serve /v1/embeddings, /embedding(s) and Ollama's /api/embed.")
 @click.option("--pooling", type=click.Choice(["none", "mean", "cls", "last"]), default=None, **_env("POOLING"),
               help="Embeddings' pooling, as llama-server --pooling (default: the model's, else none).")
+@click.option("--chat-template-file", "template_file", default=None, type=click.Path(dir_okay=False),
+              **_env("CHAT_TEMPLATE_FILE"), help="As llama-server --chat-template-file: this Jinja chat template "
+              "over the model's (a tool-calling one, say).")
 @cache_type_options
 def serve(model, host, port, threads, llama_threads, n_ctx, n_slots, queue_size, cache_ram, api_key, api_key_file,
           cors_origins, cors_methods, cors_headers, cors_credentials, max_body, sse_ping, model_name,
-          swa_full, metrics, embeddings, pooling, cache_type_k, cache_type_v):
+          swa_full, metrics, embeddings, pooling, template_file, cache_type_k, cache_type_v):
     """Serve MODEL (default: SmolLM2-135M-Instruct) over the OpenAI and Ollama HTTP APIs, with
     llama-server's prompt cache and the same tokens as llama-server b11434 (-np 1). Every option
     can also come from the environment (BANKML_PORT, BANKML_API_KEY, ...), so keys need not be on
@@ -343,8 +346,10 @@ def serve(model, host, port, threads, llama_threads, n_ctx, n_slots, queue_size,
     http = HttpOptions(host=host, api_keys=tuple(keys), cors_origins=cors_origins, cors_methods=cors_methods,
                        cors_headers=cors_headers, cors_credentials=cors_credentials, max_body=max_body * 1024 * 1024,
                        sse_ping_s=sse_ping)
+    template = _template_file(template_file) if template_file else None
     m = bankml.load(_model_or_default(model, model_name), threads=threads, llama_threads=llama_threads, n_ctx=n_ctx,
                     cache_type_k=cache_type_k, cache_type_v=cache_type_v)
+    m.chat_template = template
     if embeddings:
         from bankml.server.api.embeddings import model_pooling
         pooling = pooling or model_pooling(m)
@@ -363,6 +368,22 @@ def serve(model, host, port, threads, llama_threads, n_ctx, n_slots, queue_size,
         uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
     finally:
         m.close()
+
+
+def _template_file(path: str) -> str:
+    """A --chat-template-file's text: UTF-8, at most 1 MiB, and it must compile."""
+    from bankml.runtime.chat import ChatTemplateError, check_template
+    try:
+        with open(path, "rb") as f:
+            raw = f.read((1 << 20) + 1)
+    except OSError as e:
+        raise click.BadParameter(f"{path}: {e.strerror}", param_hint="--chat-template-file") from None
+    if len(raw) > 1 << 20:
+        raise click.BadParameter(f"{path}: over 1 MiB", param_hint="--chat-template-file")
+    try:
+        return check_template(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ChatTemplateError) as e:
+        raise click.BadParameter(f"{path}: {e}", param_hint="--chat-template-file") from None
 
 
 @main.command("compile")

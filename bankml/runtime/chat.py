@@ -50,6 +50,15 @@ def _compile(source: str):
     return env.from_string(source.replace("\r\n", "\n").replace("\r", "\n"))
 
 
+def check_template(source: str) -> str:
+    """source, once it compiles (else ChatTemplateError naming the syntax error)."""
+    try:
+        _compile(source)
+    except TemplateError as e:
+        raise ChatTemplateError(f"chat template failed: {type(e).__name__}: {e}") from e
+    return source
+
+
 def render_template(source: str, messages: list[dict], bos_token: str = "", eos_token: str = "",
                     add_generation_prompt: bool = True, add_bos: bool = False, add_eos: bool = False,
                     **extra) -> str:
@@ -74,7 +83,10 @@ def render_template(source: str, messages: list[dict], bos_token: str = "", eos_
 
 
 def has_chat_template(model) -> bool:
-    """Whether the model's header has a `tokenizer.chat_template` (llama-cli then chats by default)."""
+    """Whether the model's header has a `tokenizer.chat_template` (llama-cli then chats by default),
+    or the model was given one (--chat-template-file)."""
+    if getattr(model, "chat_template", None):
+        return True
     src = model.gguf.metadata.get("tokenizer.chat_template")
     return isinstance(src, str) and bool(src)
 
@@ -101,7 +113,10 @@ CHATML_TEMPLATE = (
 
 def chat_template(model) -> str:
     """The model's `tokenizer.chat_template`; ChatML when the header has none (or says "chatml"),
-    as llama-server's common_chat_templates_init does."""
+    as llama-server's common_chat_templates_init does; a template file's given to the model
+    (model.chat_template, --chat-template-file) over both."""
+    if getattr(model, "chat_template", None):
+        return model.chat_template
     gguf = model.gguf if hasattr(model, "gguf") else None
     if gguf is None:
         from bankml.gguf import read_gguf
@@ -163,3 +178,37 @@ def _render(model, source: str, messages: list[dict], add_generation_prompt: boo
         return tok.piece(tid).decode("utf-8", "replace") if tid is not None else ""
     return render_template(source, messages, text(tok.bos), text(tok.eos), add_generation_prompt,
                            tok.add_bos, tok.add_eos, **extra)
+
+
+def _renders(source: str, messages: list[dict], marker: str, **extra) -> bool:
+    try:
+        return marker in render_template(source, messages, **extra)
+    except Exception:               # a probe the template cannot render: not supported (caps_try_execute)
+        return False
+
+
+def template_caps(source: str) -> dict:
+    """jinja::caps_get's answers, by probe rendering."""
+    user = {"role": "user", "content": "User message"}
+    call = lambda name, args: {"type": "function", "id": name, "function": {"name": name, "arguments": args}}  # noqa: E731
+    tool = {"type": "function", "function": {"name": "tool_marker", "description": "",
+                                             "parameters": {"type": "object", "properties": {}}}}
+    one_call = [user, {"role": "assistant", "content": "", "tool_calls": [call("call_marker", '{"a": 1}')]}]
+    two_calls = [user, {"role": "assistant", "content": "",
+                        "tool_calls": [call("first_marker", "{}"), call("second_marker", "{}")]}]
+    object_args = [user, {"role": "assistant", "content": "", "tool_calls": [call("f", {"arg_marker": 1})]}]
+    reasoning = [user, {"role": "assistant", "content": "A", "reasoning_content": "reasoning_marker"}, user]
+    tool_calls = _renders(source, one_call, "call_marker")
+    return {
+        "supports_object_arguments": tool_calls and _renders(source, object_args, "arg_marker"),
+        "supports_parallel_tool_calls": tool_calls and _renders(source, two_calls, "second_marker"),
+        "supports_preserve_reasoning": _renders(source, reasoning, "reasoning_marker"),
+        "supports_reasoning_effort": "reasoning_effort" in source or "reasoning_strength" in source,
+        "supports_string_content": _renders(source, [{"role": "user", "content": "STRING_MARKER"}], "STRING_MARKER"),
+        "supports_system_role": _renders(source, [{"role": "system", "content": "System message"}, user],
+                                         "System message"),
+        "supports_tool_calls": tool_calls,
+        "supports_tools": _renders(source, [user], "tool_marker", tools=[tool]),
+        "supports_typed_content": _renders(source, [{"role": "user", "content": [{"type": "text", "text": "TYPED"}]}],
+                                           "TYPED"),
+    }

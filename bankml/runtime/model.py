@@ -42,6 +42,7 @@ class Model:
         self.profile = o.profile        # float orders: "ggml" (llama.cpp's bits) | "portable" (docs/PORTABLE.md)
         self.path = Path(path)
         self.gguf = read_gguf(self.path)
+        self.chat_template: str | None = None     # a template file's text over the header's (--chat-template-file)
         spec = registry.lookup(o.arch) if o.arch else None
         declared = spec is not None and spec.tensors is not None   # a full declaration plans the file itself
         self.plan = make_plan(self.gguf, o.arch if declared else None)

@@ -33,7 +33,7 @@ from bankml.errors import BankmlError
 from bankml.runtime.embeddings import embed
 from bankml.runtime.grammar.pieces import Pieces
 from bankml.server import webui
-from bankml.server.api import embeddings, native, ollama, openai, props, refused, structured, utility
+from bankml.server.api import embeddings, native, ollama, openai, props, refused, structured, tools, utility
 from bankml.server.engine import Job, run_job, timings_so_far
 from bankml.server.fields import (BadRequest, Vocab, boolean, chat_logprobs, child_seed, job_fields, n_cmpl,
                                   nested_values, response_fields, slot_asked, sse_ping)
@@ -329,18 +329,23 @@ async def _openai(request: Request, chat: bool):
         include_usage = boolean(opts, "include_usage", False)
         per_token = boolean(body, "timings_per_token", False)
         if chat:
-            messages = openai.chat_messages(body)
-            variables, cont = openai.template_variables(body), openai.continuation(body)
+            messages, variables, tool_req = await srv.prepare(openai.chat_inputs, srv.model, body)
+            cont = openai.continuation(body)
             prompt = await srv.prepare(openai.chat_prompt, srv.model, messages, openai.generation_prompt(body),
                                        cont, variables)
             fields["user_starts"] = openai.user_starts(srv.model, prompt)
             continued = cont is not None or bool(messages) and messages[-1]["role"] == "assistant"
-            constraint = await srv.prepare(structured.chat, body, srv.model, messages, variables, continued)
+            constraint = await srv.prepare(structured.chat, body, srv.model, messages, variables, continued,
+                                           tool_req)
         else:
             prompt = await srv.prepare(openai.completion_prompt, srv.model, body)
             constraint = structured.native(body)
+        calls = constraint.calls if constraint is not None else None    # the reply's tool calls are parsed
+        if calls is not None and stream:
+            raise BadRequest("Field 'stream': streamed tool calls are not served by bankml yet; "
+                             "leave 'stream' out (or false) with tools", 501, "not_supported_error")
         fields.update(await srv.prepare(srv.constrain, constraint))
-        parsed = chat and constraint is not None and bool(constraint.prefill)   # the chat parser's content
+        parsed = chat and calls is None and constraint is not None and bool(constraint.prefill)   # the chat parser's content
         group = await srv.completions(prompt, fields, n, stream, sse_ping(body), slot_asked(body))
     except (BadRequest, Busy) as e:
         return refusal(e)
@@ -351,12 +356,18 @@ async def _openai(request: Request, chat: bool):
             rs = await group.results(request)
         except Exception:
             return oai_error(FAILED, 500, "server_error")
-        make = openai.chat_response if chat else openai.text_response
         if parsed:
             rs = [dataclasses.replace(r, text=structured.answer(r.text)) for r in rs]
-        res = make(rs[0], cid, srv.name, post, srv.piece)
+        replies = [tools.reply(r.text, *calls) if calls is not None else (r.text, None) for r in rs]
+        rs = [dataclasses.replace(r, text=text) for r, (text, _) in zip(rs, replies)]
+
+        def make(r, k):
+            if chat:
+                return openai.chat_response(r, cid, srv.name, post, srv.piece, replies[k][1])
+            return openai.text_response(r, cid, srv.name, post, srv.piece)
+        res = make(rs[0], 0)
         for k, r in enumerate(rs[1:], 1):           # llama-server: the first's answer, every choice
-            res["choices"] += openai.indexed(make(r, cid, srv.name, post, srv.piece), k)["choices"]
+            res["choices"] += openai.indexed(make(r, k), k)["choices"]
         if body.get("verbose") is True and body.get("return_tokens") is True:
             res["__verbose"] = {"content": rs[0].text, "tokens": rs[0].tokens, "stop_type": rs[0].stop_type}
         return JSONResponse(res)

@@ -509,8 +509,8 @@ LLAMA_SERVER = {
 OPENAI_CHAT = {
     **LLAMA_SERVER,
     "messages": served(), "add_generation_prompt": served(),
-    "tools": refused(TOOLS), "tool_choice": refused(TOOLS, one_of("none", "auto")),
-    "parallel_tool_calls": inert("applies to tool calls only, and tools are refused"),
+    "tools": served("rendered by the template; calls parsed for Hermes-style templates (docs/SERVER.md)"),
+    "tool_choice": served("\"auto\", \"none\" or \"required\""), "parallel_tool_calls": served(),
     "response_format": served(),
     "chat_template_kwargs": served("the template's variables"), "reasoning_effort": served("a template variable"),
     "thinking_budget_tokens": refused(REASONING, at_most(-1)),
@@ -538,7 +538,7 @@ OPENAI_COMPLETIONS = {
 # reasoning_content reach the template as llama-server passes them)
 OPENAI_MESSAGE = {
     "role": served(), "content": served(), "name": served(), "tool_call_id": served(),
-    "reasoning_content": served(), "tool_calls": refused(TOOLS),
+    "reasoning_content": served(), "tool_calls": served(),
     "refusal": inert("an assistant's refusal text, which llama-server's templates do not render"),
     "audio": refused("audio input"), "function_call": refused(TOOLS),
 }

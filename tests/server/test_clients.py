@@ -89,12 +89,12 @@ def test_refusals_have_llama_server_status_and_shape(srv, oai):
 
 @pytest.mark.server
 def test_fields_bankml_does_not_serve_are_refused_not_dropped(srv, oai, oll):
-    """Tools, n > the slots, images, thinking: 501 naming the field (n: llama-server's 400), through
-    the clients users have; a value that asks for nothing (n 1, no tools, a text format) is served.
-    (Structured output is served: tests/server/test_structured.py.)"""
+    """Ollama's tools, n > the slots, images, thinking: 501 naming the field (n: llama-server's 400),
+    through the clients users have; a value that asks for nothing (n 1, no tools, a text format) is
+    served. (Structured output and OpenAI tools are served: tests/server/test_structured.py, test_tools.py.)"""
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}
-    for kw, field in (({"tools": [tool]}, "tools"), ({"tool_choice": "required"}, "tool_choice"),
-                      ({"extra_body": {"grammar_lazy": True}}, "grammar_lazy")):
+    for kw, field in (({"extra_body": {"grammar_lazy": True}}, "grammar_lazy"),
+                      ({"extra_body": {"grammar_triggers": [{"type": 1, "value": "x"}]}}, "grammar_triggers")):
         with pytest.raises(openai.APIStatusError) as e:
             oai.chat.completions.create(model="m", messages=MSG, max_tokens=2, **kw)
         assert e.value.status_code == 501 and f"Field '{field}'" in e.value.message, kw

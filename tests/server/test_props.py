@@ -8,7 +8,7 @@ import pytest
 
 from bankml.oracle.server import LlamaServer
 from bankml.runtime.chat import CHATML_TEMPLATE
-from bankml.server.api.props import template_caps
+from bankml.runtime.chat import template_caps
 from bankml.testing import models
 from bankml.testing.serve import BankmlServer
 

@@ -113,10 +113,10 @@ def test_a_value_that_asks_for_nothing_is_served_as_absent(route, body):
 
 
 @pytest.mark.parametrize("route,body,field", [
-    ("/v1/chat/completions", {"tool_choice": "required"}, "tool_choice"),
     ("/v1/chat/completions", {"grammar_lazy": True}, "grammar_lazy"),
     ("/v1/chat/completions", {"modalities": ["text", "audio"]}, "modalities"),
-    ("/v1/chat/completions", {"messages": [{"role": "assistant", "tool_calls": [{}]}]}, "messages[0].tool_calls"),
+    ("/api/chat", {"tools": [{"type": "function"}]}, "tools"),
+    ("/api/chat", {"messages": [{"role": "assistant", "tool_calls": [{}]}]}, "messages[0].tool_calls"),
     ("/api/chat", {"messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}, "messages[0].images"),
     ("/api/chat", {"options": {"num_ctx": 8192}}, "options.num_ctx"),
     ("/api/chat", {"options": {"num_thread": 3}}, "options.num_thread"),
@@ -192,6 +192,10 @@ ELSEWHERE = {
     "json_schema": "server/test_structured.py::test_completion_tokens_equal_llama_servers",
     "response_format": "server/test_structured.py::test_chat_content_equals_llama_servers",
     "format": "server/test_structured.py::test_ollama_format_is_what_ollama_sends_llama_server",
+    "tools": "server/test_tools.py::test_calls_and_tokens_equal_llama_servers",
+    "tool_choice": "server/test_tools.py::test_tool_choice_none_leaves_the_call_as_text",
+    "parallel_tool_calls": "server/test_tools.py::test_calls_and_tokens_equal_llama_servers",
+    "tool_calls": "server/test_tools.py::test_the_prompt_with_tools_and_calls_equals_llama_servers",
 }
 
 

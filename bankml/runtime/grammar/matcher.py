@@ -319,6 +319,11 @@ class Grammar:
         g.stacks = list(self.stacks)
         return g
 
+    @property
+    def pieces(self) -> list[bytes]:
+        """The vocabulary's pieces, as the grammar reads them."""
+        return self._pieces.pieces
+
     def _key(self) -> tuple:
         """What the mask depends on: the stacks, and the partial sequence only while one is open."""
         return frozenset(self.stacks), self.partial if self.partial[1] > 0 else None
@@ -357,7 +362,11 @@ class Grammar:
     def accept(self, token: int) -> None:
         """llama_grammar_accept_impl (not lazy). Where llama.cpp throws (no stack survives the piece)
         or aborts (EOG while no stack is done), raises GrammarError and keeps the state."""
-        r, piece = self._rules, self._pieces.pieces[token]
+        self.accept_piece(token, self._pieces.pieces[token])
+
+    def accept_piece(self, token: int, piece: bytes) -> None:
+        """llama_grammar_accept_token: `piece` for `token` (a lazy grammar replays part of a piece)."""
+        r = self._rules
         if token in self._pieces.eog:
             if any(not s for s in self.stacks):
                 return

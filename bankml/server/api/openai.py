@@ -11,8 +11,9 @@ import string
 import time
 
 import bankml
-from bankml.runtime.chat import ChatTemplateError, render_chat
+from bankml.runtime.chat import ChatTemplateError, chat_template, render_chat, template_caps
 from bankml.runtime.probs import logarithm
+from bankml.server.api import tools
 from bankml.server.engine import Prob, Result
 from bankml.server.fields import BadRequest, _json_type, boolean
 
@@ -79,6 +80,9 @@ def chat_messages(body: dict) -> list[dict]:
             raise BadRequest("Assistant message must contain either 'content' or 'tool_calls'!")
         parts = message_parts(msg)
         out.append({"role": role, "content": message_text(msg), **_passed(msg)})
+        calls = tools.message_calls(msg)
+        if calls:
+            out[-1]["tool_calls"] = calls
         if parts is not None:       # a continued message's text: its parts joined by blank lines (render_content)
             out[-1]["_continued"] = joined(parts, "\n\n")
     return out
@@ -124,6 +128,23 @@ def template_variables(body: dict) -> dict:
     return {**variables, **out}
 
 
+def chat_inputs(model, body: dict) -> tuple[list[dict], dict, tools.ToolRequest | None]:
+    """A chat request's messages, template variables and tools, as common_chat_templates_apply
+    hands them to the template: `tools` among the variables when there are some, each call's
+    arguments an object where the template reads them so (func_args_not_string)."""
+    messages, variables = chat_messages(body), template_variables(body)
+    calls = any(m.get("tool_calls") for m in messages)
+    if not calls and not body.get("tools") and body.get("tool_choice") in (None, "auto"):
+        return messages, variables, None
+    caps = template_caps(chat_template(model))
+    if calls and caps["supports_object_arguments"]:
+        messages = tools.object_arguments(messages)
+    req = tools.parse(body, caps["supports_parallel_tool_calls"])
+    if req is not None:
+        variables = {**variables, "tools": req.tools}
+    return messages, variables, req
+
+
 def chat_text(model, messages: list[dict], add_generation_prompt: bool = True,
               continue_final: str | None = None, variables: dict | None = None) -> str:
     """The rendered conversation (a model without a template: ChatML, as llama-server); variables:
@@ -131,6 +152,8 @@ def chat_text(model, messages: list[dict], add_generation_prompt: bool = True,
     if continue_final is None and messages and messages[-1]["role"] == "assistant" and len(messages) >= 2 \
             and messages[-2]["role"] == "assistant":
         raise BadRequest("Cannot have 2 or more assistant messages at the end of the list.")
+    if messages and messages[-1]["role"] == "assistant" and messages[-1].get("tool_calls"):
+        raise BadRequest("Cannot continue an assistant message that contains tool calls.")
     try:
         return render_chat(model, messages, add_generation_prompt=add_generation_prompt, continue_final=continue_final,
                            **(variables or {}))
@@ -238,8 +261,14 @@ def _head(obj: str, cid: str, model_name: str) -> dict:
             "object": obj, "id": cid}
 
 
-def chat_response(r: Result, cid: str, model_name: str, post: bool = False, piece=None) -> dict:
+def chat_response(r: Result, cid: str, model_name: str, post: bool = False, piece=None,
+                  calls: list[dict] | None = None) -> dict:
+    """The answer; `calls`: the tool calls parsed out of it (r.text then the content before them)."""
     choice = {"finish_reason": r.finish, "index": 0, "message": {"role": "assistant", "content": r.text}}
+    if calls:
+        choice["message"]["tool_calls"] = calls
+        if r.stop_type in ("eos", "word"):
+            choice["finish_reason"] = "tool_calls"
     entries = r.final_probs(stream=False)
     if entries:
         choice["logprobs"] = logprobs(entries, post, piece)

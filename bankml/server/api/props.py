@@ -11,7 +11,7 @@ and bankml has no --props.
 from __future__ import annotations
 
 import bankml
-from bankml.runtime.chat import chat_template, render_template
+from bankml.runtime.chat import chat_template, template_caps
 from bankml.server.api.native import generation_settings
 from bankml.tokenizer import tokenizer_for
 
@@ -52,40 +52,6 @@ def default_params(job: dict, stream: bool = False, reasoning_format: str = "non
                 "samplers": s["samplers"], "speculative.types": "none", "timings_per_token": False,
                 "post_sampling_probs": s["post_sampling_probs"], "backend_sampling": False, "lora": []})
     return out
-
-
-def _renders(source: str, messages: list[dict], marker: str, **extra) -> bool:
-    try:
-        return marker in render_template(source, messages, **extra)
-    except Exception:               # a probe the template cannot render: not supported (caps_try_execute)
-        return False
-
-
-def template_caps(source: str) -> dict:
-    """jinja::caps_get's answers, by probe rendering."""
-    user = {"role": "user", "content": "User message"}
-    call = lambda name, args: {"type": "function", "id": name, "function": {"name": name, "arguments": args}}  # noqa: E731
-    tool = {"type": "function", "function": {"name": "tool_marker", "description": "",
-                                             "parameters": {"type": "object", "properties": {}}}}
-    one_call = [user, {"role": "assistant", "content": "", "tool_calls": [call("call_marker", '{"a": 1}')]}]
-    two_calls = [user, {"role": "assistant", "content": "",
-                        "tool_calls": [call("first_marker", "{}"), call("second_marker", "{}")]}]
-    object_args = [user, {"role": "assistant", "content": "", "tool_calls": [call("f", {"arg_marker": 1})]}]
-    reasoning = [user, {"role": "assistant", "content": "A", "reasoning_content": "reasoning_marker"}, user]
-    tool_calls = _renders(source, one_call, "call_marker")
-    return {
-        "supports_object_arguments": tool_calls and _renders(source, object_args, "arg_marker"),
-        "supports_parallel_tool_calls": tool_calls and _renders(source, two_calls, "second_marker"),
-        "supports_preserve_reasoning": _renders(source, reasoning, "reasoning_marker"),
-        "supports_reasoning_effort": "reasoning_effort" in source or "reasoning_strength" in source,
-        "supports_string_content": _renders(source, [{"role": "user", "content": "STRING_MARKER"}], "STRING_MARKER"),
-        "supports_system_role": _renders(source, [{"role": "system", "content": "System message"}, user],
-                                         "System message"),
-        "supports_tool_calls": tool_calls,
-        "supports_tools": _renders(source, [user], "tool_marker", tools=[tool]),
-        "supports_typed_content": _renders(source, [{"role": "user", "content": [{"type": "text", "text": "TYPED"}]}],
-                                           "TYPED"),
-    }
 
 
 def props(model, model_name: str, n_slots: int, default_job: dict, metrics: bool) -> dict:

@@ -21,10 +21,12 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from bankml.runtime.chat import chat_template, generation_prompt
+from bankml.runtime.chat import chat_template, generation_prompt, render_chat, template_caps
 from bankml.runtime.grammar.json_schema import SchemaError, add_schema, format_literal, to_grammar
+from bankml.runtime.grammar.lazy import LazyGrammar
 from bankml.runtime.grammar.matcher import Grammar, GrammarError
 from bankml.runtime.grammar.pieces import Pieces
+from bankml.server.api import tools
 from bankml.server.fields import BadRequest
 
 # Ollama's grammarJSON (llm/llama_server.go, ollama/ollama at fb30760, 2026-08-21): format "json"
@@ -71,8 +73,10 @@ REASONING_MARKERS = ("<think>", "reasoning_content", "enable_thinking", "<|chann
 class Constraint:
     text: str               # the GBNF
     prefill: str = ""       # text the grammar accepts before the first token (a chat's generation prompt)
+    triggers: tuple = ()    # lazy: the words that start it (then never prefilled)
+    calls: object = None    # a tools.CallFormat and ToolRequest pair when the reply holds tool calls
 
-    def start(self, pieces: Pieces, tokenize) -> Grammar:
+    def start(self, pieces: Pieces, tokenize) -> Grammar | LazyGrammar:
         """The grammar a generation starts from: parsed, then the prefill's tokens accepted
         (common_sampler_init: common_tokenize(prefill, add_special=false, parse_special=true), a
         first token that is only the tokenizer's leading space left out). pieces: the vocabulary's
@@ -81,6 +85,8 @@ class Constraint:
             grammar = Grammar(self.text, pieces, tokenize=tokenize)
         except GrammarError:
             raise BadRequest(INVALID_GRAMMAR) from None
+        if self.triggers:
+            return LazyGrammar(grammar, list(self.triggers))
         ids = tokenize(self.prefill) if self.prefill else []
         for i, t in enumerate(ids):
             if i == 0 and pieces.pieces[t][:1].isspace() and not self.prefill[:1].isspace():
@@ -117,13 +123,17 @@ def native(body: dict) -> Constraint | None:
     return Constraint(text) if text else None
 
 
-def chat(body: dict, model, messages: list[dict], extra: dict, continued: bool) -> Constraint | None:
+def chat(body: dict, model, messages: list[dict], extra: dict, continued: bool,
+         req: tools.ToolRequest | None = None) -> Constraint | None:
     """oaicompat_chat_params_parse's grammar for /v1/chat/completions: `continued` says the prompt
-    continues the last message (continue_final_message, or a final assistant message)."""
+    continues the last message (continue_final_message, or a final assistant message); `req` the
+    request's tools (extra then renders them)."""
     schema = body.get("json_schema")
     grammar = _user_grammar(body)
     if schema is not None and grammar:
         raise BadRequest("Cannot use both json_schema and grammar", 500, "server_error")
+    if req is not None and req.choice != "none" and "grammar" in body:
+        raise BadRequest("Cannot use custom grammar constraints with tools.")
     if "response_format" in body:
         rf = body["response_format"]
         if not isinstance(rf, dict):
@@ -145,7 +155,38 @@ def chat(body: dict, model, messages: list[dict], extra: dict, continued: bool) 
         return Constraint(chat_grammar(model, prompt, schema or {"type": "object"}, continued), prompt)
     if schema is not None:                  # not an object: the field handler converts it, and fails
         _schema_grammar(schema)
+    if req is not None and req.choice != "none":
+        calls = tool_calls(model, messages, extra, continued, req)
+        if calls is not None:
+            return calls
     return Constraint(grammar) if grammar else None
+
+
+def tool_calls(model, messages: list[dict], extra: dict, continued: bool, req: tools.ToolRequest) -> Constraint | None:
+    """The autoparser's tool-call grammar for a template that renders tool calls: under "required"
+    prefilled with the generation prompt, under "auto" lazy, started by the call marker. None
+    where the template renders no tool call (llama-server then parses plain content)."""
+    source = chat_template(model)
+    if not template_caps(source)["supports_tool_calls"]:
+        return None
+    marker = next((m for m in REASONING_MARKERS if m in source), None)
+    if marker is not None:
+        raise BadRequest(f"tools: the chat template has reasoning ({marker!r}), whose tool-call grammar bankml "
+                         "does not build", 501, "not_supported_error")
+    if continued:
+        raise BadRequest("tools with a continued final message are not implemented", 501, "not_supported_error")
+    prompt = generation_prompt(model, messages, **extra)
+
+    def render(msgs: list[dict], add_generation_prompt: bool) -> str:
+        return render_chat(model, msgs, add_generation_prompt=add_generation_prompt, prefill_assistant=False,
+                           **extra)
+    fmt = tools.call_format(render)
+    if fmt is None:
+        return None
+    text = tools.grammar(fmt, req, prompt, PEG_JSON)
+    if req.choice == "required":
+        return Constraint(text, prompt, calls=(fmt, req))
+    return Constraint(text, triggers=(fmt.start,), calls=(fmt, req))
 
 
 def chat_grammar(model, generation_prompt: str, schema: dict, continued: bool) -> str:

@@ -82,5 +82,6 @@ def detokenize(model, body: dict) -> dict:
 def apply_template(model, body: dict) -> dict:
     """What /v1/chat/completions would generate from, without generating: the messages through
     the chat template (with the generation prompt unless add_generation_prompt is false)."""
-    return {"prompt": openai.chat_text(model, openai.chat_messages(body), openai.generation_prompt(body),
-                                       openai.continuation(body), openai.template_variables(body))}
+    messages, variables, _ = openai.chat_inputs(model, body)
+    return {"prompt": openai.chat_text(model, messages, openai.generation_prompt(body), openai.continuation(body),
+                                       variables)}
