@@ -408,3 +408,14 @@ def test_run_grammar_flags_give_llama_completions_text(flag, value):
 def test_bad_grammar_flags_are_one_error_line(args, why):
     r = invoke("run", str(models.path("smollm2-q4_1")), "--raw", "-p", "x", "-n", "2", *args)
     assert r.exit_code != 0 and why in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@pytest.mark.parametrize("content, why", [
+    (None, "No such file"), (b"\xff\xfe{{ bad", "codec"), (b"{% for m in messages %}{{ m.content }}", "chat template failed"),
+])
+def test_a_bad_chat_template_file_is_one_error_line_before_the_model_loads(tmp_path, content, why):
+    f = tmp_path / "t.jinja"
+    if content is not None:
+        f.write_bytes(content)
+    r = invoke("serve", "/nonexistent/model.gguf", "--chat-template-file", str(f))
+    assert r.exit_code == 2 and why in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import tempfile
 
 import numpy as np
@@ -31,15 +32,25 @@ class _TokenDataArray(ctypes.Structure):
 def _bind(lib) -> None:
     lib.llama_sampler_init_grammar.restype = _P
     lib.llama_sampler_init_grammar.argtypes = [_P, ctypes.c_char_p, ctypes.c_char_p]
+    lib.llama_sampler_init_grammar_lazy_patterns.restype = _P
+    lib.llama_sampler_init_grammar_lazy_patterns.argtypes = [
+        _P, ctypes.c_char_p, ctypes.c_char_p, ctypes.POINTER(ctypes.c_char_p), ctypes.c_size_t,
+        ctypes.POINTER(ctypes.c_int32), ctypes.c_size_t]
     lib.llama_sampler_apply.argtypes = [_P, ctypes.POINTER(_TokenDataArray)]
     lib.llama_sampler_accept.argtypes = [_P, ctypes.c_int32]
     lib.llama_sampler_free.argtypes = [_P]
 
 
-class GrammarSampler:
-    """One llama_sampler_init_grammar over a loaded Vocab."""
+def regex_escape(word: str) -> str:
+    """common/common.cpp regex_escape: a trigger word as the pattern common_sampler_init makes of it."""
+    return re.sub(r"[.^$|()*+?\[\]{}\\]", lambda m: "\\" + m.group(0), word)
 
-    def __init__(self, vocab: Vocab, text: str, root: str = "root"):
+
+class GrammarSampler:
+    """One llama_sampler_init_grammar over a loaded Vocab; with `triggers` (words) a lazy one,
+    llama_sampler_init_grammar_lazy_patterns with each word's escaped pattern."""
+
+    def __init__(self, vocab: Vocab, text: str, root: str = "root", triggers: tuple[str, ...] = ()):
         self.lib, self.n = vocab.lib, vocab.lib.llama_vocab_n_tokens(vocab.vocab)
         _bind(self.lib)
         lines: list[str] = []
@@ -48,7 +59,12 @@ class GrammarSampler:
         err_fd, saved = tempfile.TemporaryFile(), os.dup(2)
         try:
             os.dup2(err_fd.fileno(), 2)                 # the parser fprintf()s to stderr
-            self.smpl = self.lib.llama_sampler_init_grammar(vocab.vocab, text.encode(), root.encode())
+            if triggers:
+                patterns = (ctypes.c_char_p * len(triggers))(*[regex_escape(w).encode() for w in triggers])
+                self.smpl = self.lib.llama_sampler_init_grammar_lazy_patterns(
+                    vocab.vocab, text.encode(), root.encode(), patterns, len(triggers), None, 0)
+            else:
+                self.smpl = self.lib.llama_sampler_init_grammar(vocab.vocab, text.encode(), root.encode())
         finally:
             os.dup2(saved, 2)
             os.close(saved)

@@ -341,9 +341,6 @@ async def _openai(request: Request, chat: bool):
             prompt = await srv.prepare(openai.completion_prompt, srv.model, body)
             constraint = structured.native(body)
         calls = constraint.calls if constraint is not None else None    # the reply's tool calls are parsed
-        if calls is not None and stream:
-            raise BadRequest("Field 'stream': streamed tool calls are not served by bankml yet; "
-                             "leave 'stream' out (or false) with tools", 501, "not_supported_error")
         fields.update(await srv.prepare(srv.constrain, constraint))
         parsed = chat and calls is None and constraint is not None and bool(constraint.prefill)   # the chat parser's content
         group = await srv.completions(prompt, fields, n, stream, sse_ping(body), slot_asked(body))
@@ -375,6 +372,7 @@ async def _openai(request: Request, chat: bool):
     async def body_iter():
         first, count = [True] * n, [0] * n
         content = [structured.ContentStream() for _ in range(n)] if parsed else None
+        called = [tools.ToolStream(*calls) for _ in range(n)] if calls is not None else None
         async for k, (kind, value, prob, _) in group:
             if kind == "ping":
                 yield SSE_PING
@@ -382,6 +380,8 @@ async def _openai(request: Request, chat: bool):
                 count[k] += 1
                 if content is not None:
                     value = content[k].push(value)
+                elif called is not None:
+                    value = called[k].push(value)
                 if chat:
                     chunks = openai.chat_token_chunks(cid, srv.name, first[k], value, prob, post, srv.piece)
                 else:
@@ -392,6 +392,8 @@ async def _openai(request: Request, chat: bool):
                     yield sse(openai.indexed(c, k))
                 first[k] = False
             elif kind == "done":
+                if called is not None and called[k].calls and value.stop_type in ("eos", "word"):
+                    value = dataclasses.replace(value, finish="tool_calls")
                 if chat:
                     for c in openai.chat_final_chunks(value, cid, srv.name, include_usage):
                         yield sse(openai.indexed(c, k))
@@ -527,18 +529,20 @@ async def _ollama(request: Request, kind: str):
         fields = {**ollama.options_fields(body, srv.vocab, srv.model.n_ctx), **ollama.logprob_fields(body)}
         with_top = bool(fields.get("n_probs")) and bool(body.get("top_logprobs"))
         stream = ollama.streaming(body)
-        build = ollama.chat_ids if kind == "chat" else ollama.generate_ids
-        prompt = await srv.prepare(build, srv.model, body)
         wanted = structured.ollama(body, kind)      # format, as the llama-server fields Ollama sends
         if kind == "chat":
+            messages, variables, tool_req = await srv.prepare(ollama.chat_inputs, srv.model, body)
+            prompt = await srv.prepare(openai.chat_prompt, srv.model, messages, True, None, variables)
             fields["user_starts"] = openai.user_starts(srv.model, prompt)
-            messages = openai.chat_messages(body)
             continued = bool(messages) and messages[-1]["role"] == "assistant"
-            constraint = await srv.prepare(structured.chat, wanted, srv.model, messages, {}, continued)
+            constraint = await srv.prepare(structured.chat, wanted, srv.model, messages, variables, continued,
+                                           tool_req)
         else:
+            prompt = await srv.prepare(ollama.generate_ids, srv.model, body)
             constraint = structured.native(wanted)
         fields.update(await srv.prepare(srv.constrain, constraint))
-        parsed = kind == "chat" and constraint is not None and bool(constraint.prefill)
+        calls = constraint.calls if constraint is not None else None
+        parsed = kind == "chat" and calls is None and constraint is not None and bool(constraint.prefill)
         events = await srv.generate(prompt, fields, stream)
     except BadRequest as e:
         return JSONResponse(ollama.error_body(str(e)), status_code=e.status)
@@ -550,24 +554,42 @@ async def _ollama(request: Request, kind: str):
         except Exception:
             return JSONResponse(ollama.error_body(FAILED), status_code=500)
         text = structured.answer(r.text) if parsed else r.text
+        called = None
+        if calls is not None:               # Ollama gathers llama-server's streamed deltas
+            called = tools.ToolStream(*calls)
+            text = "".join(d.get("content", "") for d in called.push(r.text))
         out = ollama.final(name, kind, r, text, time.perf_counter_ns() - t0, prompt)
+        if called is not None and called.calls:
+            try:
+                out["message"]["tool_calls"] = ollama.tool_calls(called.calls, called.ids)
+            except BadRequest as e:
+                return JSONResponse(ollama.error_body(str(e)), status_code=e.status)
         if fields.get("n_probs"):           # every streamed chunk's, as Ollama gathers them
             out["logprobs"] = ollama.logprobs([p for p in r.probs if p.text], srv.piece, with_top)
         return JSONResponse(out)
 
     async def body_iter():
         content = structured.ContentStream() if parsed else None
+        called = tools.ToolStream(*calls) if calls is not None else None
         async for ev, value, prob, _ in events:
             if ev == "text":
                 if content is not None:
                     value = content.push(value)
+                elif called is not None:
+                    value = "".join(d.get("content", "") for d in called.push(value))
                 if value:
                     c = ollama.chunk(name, kind, value)
                     if prob is not None:
                         c["logprobs"] = ollama.logprobs([prob], srv.piece, with_top)
                     yield ndjson(c)
             elif ev == "done":
-                yield ndjson(ollama.final(name, kind, value, "", time.perf_counter_ns() - t0, prompt))
+                last = ollama.final(name, kind, value, "", time.perf_counter_ns() - t0, prompt)
+                if called is not None and called.calls:
+                    try:
+                        last["message"]["tool_calls"] = ollama.tool_calls(called.calls, called.ids)
+                    except BadRequest as e:
+                        last = ollama.error_body(str(e))
+                yield ndjson(last)
             else:
                 yield ndjson(ollama.error_body(FAILED))
     return StreamingResponse(body_iter(), media_type="application/x-ndjson")

@@ -553,7 +553,7 @@ OLLAMA_COMMON = {
     "truncate": inert(NO_CUT), "shift": inert(NO_CUT),
     "logprobs": served(), "top_logprobs": served(),
 }
-OLLAMA_CHAT = {**OLLAMA_COMMON, "messages": served(), "tools": refused(TOOLS)}
+OLLAMA_CHAT = {**OLLAMA_COMMON, "messages": served(), "tools": served("as Ollama hands them to llama-server")}
 OLLAMA_GENERATE = {
     **OLLAMA_COMMON, "prompt": served(), "system": served(), "raw": served(),
     "suffix": refused("a suffix (fill in the middle)"), "template": refused("a template other than the model's"),
@@ -562,7 +562,7 @@ OLLAMA_GENERATE = {
 }
 OLLAMA_MESSAGE = {
     "role": served(), "content": served(), "images": refused("image input"), "thinking": refused("thinking"),
-    "tool_calls": refused(TOOLS), "tool_name": refused(TOOLS),
+    "tool_calls": served(), "tool_name": served(), "tool_call_id": served(),
 }
 
 # api/types.go Options and Runner; mirostat* as the client 0.6.3 sends them

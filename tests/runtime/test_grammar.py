@@ -266,3 +266,37 @@ def test_for_vocab_builds_from_a_bankml_tokenizer():
     assert ids == [1]
     g.accept(1)
     assert tok.piece(int(np.nonzero(g.mask())[0][0])) == b"x"
+
+
+LAZY = 'root ::= "<tool_call>\\n" "{" [a-z" :,]* "}" "\\n</tool_call>"'
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("text", [
+    'Sure. <tool_call>\n{"a": "b"}\n</tool_call>',         # free text, then the trigger word in its own tokens
+    'x<tool_call>\n{"ab"}\n</tool_call>',                  # the trigger inside a token that starts before it
+    '<tool_<tool_call>\n{}\n</tool_call>',                 # a false start first
+    'no call at all, <tool_ and <tool_call but no newline',
+])
+def test_a_lazy_grammar_equals_libllamas(model, text):
+    """llama_sampler_init_grammar_lazy_patterns with a trigger word: free until the word shows in
+    the text, then the grammar from the word's first byte (a token's piece cut there): masks equal
+    libllama's after every token of the script."""
+    from bankml.runtime.grammar.lazy import LazyGrammar
+    name, grammar, oracle, kinds, tok, eog = model
+    ours = LazyGrammar(grammar(LAZY), ["<tool_call>\n"])
+    theirs = GrammarSampler(oracle, LAZY, triggers=("<tool_call>\n",))
+    try:
+        for step, token in enumerate(tok.encode(text, False, True)):
+            got, want = ours.mask(), theirs.mask()
+            assert np.array_equal(got, want), f"{name} step {step}: differ at ids {np.nonzero(got != want)[0][:10]}"
+            assert ours.allows(token) == bool(want[token])
+            ours.accept(token)
+            theirs.accept(token)
+        got, want = ours.mask(), theirs.mask()
+        assert np.array_equal(got, want)
+        assert ours.awaiting == ("<tool_call>\n" not in text)
+        if not ours.awaiting:
+            assert want.sum() < len(want) // 2      # the grammar holds now
+    finally:
+        theirs.close()

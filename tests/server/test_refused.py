@@ -115,8 +115,6 @@ def test_a_value_that_asks_for_nothing_is_served_as_absent(route, body):
 @pytest.mark.parametrize("route,body,field", [
     ("/v1/chat/completions", {"grammar_lazy": True}, "grammar_lazy"),
     ("/v1/chat/completions", {"modalities": ["text", "audio"]}, "modalities"),
-    ("/api/chat", {"tools": [{"type": "function"}]}, "tools"),
-    ("/api/chat", {"messages": [{"role": "assistant", "tool_calls": [{}]}]}, "messages[0].tool_calls"),
     ("/api/chat", {"messages": [{"role": "user", "content": "x", "images": ["aGk="]}]}, "messages[0].images"),
     ("/api/chat", {"options": {"num_ctx": 8192}}, "options.num_ctx"),
     ("/api/chat", {"options": {"num_thread": 3}}, "options.num_thread"),
@@ -196,6 +194,8 @@ ELSEWHERE = {
     "tool_choice": "server/test_tools.py::test_tool_choice_none_leaves_the_call_as_text",
     "parallel_tool_calls": "server/test_tools.py::test_calls_and_tokens_equal_llama_servers",
     "tool_calls": "server/test_tools.py::test_the_prompt_with_tools_and_calls_equals_llama_servers",
+    "tool_name": "server/test_tools.py::test_the_ollama_client_calls_tools_as_ollama_over_llama_server",
+    "tool_call_id": "server/test_tools.py::test_the_prompt_with_tools_and_calls_equals_llama_servers",
 }
 
 

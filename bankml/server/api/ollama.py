@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import json
 
 from bankml.runtime.probs import logarithm
 from bankml.server.engine import Prob, Result
 from bankml.server.fields import BadRequest, c_float, job_fields
-from bankml.server.api.openai import _token, chat_messages, chat_prompt
+from bankml.server.api.openai import _token, chat_prompt
+from bankml.server.api.openai import chat_inputs as openai_chat_inputs
 
 VERSION = "0.6.3"       # the Ollama API version these shapes follow (the ollama client tested against)
 
@@ -125,8 +127,106 @@ def _zero_duration(v) -> bool:
     return isinstance(v, str) and v.strip().rstrip("hms").strip() in ("0", "0.0")
 
 
-def chat_ids(model, body: dict) -> list[int]:
-    return chat_prompt(model, chat_messages(body))
+def chat_inputs(model, body: dict):
+    """A chat's messages, template variables and tools as Ollama hands them to llama-server
+    (llm/llama_server.go llamaServerChatRequest): each message's role and content (always there),
+    tool_call_id, tool_name as "name", tool calls with their arguments as JSON text; the tools as
+    Go re-encodes api.Tool (its fields only, in its order). Then as /v1/chat/completions takes them."""
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not all(isinstance(m, dict) for m in messages):
+        return openai_chat_inputs(model, body)          # its 400
+    out = {"messages": [_message(m) for m in messages]}
+    if body.get("tools"):
+        out["tools"] = [_go_tool(t) for t in _list(body["tools"], "tools")]
+    return openai_chat_inputs(model, out)
+
+
+def _list(v, what: str) -> list:
+    if not isinstance(v, list):
+        raise BadRequest(f"json: cannot unmarshal {what} into a Go slice")
+    return v
+
+
+def _message(m: dict) -> dict:
+    out = {"role": m.get("role", "")}
+    for key, to in (("tool_call_id", "tool_call_id"), ("tool_name", "name")):
+        if m.get(key):
+            out[to] = m[key]
+    calls = []
+    for k, tc in enumerate(_list(m.get("tool_calls") or [], "tool_calls")):
+        fn = tc.get("function") if isinstance(tc, dict) else None
+        if not isinstance(fn, dict):
+            raise BadRequest("json: cannot unmarshal tool_calls: a tool call needs a \"function\" object")
+        args = fn.get("arguments") if isinstance(fn.get("arguments"), dict) else {}
+        call = {"index": fn.get("index", 0), "type": "function",
+                "function": {"name": fn.get("name", ""), "arguments": _go_json(args)}}
+        if tc.get("id"):
+            call = {"id": tc["id"], **call}
+        calls.append(call)
+    if calls:
+        out["tool_calls"] = calls
+    out["content"] = m.get("content") or ""
+    return out
+
+
+def _go_json(v) -> str:
+    """encoding/json.Marshal: compact, <, > and & escaped."""
+    text = json.dumps(v, ensure_ascii=False, separators=(",", ":"))
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+
+
+def _go_tool(t) -> dict:
+    """api.Tool as encoding/json writes it back: type, items, function {name, description,
+    parameters {type, $defs, items, required, properties}}, each property's anyOf, type, items,
+    description, enum, properties, required; empty optional fields left out, others dropped."""
+    if not isinstance(t, dict):
+        raise BadRequest("json: cannot unmarshal tools: a tool must be an object")
+    fn = t.get("function") if isinstance(t.get("function"), dict) else {}
+    params = fn.get("parameters") if isinstance(fn.get("parameters"), dict) else {}
+    props = params.get("properties")
+    go_params = {"type": params.get("type") or "", **_some(params, "$defs", "items"),
+                 **({"required": params["required"]} if params.get("required") else {}),
+                 "properties": {k: _go_property(v) for k, v in props.items()} if isinstance(props, dict) else None}
+    go_fn = {"name": fn.get("name") or "", **({"description": fn["description"]} if fn.get("description") else {}),
+             "parameters": go_params}
+    return {"type": t.get("type") or "", **_some(t, "items"), "function": go_fn}
+
+
+def _some(d: dict, *keys: str) -> dict:
+    return {k: d[k] for k in keys if d.get(k) is not None}
+
+
+def _go_property(p) -> dict:
+    p = p if isinstance(p, dict) else {}
+    out = {}
+    if p.get("anyOf"):
+        out["anyOf"] = [_go_property(x) for x in p["anyOf"]]
+    types = [p["type"]] if isinstance(p.get("type"), str) else p.get("type") or []
+    if types:
+        out["type"] = types[0] if len(types) == 1 else types
+    out.update(_some(p, "items"))
+    for key in ("description", "enum"):
+        if p.get(key):
+            out[key] = p[key]
+    if isinstance(p.get("properties"), dict):
+        out["properties"] = {k: _go_property(v) for k, v in p["properties"].items()}
+    if p.get("required"):
+        out["required"] = p["required"]
+    return out
+
+
+def tool_calls(calls: list[dict], ids: list[str]) -> list[dict]:
+    """The calls Ollama gathers from llama-server's streamed deltas (accumulatedToolCalls): id,
+    function {index, name, arguments as an object}."""
+    out = []
+    for k, (c, cid) in enumerate(zip(calls, ids)):
+        try:
+            args = json.loads(c["arguments"]) if c["arguments"].strip() else {}
+        except ValueError as e:
+            raise BadRequest(f"llama-server returned invalid tool call arguments for {json.dumps(c['name'])}: {e}",
+                             500) from None
+        out.append({"id": cid, "function": {"index": k, "name": c["name"], "arguments": args}})
+    return out
 
 
 def generate_ids(model, body: dict) -> list[int]:

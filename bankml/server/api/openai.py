@@ -288,15 +288,16 @@ def chat_chunk(cid: str, model_name: str, delta: dict, finish: str | None = None
             **_head("chat.completion.chunk", cid, model_name)}
 
 
-def chat_token_chunks(cid: str, model_name: str, first: bool, text: str, prob: Prob | None, post: bool,
-                      piece) -> list[dict]:
+def chat_token_chunks(cid: str, model_name: str, first: bool, text: str | list[dict], prob: Prob | None,
+                      post: bool, piece) -> list[dict]:
     """One token's stream chunks (to_json_oaicompat_chat of a partial result): the role first, the
-    text when there is any, the token's logprobs on the last of them (none when there is none)."""
+    text when there is any (or each of a list of deltas: tools.ToolStream's), the token's logprobs
+    on the last of them (none when there is none)."""
     out = []
     if first:
         out.append(chat_chunk(cid, model_name, {"role": "assistant", "content": None}))
-    if text:
-        out.append(chat_chunk(cid, model_name, {"content": text}))
+    for delta in ([{"content": text}] if text else []) if isinstance(text, str) else text:
+        out.append(chat_chunk(cid, model_name, delta))
     if out and prob is not None and prob.probs.top:
         out[-1]["choices"][0]["logprobs"] = logprobs([prob], post, piece)
     return out

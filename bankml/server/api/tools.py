@@ -269,61 +269,157 @@ def _skip(text: str, i: int) -> int:
     return i
 
 
-def _call(text: str, i: int, names: set) -> tuple[dict, int] | None:
-    """One {"name": ..., "arguments": ...} object at i: the call (arguments as written) and where it ends."""
-    m = re.compile(r'\{\s*"name"\s*:\s*"([^"\\]*)"\s*,\s*"arguments"\s*:\s*').match(text, i)
-    if m is None or m.group(1) not in names:
-        return None
-    try:
-        _, j = json.JSONDecoder().raw_decode(text, m.end())
-    except ValueError:
-        return None
-    k = _skip(text, j)
-    if not text.startswith("}", k):
-        return None
-    return {"name": m.group(1), "arguments": text[m.end():j]}, k + 1
+class _End(Exception):
+    """The text stops inside what the parser was reading (lenient: what was read so far stands)."""
+
+
+class _Reader:
+    """The autoparser's PEG parser over a generated text, lenient at its end (COMMON_PEG_PARSE_FLAG_LENIENT):
+    a literal the text stops inside of ends the parse, keeping what the mapper has taken so far."""
+
+    def __init__(self, text: str):
+        self.text, self.pos = text, 0
+
+    def space(self) -> None:
+        self.pos = _skip(self.text, self.pos)
+
+    def literal(self, lit: str) -> bool:
+        """Whether lit is next (then past it); the text ending inside it raises _End."""
+        rest = self.text[self.pos:self.pos + len(lit)]
+        if rest == lit:
+            self.pos += len(lit)
+            return True
+        if lit.startswith(rest):
+            raise _End
+        return False
 
 
 def parse_reply(text: str, fmt: CallFormat, req: ToolRequest) -> tuple[str, list[dict]]:
-    """The generated text as the autoparser's PEG parser reads it: leading space skipped, the
-    content up to the first call marker (without a marker's start the text ends in), then each
-    call. A text the parser does not take whole (a call cut short, text after the calls) is all
-    content."""
-    i = _skip(text, 0)
-    k = text.find(fmt.start, i)
-    if k < 0:                       # the text may end in the start of a marker: not content (yet)
+    """The generated text as the autoparser's PEG parser and the chat mapper read it (lenient, as
+    llama-server parses every streamed prefix and the final text): leading space skipped, the
+    content up to the first call marker (a marker's start the text ends in held back), then each
+    call: its name once its quoted name is whole (arguments "{" until they start), its arguments
+    as written so far (trailing space cut). Returns (content, [{"name", "arguments"}])."""
+    r, calls = _Reader(text), []
+    r.space()
+    k = text.find(fmt.start, r.pos)
+    if k < 0:
         cut = next((n for n in range(len(fmt.start) - 1, 0, -1) if text.endswith(fmt.start[:n])), 0)
-        return text[i:len(text) - cut] if len(text) - cut >= i else "", []
-    content, pos, calls = text[i:k], k, []
-    names = {t["function"]["name"] for t in req.tools}
-    while text.startswith(fmt.start, pos):
-        got = _call(text, _skip(text, pos + len(fmt.start)), names)
-        while got is not None:
-            call, pos = got
-            calls.append(call)
-            got = None
-            if req.parallel:
-                j = _skip(text, pos)
-                if text.startswith(",", j):
-                    got = _call(text, _skip(text, j + 1), names)
-                    if got is None:
-                        return text[i:], []
-        pos = _skip(text, pos)
-        if not calls or not text.startswith(fmt.end, pos):
-            return text[i:], []
-        pos = _skip(text, pos + len(fmt.end))
-    if pos != len(text):
-        return text[i:], []
+        return text[r.pos:max(r.pos, len(text) - cut)], []
+    content, r.pos = text[r.pos:k], k
+    names = [t["function"]["name"] for t in req.tools]
+    try:
+        while r.literal(fmt.start):
+            r.space()
+            while True:
+                _one_call(r, names, calls)
+                r.space()
+                if not (req.parallel and r.literal(",")):
+                    break
+                r.space()
+            if not r.literal(fmt.end):
+                break
+            r.space()
+    except _End:
+        pass
     return content, calls
 
 
+def _one_call(r: _Reader, names: list[str], calls: list[dict]) -> None:
+    """{"name": "NAME", "arguments": {...}}: the call is the mapper's once its name is whole."""
+    if not r.literal("{"):
+        raise _End
+    for lit in ('"name"', ":"):
+        r.space()
+        if not r.literal(lit):
+            raise _End
+    r.space()
+    name = next((n for n in names if r.literal(f'"{n}"')), None)   # atomic: the whole quoted name
+    if name is None:
+        raise _End
+    call = {"name": name, "arguments": "{"}
+    calls.append(call)
+    for lit in (",", '"arguments"', ":"):
+        r.space()
+        if not r.literal(lit):
+            raise _End
+    r.space()
+    start = r.pos
+    try:
+        _, end = json.JSONDecoder().raw_decode(r.text, start)
+    except ValueError:                      # arguments the text stops inside of: as written so far
+        if r.text.startswith("{", start):
+            call["arguments"] = r.text[start:].rstrip(_SPACE)
+        raise _End from None
+    if r.text.startswith("{", start):
+        call["arguments"] = r.text[start:end]
+    r.pos = end
+    r.space()
+    if not r.literal("}"):
+        raise _End
+
+
+def _new_id() -> str:
+    return "".join(secrets.choice(_ID_CHARS) for _ in range(32))       # gen_tool_call_id
+
+
 def response_calls(calls: list[dict]) -> list[dict]:
-    """The calls as a chat message carries them: each with a fresh id (gen_tool_call_id: 32 characters)."""
-    return [{"type": "function", "function": {"name": c["name"], "arguments": c["arguments"]},
-             "id": "".join(secrets.choice(_ID_CHARS) for _ in range(32))} for c in calls]
+    """The calls as a chat message carries them, each with a fresh id (32 characters)."""
+    return [{"type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}, "id": _new_id()}
+            for c in calls]
 
 
 def reply(text: str, fmt: CallFormat, req: ToolRequest) -> tuple[str, list[dict] | None]:
-    """A generated answer as llama-server returns it under tools: its content, and its calls (with ids) or None."""
+    """A generated answer as llama-server returns it under tools: (content, calls with ids or None);
+    where the parser takes nothing (an empty message) the raw text is the content."""
     content, calls = parse_reply(text, fmt, req)
-    return content, response_calls(calls) if calls else None
+    if not content and not calls:
+        return text, None
+    return content, response_calls(calls) or None
+
+
+class ToolStream:
+    """A streamed answer under tools, as llama-server streams it (task_result_state::update_chat_msg):
+    every token the whole text is parsed again and the message's growth sent as deltas
+    (common_chat_msg_diff::compute_diffs, server_chat_msg_diff_to_json_oaicompat): the content's,
+    the last call's arguments, then each new call with its id, name and arguments so far."""
+
+    def __init__(self, fmt: CallFormat, req: ToolRequest):
+        self.fmt, self.req = fmt, req
+        self.text, self.content, self.calls, self.ids = "", "", [], []
+
+    def push(self, piece: str) -> list[dict]:
+        self.text += piece
+        content, calls = parse_reply(self.text, self.fmt, self.req)
+        if not content and not calls:       # an empty message: not an update
+            return []
+        while len(self.ids) < len(calls):
+            self.ids.append(_new_id())
+        deltas = []
+        if content != self.content and content.startswith(self.content):
+            deltas.append({"content": content[len(self.content):]})
+        if self.calls:
+            k = len(self.calls) - 1
+            old, new = self.calls[k], calls[k]
+            grown = new["arguments"][len(old["arguments"]):] if new["arguments"].startswith(old["arguments"]) else ""
+            if grown or old["name"] != new["name"]:
+                deltas.append(_call_delta(k, None if old["name"] == new["name"] else self.ids[k], new["name"]
+                                          if old["name"] != new["name"] else "", grown))
+        for k in range(len(self.calls), len(calls)):
+            deltas.append(_call_delta(k, self.ids[k], calls[k]["name"], calls[k]["arguments"]))
+        self.content, self.calls = content, calls
+        return deltas
+
+    def message_calls(self) -> list[dict]:
+        """The calls so far, as a whole answer carries them (their streamed ids)."""
+        return [{"type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}, "id": i}
+                for c, i in zip(self.calls, self.ids)]
+
+
+def _call_delta(index: int, cid: str | None, name: str, arguments: str) -> dict:
+    call: dict = {"index": index}
+    if cid:
+        call.update(id=cid, type="function")
+    if name or arguments:
+        call["function"] = {**({"name": name} if name else {}), **({"arguments": arguments} if arguments else {})}
+    return {"tool_calls": [call]}
