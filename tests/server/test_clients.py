@@ -119,3 +119,19 @@ def test_fields_bankml_does_not_serve_are_refused_not_dropped(srv, oai, oll):
     with pytest.raises(ollama.ResponseError) as e:
         oll.chat(model="m", messages=MSG, options={"num_predict": 2, "num_ctx": 10**6})
     assert e.value.status_code == 501 and "Field 'options.num_ctx'" in e.value.error
+
+
+@pytest.mark.server
+def test_the_clients_read_logprobs(srv, oai, oll):
+    """logprobs / top_logprobs through the clients: what they parse is what the server sent (whose
+    bits tests/server/test_oracle_sampling.py and test_ollama_logprobs.py hold to llama-server's)."""
+    body = {"model": "m", "messages": MSG, "max_tokens": 4, "temperature": 0, "logprobs": True, "top_logprobs": 3}
+    r = oai.chat.completions.create(**body)
+    raw = httpx.post(srv.url + "/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {KEY}"},
+                     timeout=120).json()["choices"][0]["logprobs"]["content"]
+    got = r.choices[0].logprobs.content
+    assert [(c.token, c.logprob, [t.logprob for t in c.top_logprobs]) for c in got] == \
+        [(c["token"], c["logprob"], [t["logprob"] for t in c["top_logprobs"]]) for c in raw]
+    assert len(got) == r.usage.completion_tokens and all(len(c.top_logprobs) == 3 for c in got)
+    o = oll.chat(model="m", messages=MSG, options={"num_predict": 4, "temperature": 0}, logprobs=True, top_logprobs=2)
+    assert len(o.logprobs) == o.eval_count and all(len(e.top_logprobs) == 2 and e.logprob <= 0 for e in o.logprobs)

@@ -162,8 +162,10 @@ def test_tool_choice_none_leaves_the_call_as_text(pair):
     {"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{}"}}]}]},
     {"messages": [*ASK, {"role": "assistant", "tool_calls": [call("add", {"a": 1}, "c1")]}]},
     {"tools": [WEATHER], "grammar": ""}, {"tools": [WEATHER], "tool_choice": 5, "grammar": ""},
+    {"tools": [{"type": "function", "function": {}}]}, {"tools": [{"type": "function", "function": {"name": 3}}]},
+    {"tools": [{"type": "function", "function": {"name": "f", "description": [1]}}]},
 ], ids=["choice", "not-array", "no-type", "type", "grammar", "call-type", "continue-call", "empty-grammar",
-        "choice-not-a-string"])
+        "choice-not-a-string", "no-name", "name-type", "description-type"])
 def test_errors_are_llama_servers(pair, extra):
     body = {"messages": ASK, "max_tokens": 4, **extra}
     got, want = (post(url, "/v1/chat/completions", body) for url in pair)

@@ -17,7 +17,7 @@ import json
 from bankml.runtime.probs import logarithm
 from bankml.server.engine import Prob, Result
 from bankml.server.fields import BadRequest, c_float, job_fields
-from bankml.server.api.openai import _token, chat_prompt
+from bankml.server.api.openai import chat_prompt, token_text
 from bankml.server.api.openai import chat_inputs as openai_chat_inputs
 
 VERSION = "0.6.3"       # the Ollama API version these shapes follow (the ollama client tested against)
@@ -269,9 +269,9 @@ def logprobs(entries: list[Prob], piece, with_top: bool) -> list[dict]:
         return out
     out = []
     for e in entries:
-        d = entry(_token(e.text.encode())["token"], logarithm(e.probs.prob))
+        d = entry(token_text(e.text.encode())["token"], logarithm(e.probs.prob))
         if with_top and e.probs.top:
-            d["top_logprobs"] = [entry(_token(piece(t))["token"], logarithm(p)) for t, p in e.probs.top]
+            d["top_logprobs"] = [entry(token_text(piece(t))["token"], logarithm(p)) for t, p in e.probs.top]
         out.append(d)
     return out
 

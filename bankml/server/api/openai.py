@@ -228,7 +228,8 @@ def valid_utf8_len(b: bytes) -> int:
     return n
 
 
-def _token(b: bytes) -> dict:
+def token_text(b: bytes) -> dict:
+    """A token as llama-server's probabilities show it: the text of its whole UTF-8 prefix, its bytes."""
     return {"token": b[:valid_utf8_len(b)].decode("utf-8", "replace"), "bytes": list(b)}
 
 
@@ -240,8 +241,8 @@ def probs_json(entries: list[Prob], post: bool, piece) -> list[dict]:
     value = (lambda p: p) if post else logarithm
     out = []
     for e in entries:
-        top = [{"id": t, **_token(piece(t)), key: value(p)} for t, p in e.probs.top]
-        out.append({"id": e.probs.tok, **_token(e.text.encode()), key: value(e.probs.prob), top_key: top})
+        top = [{"id": t, **token_text(piece(t)), key: value(p)} for t, p in e.probs.top]
+        out.append({"id": e.probs.tok, **token_text(e.text.encode()), key: value(e.probs.prob), top_key: top})
     return out
 
 

@@ -15,7 +15,8 @@ What llama.cpp does (common/chat.cpp, chat-auto-parser-generator.cpp, chat-peg-p
   marker, then one or more calls; "auto": a lazy grammar, free text until the call marker appears,
   then calls only; "none": no grammar, the template still renders the tools;
 - the reply: content up to the first call marker (leading space skipped), then each call's name
-  and its arguments as the model wrote them; finish_reason "tool_calls" when there are calls.
+  and its arguments as the model wrote them; finish_reason "tool_calls" when there are calls;
+  streamed (ToolStream), the text parsed again every token and the message's growth sent.
 A template whose tool calls are not of this shape gets 501 for tools, naming it; a template that
 renders no tool calls at all gets the tools rendered and plain text, as llama-server answers it.
 """
@@ -28,7 +29,7 @@ import string
 from dataclasses import dataclass
 
 from bankml.runtime.grammar.json_schema import SchemaError, add_schema, format_literal
-from bankml.server.fields import BadRequest
+from bankml.server.fields import BadRequest, _json_type
 
 CHOICES = ("auto", "none", "required")
 _ID_CHARS = string.digits + string.ascii_uppercase + string.ascii_lowercase
@@ -78,12 +79,12 @@ def parse(body: dict, parallel_default: bool) -> ToolRequest | None:
             fn = tool.get("function")
             if not isinstance(fn, dict):
                 raise ValueError(f"Missing tool function: {_dump(tool)}")
-            name, params = fn.get("name"), fn.get("parameters", {})
-            if not isinstance(name, str) or not name:
-                raise ValueError(f"Missing tool name: {_dump(tool)}")
-            description = fn.get("description", "")
-            if not isinstance(description, str):
-                raise ValueError(f"Tool description must be a string: {_dump(tool)}")
+            if "name" not in fn:
+                raise ValueError("[json.exception.out_of_range.403] key 'name' not found")
+            name, description, params = fn["name"], fn.get("description", ""), fn.get("parameters", {})
+            for v in (name, description):
+                if not isinstance(v, str):
+                    raise ValueError(f"[json.exception.type_error.302] type must be string, but is {_json_type(v)}")
             out.append({"type": "function", "function": {"name": name, "description": description,
                                                           "parameters": params}})
     except ValueError as e:
