@@ -188,7 +188,13 @@ def _renders(source: str, messages: list[dict], marker: str, **extra) -> bool:
 
 
 def template_caps(source: str) -> dict:
-    """jinja::caps_get's answers, by probe rendering."""
+    """jinja::caps_get's answers, by probe rendering (a dozen renders: kept with the compiled
+    template, as llama-server computes them once when it loads the template)."""
+    return dict(_caps(source))
+
+
+@lru_cache(maxsize=16)
+def _caps(source: str) -> tuple:
     user = {"role": "user", "content": "User message"}
     call = lambda name, args: {"type": "function", "id": name, "function": {"name": name, "arguments": args}}  # noqa: E731
     tool = {"type": "function", "function": {"name": "tool_marker", "description": "",
@@ -199,7 +205,7 @@ def template_caps(source: str) -> dict:
     object_args = [user, {"role": "assistant", "content": "", "tool_calls": [call("f", {"arg_marker": 1})]}]
     reasoning = [user, {"role": "assistant", "content": "A", "reasoning_content": "reasoning_marker"}, user]
     tool_calls = _renders(source, one_call, "call_marker")
-    return {
+    return tuple({
         "supports_object_arguments": tool_calls and _renders(source, object_args, "arg_marker"),
         "supports_parallel_tool_calls": tool_calls and _renders(source, two_calls, "second_marker"),
         "supports_preserve_reasoning": _renders(source, reasoning, "reasoning_marker"),
@@ -211,4 +217,4 @@ def template_caps(source: str) -> dict:
         "supports_tools": _renders(source, [user], "tool_marker", tools=[tool]),
         "supports_typed_content": _renders(source, [{"role": "user", "content": [{"type": "text", "text": "TYPED"}]}],
                                            "TYPED"),
-    }
+    }.items())

@@ -39,6 +39,7 @@ from bankml.server.fields import (BadRequest, Vocab, boolean, chat_logprobs, chi
                                   nested_values, response_fields, slot_asked, sse_ping)
 from bankml.server.guard import HttpOptions, guarded
 from bankml.server.handoff import Handoff
+from bankml.server.ids import completion_id
 from bankml.server.jsonio import JSONResponse, ndjson, read_json, sse
 from bankml.server.metrics import CONTENT_TYPE as METRICS_TYPE, Metrics
 from bankml.tokenizer import tokenizer_for
@@ -346,7 +347,7 @@ async def _openai(request: Request, chat: bool):
         group = await srv.completions(prompt, fields, n, stream, sse_ping(body), slot_asked(body))
     except (BadRequest, Busy) as e:
         return refusal(e)
-    cid = openai.gen_id("chatcmpl-" if chat else "cmpl-")
+    cid = completion_id("chatcmpl-" if chat else "cmpl-")
     post = fields["post_sampling_probs"]
     if not stream:
         try:

@@ -6,8 +6,6 @@ stream chunks); the prompt of a chat request is the model's chat template over `
 """
 from __future__ import annotations
 
-import random
-import string
 import time
 
 import bankml
@@ -17,13 +15,7 @@ from bankml.server.api import tools
 from bankml.server.engine import Prob, Result
 from bankml.server.fields import BadRequest, _json_type, boolean
 
-_ALNUM = string.digits + string.ascii_uppercase + string.ascii_lowercase
 FINGERPRINT = f"bankml-{bankml.__version__}"
-
-
-def gen_id(prefix: str) -> str:
-    """gen_chatcmplid: the prefix and 32 random alphanumerics."""
-    return prefix + "".join(random.choices(_ALNUM, k=32))
 
 
 def error_body(message: str, status: int = 400, kind: str = "invalid_request_error") -> dict:

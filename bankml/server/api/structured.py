@@ -213,7 +213,6 @@ def chat_grammar(model, generation_prompt: str, schema: dict, continued: bool) -
     return "\n".join(sorted(lines)) + "\n"
 
 
-_SPACE = " \t\n\v\f\r"                  # std::isspace: what the parser's space() skips
 _FENCE = "```json"
 
 
@@ -222,10 +221,10 @@ def response_content(text: str) -> str:
     PEG parser, lenient at the end of the text): the JSON value alone, out of its ```json fence and
     the space around it; a value the text stops inside of, from its start to the end; before a value
     starts, none ("": llama-server then answers the whole text, and streams nothing)."""
-    i = len(text) - len(text.lstrip(_SPACE))
+    i = len(text) - len(text.lstrip(tools.SPACE))
     rest = text[i:]
     if rest.startswith(_FENCE):
-        rest = rest[len(_FENCE):].lstrip(_SPACE)
+        rest = rest[len(_FENCE):].lstrip(tools.SPACE)
     elif _FENCE.startswith(rest):
         return ""
     if not rest:

@@ -24,16 +24,14 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
-import string
 from dataclasses import dataclass
 
 from bankml.runtime.grammar.json_schema import SchemaError, add_schema, format_literal
 from bankml.server.fields import BadRequest, _json_type
+from bankml.server.ids import random_string   # gen_tool_call_id
 
 CHOICES = ("auto", "none", "required")
-_ID_CHARS = string.digits + string.ascii_uppercase + string.ascii_lowercase
-_SPACE = " \t\n\v\f\r"                  # std::isspace: what the parser's space() skips
+SPACE = " \t\n\v\f\r"                   # std::isspace: what the parser's space() skips
 
 
 @dataclass(frozen=True)
@@ -72,13 +70,7 @@ def parse(body: dict, parallel_default: bool) -> ToolRequest | None:
         if not isinstance(tools, list):
             raise ValueError(f"Expected 'tools' to be an array, got {_dump(tools)}")
         for tool in tools:
-            if not isinstance(tool, dict) or "type" not in tool:
-                raise ValueError(f"Missing tool type: {_dump(tool)}")
-            if tool["type"] != "function":
-                raise ValueError(f"Unsupported tool type: {_dump(tool)}")
-            fn = tool.get("function")
-            if not isinstance(fn, dict):
-                raise ValueError(f"Missing tool function: {_dump(tool)}")
+            fn = _function(tool, "tool")
             if "name" not in fn:
                 raise ValueError("[json.exception.out_of_range.403] key 'name' not found")
             name, description, params = fn["name"], fn.get("description", ""), fn.get("parameters", {})
@@ -94,6 +86,19 @@ def parse(body: dict, parallel_default: bool) -> ToolRequest | None:
     return ToolRequest(out, choice, parallel if isinstance(parallel, bool) else parallel_default)
 
 
+def _function(item, kind: str) -> dict:
+    """The "function" object of a tool or a tool call ({"type": "function", "function": {...}}),
+    else ValueError as llama.cpp words it for that kind."""
+    if not isinstance(item, dict) or "type" not in item:
+        raise ValueError(f"Missing {kind} type: {_dump(item)}")
+    if item["type"] != "function":
+        raise ValueError(f"Unsupported {kind} type: {_dump(item)}")
+    fn = item.get("function")
+    if not isinstance(fn, dict):
+        raise ValueError(f"Missing {kind} function: {_dump(item)}")
+    return fn
+
+
 def message_calls(msg: dict) -> list[dict]:
     """An assistant message's tool_calls as llama.cpp hands them to the template (type, function
     {name, arguments as a string}, id when given), or its 400."""
@@ -104,13 +109,10 @@ def message_calls(msg: dict) -> list[dict]:
         raise _bad_message("'tool_calls' must be an array")
     out = []
     for tc in calls:
-        if not isinstance(tc, dict) or "type" not in tc:
-            raise _bad_message(f"Missing tool call type: {_dump(tc)}")
-        if tc["type"] != "function":
-            raise _bad_message(f"Unsupported tool call type: {_dump(tc)}")
-        fn = tc.get("function")
-        if not isinstance(fn, dict):
-            raise _bad_message(f"Missing tool call function: {_dump(tc)}")
+        try:
+            fn = _function(tc, "tool call")
+        except ValueError as e:
+            raise _bad_message(str(e)) from None
         if not isinstance(fn.get("name"), str):
             raise _bad_message(f"Missing tool call name: {_dump(tc)}")
         if "arguments" not in fn:
@@ -175,7 +177,7 @@ def call_format(render) -> CallFormat | None:
         obj = None
     if not isinstance(obj, dict) or list(obj) != ["name", "arguments"] or obj["name"] != "foofoo":
         raise _unsupported("its calls are not {\"name\": ..., \"arguments\": ...} objects between markers")
-    start, end = middle[:i].lstrip(_SPACE), middle[j:].strip(_SPACE)
+    start, end = middle[:i].lstrip(SPACE), middle[j:].strip(SPACE)
     if not start or not end:
         raise _unsupported("its calls have no markers around them")
     return CallFormat(start, end)
@@ -265,7 +267,7 @@ def grammar(fmt: CallFormat, req: ToolRequest, generation_prompt: str, json_rule
 
 
 def _skip(text: str, i: int) -> int:
-    while i < len(text) and text[i] in _SPACE:
+    while i < len(text) and text[i] in SPACE:
         i += 1
     return i
 
@@ -350,7 +352,7 @@ def _one_call(r: _Reader, names: list[str], calls: list[dict]) -> None:
         _, end = json.JSONDecoder().raw_decode(r.text, start)
     except ValueError:                      # arguments the text stops inside of: as written so far
         if r.text.startswith("{", start):
-            call["arguments"] = r.text[start:].rstrip(_SPACE)
+            call["arguments"] = r.text[start:].rstrip(SPACE)
         raise _End from None
     if r.text.startswith("{", start):
         call["arguments"] = r.text[start:end]
@@ -360,13 +362,9 @@ def _one_call(r: _Reader, names: list[str], calls: list[dict]) -> None:
         raise _End
 
 
-def _new_id() -> str:
-    return "".join(secrets.choice(_ID_CHARS) for _ in range(32))       # gen_tool_call_id
-
-
 def response_calls(calls: list[dict]) -> list[dict]:
     """The calls as a chat message carries them, each with a fresh id (32 characters)."""
-    return [{"type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}, "id": _new_id()}
+    return [{"type": "function", "function": {"name": c["name"], "arguments": c["arguments"]}, "id": random_string()}
             for c in calls]
 
 
@@ -395,7 +393,7 @@ class ToolStream:
         if not content and not calls:       # an empty message: not an update
             return []
         while len(self.ids) < len(calls):
-            self.ids.append(_new_id())
+            self.ids.append(random_string())
         deltas = []
         if content != self.content and content.startswith(self.content):
             deltas.append({"content": content[len(self.content):]})
