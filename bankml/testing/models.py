@@ -18,6 +18,11 @@
   tied): llama-h80, llama-h96, llama-h192, qwen3-h112, qwen3-h160, F16, and qwen3-h112 `--pure` Q8_0.
 - llama-kq-mixed: the random llama-kq in Q5_0 with `--tensor-type` overrides (Q5_1 k and up,
   Q6_K v, Q4_K gate, Q8_0 embeddings): one input read by q8_0, q8_1 and q8_K mat-muls.
+- Random-weight Qwen3.5s (qwen35, issue 27): qwen35-small (256 embd, 4 layers: 3 Gated-DeltaNet
+  layers of 8 v-heads over 4 k-heads of 32, then a gated full-attention layer of 2 heads of 64 over
+  one K/V head, partial rotary 16 dims in sections 3/3/2/0, ff 512, tied), F16, `--pure` Q8_0,
+  Q1_0, Q2_0 and the default Q4_K_M mix; a Qwen3.5-0.8B-shaped one (24 layers, 1,024 embd, 8/2
+  heads of 256, 16 k- and v-heads of 128, ff 3,584) in F16, Q8_0 and Q4_K_M only on request.
 Random models borrow SmolLM2's BPE vocabulary (Qwen3 ones under the `qwen2` pre-tokenizer).
 """
 from __future__ import annotations
@@ -54,6 +59,26 @@ class RandomShape:
     n_swa: int = 0          # gemma3: attention.sliding_window
 
 
+@dataclass(frozen=True)
+class HybridShape:
+    """A Qwen3.5 (`qwen35`): Gated-DeltaNet layers, a gated full-attention layer every
+    `interval` layers (llama_model_qwen35::load_arch_hparams)."""
+    n_embd: int
+    n_layer: int
+    n_head: int             # full attention: heads of head_dim (Q and its gate, 2 x head_dim rows each)
+    n_head_kv: int
+    head_dim: int
+    n_rot: int              # rope.dimension_count (partial rotary)
+    sections: tuple         # rope.dimension_sections, 4 entries summing to n_rot / 2
+    n_ff: int
+    n_k_heads: int          # ssm.group_count
+    n_v_heads: int          # ssm.time_step_rank
+    d_state: int            # ssm.state_size: each k- and v-head's size
+    d_conv: int             # ssm.conv_kernel
+    interval: int           # full_attention_interval
+    seed: int
+
+
 SHAPES = {
     "qwen3-small": RandomShape("qwen3", 512, 4, 4, 2, 128, 1536, True, 1),
     "qwen3-small-untied": RandomShape("qwen3", 512, 4, 4, 2, 128, 1536, False, 2),
@@ -69,6 +94,10 @@ SHAPES = {
     "llama-h192": RandomShape("llama", 192, 2, 2, 1, 192, 256, True, 8),
     "qwen3-h112": RandomShape("qwen3", 224, 2, 2, 1, 112, 256, True, 9),
     "qwen3-h160": RandomShape("qwen3", 160, 2, 2, 1, 160, 256, True, 10),
+    # Qwen3.5 (qwen35): 3 Gated-DeltaNet layers then a full-attention one; 8 v-heads read 4 k-heads
+    "qwen35-small": HybridShape(256, 4, 2, 1, 64, 16, (3, 3, 2, 0), 512, 4, 8, 32, 4, 4, 11),
+    # Qwen3.5-0.8B's shapes (24 layers, 1,024 embd, 8/2 heads of 256, 16 k- and v-heads of 128)
+    "qwen35-0.8b": HybridShape(1024, 24, 8, 2, 256, 64, (11, 11, 10, 0), 3584, 16, 16, 128, 4, 4, 12),
 }
 
 # name -> (how it is made, from what, quantization type)
@@ -106,12 +135,21 @@ MODELS = {
     "qwen3-h112-f16": ("random", "qwen3-h112", None),
     "qwen3-h112-q8_0": ("quantize", "qwen3-h112-f16", "Q8_0"),
     "qwen3-h160-f16": ("random", "qwen3-h160", None),
+    "qwen35-small-f16": ("random", "qwen35-small", None),
+    "qwen35-small-q8_0": ("quantize", "qwen35-small-f16", "Q8_0"),
+    "qwen35-small-q4_k_m": ("quantize-mix", "qwen35-small-f16", "Q4_K_M"),
+    "qwen35-small-q1_0": ("quantize", "qwen35-small-f16", "Q1_0"),
+    "qwen35-small-q2_0": ("quantize", "qwen35-small-f16", "Q2_0"),
+    "qwen35-0.8b-f16": ("random", "qwen35-0.8b", None),
+    "qwen35-0.8b-q8_0": ("quantize", "qwen35-0.8b-f16", "Q8_0"),
+    "qwen35-0.8b-q4_k_m": ("quantize-mix", "qwen35-0.8b-f16", "Q4_K_M"),
     # one input quantized three ways: attn_norm to q8_0 (Q5_0 q), q8_1 (Q5_1 k) and q8_K (Q6_K v),
     # ffn_norm to q8_1 (Q5_1 up) and q8_K (repacked Q4_K gate); Q8_0 embeddings, Q5_0 output
     "llama-kq-mixed": ("quantize-types", "llama-kq-f16",
                        "Q5_0 attn_k=q5_1 attn_v=q6_k ffn_up=q5_1 ffn_gate=q4_k token_embd=q8_0"),
 }
-ON_REQUEST = {"bonsai-1.7b-f16", "bonsai-1.7b-q1_0", "bonsai-1.7b-q2_0"}
+ON_REQUEST = {"bonsai-1.7b-f16", "bonsai-1.7b-q1_0", "bonsai-1.7b-q2_0",
+              "qwen35-0.8b-f16", "qwen35-0.8b-q8_0", "qwen35-0.8b-q4_k_m"}
 # prepared by default too: types mixed per tensor, or no tensors
 MIXED = ["gemma3-270m-q4_k_m", "gemma3-vocab-prefix", "smollm2-vocab-specials", "llama-kq-q4_k_m", "llama-kq-mixed"]
 DEFAULT = [m for m in MODELS if m not in ON_REQUEST and m not in MIXED]
@@ -145,6 +183,8 @@ def _make(name: str, dst: Path) -> None:
         elif how == "quantize-types":
             base, *overrides = qtype.split()
             _quantize(path(src), tmp, base, extra=[a for o in overrides for a in ("--tensor-type", o)])
+        elif isinstance(SHAPES[src], HybridShape):
+            _write_qwen35(SHAPES[src], tmp)
         else:
             _write_random(SHAPES[src], tmp)
     except BaseException:
@@ -281,6 +321,90 @@ def _write_random(s: RandomShape, dst: Path) -> None:
     w.close()
 
 
+def _write_qwen35(s: HybridShape, dst: Path) -> None:
+    """A qwen35 GGUF of real shapes with random weights: tensors and keys as llama-arch.cpp names
+    them and llama_model_qwen35::load_arch_tensors reads them (attn_qkv / attn_gate in each
+    Gated-DeltaNet layer, ssm_conv1d in F32 (ggml's SSM_CONV takes no other), ssm_a = -A with
+    a decay exp(g) that keeps the state bounded, tied output)."""
+    import gguf
+    vocab = _vocab_from_smollm2()
+    n_vocab = len(vocab["tokenizer.ggml.tokens"])
+    rng = np.random.default_rng(s.seed)
+    w = gguf.GGUFWriter(str(dst), "qwen35")
+    w.add_name("bankml random qwen35")
+    w.add_context_length(32768)
+    w.add_embedding_length(s.n_embd)
+    w.add_block_count(s.n_layer)
+    w.add_feed_forward_length(s.n_ff)
+    w.add_head_count(s.n_head)
+    w.add_head_count_kv(s.n_head_kv)
+    w.add_key_length(s.head_dim)
+    w.add_value_length(s.head_dim)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(10000000.0)
+    w.add_rope_dimension_count(s.n_rot)
+    w.add_rope_dimension_sections(list(s.sections))
+    w.add_ssm_conv_kernel(s.d_conv)
+    w.add_ssm_inner_size(s.d_state * s.n_v_heads)
+    w.add_ssm_state_size(s.d_state)
+    w.add_ssm_time_step_rank(s.n_v_heads)
+    w.add_ssm_group_count(s.n_k_heads)
+    w.add_full_attention_interval(s.interval)
+    w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
+    w.add_tokenizer_model(vocab["tokenizer.ggml.model"])
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(vocab["tokenizer.ggml.tokens"])
+    w.add_token_types(vocab["tokenizer.ggml.token_type"])
+    w.add_token_merges(vocab["tokenizer.ggml.merges"])
+    w.add_bos_token_id(vocab["tokenizer.ggml.bos_token_id"])
+    w.add_eos_token_id(vocab["tokenizer.ggml.eos_token_id"])
+    if "tokenizer.chat_template" in vocab:
+        w.add_chat_template(vocab["tokenizer.chat_template"])
+
+    def mat(rows: int, cols: int) -> np.ndarray:
+        return (rng.standard_normal((rows, cols), dtype=np.float32) / np.sqrt(cols)).astype(np.float16)
+
+    def norm(n: int) -> np.ndarray:
+        return (1.0 + 0.1 * rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
+
+    q, kv = s.n_head * s.head_dim, s.n_head_kv * s.head_dim
+    key_dim, value_dim = s.n_k_heads * s.d_state, s.n_v_heads * s.d_state
+    conv_dim = 2 * key_dim + value_dim
+    w.add_tensor("token_embd.weight", (rng.standard_normal((n_vocab, s.n_embd), dtype=np.float32) * 0.5
+                                       ).astype(np.float16))
+    for i in range(s.n_layer):
+        p = f"blk.{i}."
+        w.add_tensor(p + "attn_norm.weight", norm(s.n_embd))
+        w.add_tensor(p + "post_attention_norm.weight", norm(s.n_embd))
+        if (i + 1) % s.interval == 0:       # full attention: Q rows interleave each head's query and gate
+            w.add_tensor(p + "attn_q.weight", mat(2 * q, s.n_embd))
+            w.add_tensor(p + "attn_k.weight", mat(kv, s.n_embd))
+            w.add_tensor(p + "attn_v.weight", mat(kv, s.n_embd))
+            w.add_tensor(p + "attn_q_norm.weight", norm(s.head_dim))
+            w.add_tensor(p + "attn_k_norm.weight", norm(s.head_dim))
+            w.add_tensor(p + "attn_output.weight", mat(s.n_embd, q))
+        else:                               # Gated-DeltaNet
+            w.add_tensor(p + "attn_qkv.weight", mat(conv_dim, s.n_embd))
+            w.add_tensor(p + "attn_gate.weight", mat(value_dim, s.n_embd))
+            w.add_tensor(p + "ssm_conv1d.weight", (rng.standard_normal((conv_dim, s.d_conv), dtype=np.float32)
+                                                   / np.sqrt(s.d_conv)).astype(np.float32))
+            w.add_tensor(p + "ssm_dt.bias", (0.5 * rng.standard_normal(s.n_v_heads, dtype=np.float32)
+                                             ).astype(np.float32))
+            w.add_tensor(p + "ssm_a", -rng.uniform(0.05, 0.5, s.n_v_heads).astype(np.float32))
+            w.add_tensor(p + "ssm_beta.weight", mat(s.n_v_heads, s.n_embd))
+            w.add_tensor(p + "ssm_alpha.weight", mat(s.n_v_heads, s.n_embd))
+            w.add_tensor(p + "ssm_norm.weight", norm(s.d_state))
+            w.add_tensor(p + "ssm_out.weight", mat(s.n_embd, value_dim))
+        w.add_tensor(p + "ffn_gate.weight", mat(s.n_ff, s.n_embd))
+        w.add_tensor(p + "ffn_up.weight", mat(s.n_ff, s.n_embd))
+        w.add_tensor(p + "ffn_down.weight", mat(s.n_embd, s.n_ff))
+    w.add_tensor("output_norm.weight", norm(s.n_embd))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
 def prepare(names: list[str]) -> list[Path]:
     """Make every named model (with a progress bar), returning their paths."""
     todo = [n for n in names if not (models_dir() / f"{n}.gguf").exists()]
@@ -293,7 +417,8 @@ def prepare(names: list[str]) -> list[Path]:
 
 
 @click.command()
-@click.option("--bonsai", is_flag=True, help="Also make the Bonsai-1.7B-shaped Qwen3 (Q1_0, Q2_0) for benchmarks.")
+@click.option("--bonsai", is_flag=True, help="Also make the benchmark-sized models: the Bonsai-1.7B-shaped "
+              "Qwen3 (F16, Q1_0, Q2_0) and the Qwen3.5-0.8B-shaped one (F16, Q8_0, Q4_K_M).")
 @click.argument("names", nargs=-1)
 def main(bonsai: bool, names: tuple[str, ...]) -> None:
     """Prepare the test models in <cache>/models/."""
