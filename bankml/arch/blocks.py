@@ -297,6 +297,14 @@ class Builder:
     def add(self, a: Node, b: Node) -> Node:
         return self.node(Op.ADD, (a, b), a.shape, order=fo.ELEMENTWISE)
 
+    def sigmoid(self, x: Node) -> Node:
+        """ggml_sigmoid(x): 1 / (1 + expf(-x))."""
+        return self.node(Op.SIGMOID, (x,), x.shape, order=fo.SIGMOID)
+
+    def softplus(self, x: Node) -> Node:
+        """ggml_softplus(x): x past 20, else logf(1 + expf(x))."""
+        return self.node(Op.SOFTPLUS, (x,), x.shape, order=fo.SOFTPLUS)
+
     def swiglu(self, gate: Node, up: Node) -> Node:
         """ggml_swiglu_split(gate, up): silu(gate) * up."""
         return self.node(Op.SWIGLU, (gate, up), gate.shape, order=fo.SWIGLU)

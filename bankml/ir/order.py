@@ -80,6 +80,12 @@ SWIGLU = FloatOrder("ggml_vec_swiglu_f32", lanes=8, expf="ggml_v_expf+glibc_tail
 GEGLU = FloatOrder("ggml_vec_geglu_f32", f16_at=("src0",))
 # ggml-cpu/ops.cpp:ggml_compute_forward_scale_f32 (bias 0) -> ggml_vec_scale_f32: r(x*s)
 SCALE = FloatOrder("ggml_vec_scale_f32")
+# ggml-cpu/unary-ops.cpp:op_sigmoid, one element at a time: r(1 / r(1 + expf(-x))), glibc expf
+# (objdump of the haswell build: vxorps, call expf, vaddss, vdivss)
+SIGMOID = FloatOrder("op_sigmoid", expf="glibc")
+# ggml-cpu/unary-ops.cpp:op_softplus: x > 20 ? x : logf(r(1 + expf(x))), glibc expf and logf
+# (objdump: vcomiss against 20, call expf, vaddss, call logf); NaN is not > 20: logf's NaN
+SOFTPLUS = FloatOrder("op_softplus", expf="glibc")
 # ggml-cpu/ops.cpp:ggml_compute_forward_set_rows -> ggml_cpu_fp32_to_fp16
 SET_ROWS_F16 = FloatOrder("ggml_compute_forward_set_rows", f16_at=("dst",))
 

@@ -151,7 +151,8 @@ MODELS = {
 ON_REQUEST = {"bonsai-1.7b-f16", "bonsai-1.7b-q1_0", "bonsai-1.7b-q2_0",
               "qwen35-0.8b-f16", "qwen35-0.8b-q8_0", "qwen35-0.8b-q4_k_m"}
 # prepared by default too: types mixed per tensor, or no tensors
-MIXED = ["gemma3-270m-q4_k_m", "gemma3-vocab-prefix", "smollm2-vocab-specials", "llama-kq-q4_k_m", "llama-kq-mixed"]
+MIXED = ["gemma3-270m-q4_k_m", "gemma3-vocab-prefix", "smollm2-vocab-specials", "llama-kq-q4_k_m", "llama-kq-mixed",
+         "qwen35-small-q4_k_m"]
 DEFAULT = [m for m in MODELS if m not in ON_REQUEST and m not in MIXED]
 
 

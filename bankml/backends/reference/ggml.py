@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bankml.backends.reference import attention, attention_quant, glu, matmul, norm, rope
+from bankml.backends.reference import attention, attention_quant, glu, matmul, norm, rope, unary
 from bankml.backends.reference.lowerings import lowers
 from bankml.ir import order as fo
 from bankml.ir.ops import Op
@@ -114,6 +114,16 @@ def _swiglu(env, g, n, gate, up):
 @lowers(Op.GEGLU, order=fo.GEGLU)
 def _geglu(env, g, n, gate, up):
     return glu.geglu(gate, up, n.order)
+
+
+@lowers(Op.SIGMOID, order=fo.SIGMOID)
+def _sigmoid(env, g, n, x):
+    return unary.sigmoid(x, n.order)
+
+
+@lowers(Op.SOFTPLUS, order=fo.SOFTPLUS)
+def _softplus(env, g, n, x):
+    return unary.softplus(x, n.order)
 
 
 @lowers(Op.SCALE, order=fo.SCALE)

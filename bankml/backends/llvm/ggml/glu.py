@@ -92,7 +92,7 @@ def _gelu_table(m: ir.Module) -> ir.GlobalVariable:
     return gv
 
 
-def _elementwise(m: ir.Module, n: Node, n_in: int, emit) -> ir.Function:
+def elementwise(m: ir.Module, n: Node, n_in: int, emit) -> ir.Function:
     """A kernel over every element of n, split between threads; emit(b, *inputs) -> output."""
     fn, b = new_function(m, kernel_name(n), kernel_type(n))
     out, *ins = fn.args[:1 + n_in]
@@ -119,7 +119,7 @@ def define_geglu(m: ir.Module, g: Graph, n: Node) -> ir.Function:
         t = b.fpext(b.bitcast(h, ir.HalfType()), f32)
         y = b.fmul(b.select(b.fcmp_ordered(">=", x, f32(10.0)), x, t), u)
         return b.select(b.fcmp_ordered("<=", x, f32(-10.0)), f32(0.0), y)
-    return _elementwise(m, n, 2, emit)
+    return elementwise(m, n, 2, emit)
 
 
 @kernel(Op.SCALE, order=SCALE)
@@ -128,4 +128,4 @@ def define_scale(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     if n.order != SCALE:
         raise LoweringError(f"llvm backend: scale lowers only {SCALE.describe()!r} ({n.name or n.id})")
     s = f32(float(n.params["scale"]))
-    return _elementwise(m, n, 1, lambda b, x: b.fmul(x, s))
+    return elementwise(m, n, 1, lambda b, x: b.fmul(x, s))

@@ -1,0 +1,77 @@
+"""SIGMOID and SOFTPLUS (issue 27: Qwen3.5's gates): the reference backend against ggml-cpu of the
+oracle build (ggml_sigmoid / ggml_softplus computed through libggml), and the llvm kernels
+against the reference for every thread split, bit for bit, over realistic values and the edges
+(softplus's cut at 20, expf's overflow and underflow, +-0, +-inf, NaN, denormals)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from llvmlite import ir
+
+from bankml.backends.llvm.jit import call_kernel, compile_module
+from bankml.backends.llvm.registry import define, kernel_name
+from bankml.backends.reference import unary
+from bankml.ir.graph import Graph
+from bankml.ir.node import Node
+from bankml.ir.ops import Op
+from bankml.ir.order import SIGMOID, SOFTPLUS
+from bankml.oracle.ggml import TYPE_F32, Context
+
+OPS = {"sigmoid": (Op.SIGMOID, SIGMOID, unary.sigmoid), "softplus": (Op.SOFTPLUS, SOFTPLUS, unary.softplus)}
+EDGES = np.array([0.0, -0.0, 20.0, np.nextafter(np.float32(20), np.float32(21)), 19.999998, -20.0, 88.0, 88.8,
+                  89.0, -88.0, -103.0, -104.0, -150.0, 150.0, 1e-40, -1e-40, 1e-8, -1e-8, np.inf, -np.inf, np.nan],
+                 np.float32)
+
+
+def _values(shape, seed) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = (rng.standard_normal(shape) * rng.choice([0.1, 1, 4, 30], size=shape)).astype(np.float32)
+    flat = x.reshape(-1)
+    flat[:min(EDGES.size, flat.size)] = EDGES[:flat.size]
+    return x
+
+
+def _ggml(name: str, x: np.ndarray) -> np.ndarray:
+    ctx = Context(64 << 20)
+    t = ctx.tensor(TYPE_F32, tuple(reversed(x.shape)), np.ascontiguousarray(x))
+    return ctx.compute(ctx.op(f"ggml_{name}", t), threads=2, shape=x.shape)
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return np.asarray(a, np.float32).view(np.uint32)
+
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("name", OPS)
+@pytest.mark.parametrize("shape", [(3, 1000), (1, 16), (8, 64)], ids=str)
+def test_reference_equals_ggml(name, shape):
+    x = _values(shape, shape[-1])
+    assert np.array_equal(_bits(OPS[name][2](x)), _bits(_ggml(name, x)))
+
+
+def test_softplus_cut_and_edges():
+    x = np.array([20.0, 20.000002, 100.0, -100.0, np.inf, -np.inf], np.float32)
+    y = unary.softplus(x)
+    assert y[1] == x[1] and y[2] == 100.0 and y[4] == np.inf       # past 20: x itself
+    assert y[3] == 0.0 and y[5] == 0.0                               # logf(1 + 0)
+    assert unary.softplus(np.float32([0.0]))[0] == np.float32(np.log(2.0))
+    assert np.isnan(unary.softplus(np.array([np.nan], np.float32)))[0]
+
+
+@pytest.mark.parametrize("name", OPS)
+@pytest.mark.parametrize("shape", [(5, 1003), (1, 7), (2, 256)], ids=str)
+def test_llvm_equals_reference_for_any_nth(name, shape):
+    op, order, ref = OPS[name]
+    g = Graph()
+    g.add(Node(0, Op.INPUT, (), shape, "f32"))
+    n = g.add(Node(1, op, (0,), shape, "f32", None, order))
+    m = ir.Module()
+    define(m, g, n)
+    eng = compile_module(m)
+    x = _values(shape, 7 + shape[-1])
+    want = ref(x)
+    for nth in (1, 2, 3):
+        out = np.full(shape, np.nan, np.float32)
+        for ith in range(nth):
+            call_kernel(eng, kernel_name(n), out, [x], ith, nth)
+        assert np.array_equal(_bits(out), _bits(want)), f"nth={nth}"
