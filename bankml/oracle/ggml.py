@@ -57,6 +57,8 @@ _OPS = {
     "ggml_silu": (_P, [_P]),
     "ggml_sigmoid": (_P, [_P]),
     "ggml_softplus": (_P, [_P]),
+    "ggml_ssm_conv": (_P, [_P, _P]),
+    "ggml_gated_delta_net": (_P, [_P, _P, _P, _P, _P, _P, _I64]),
     "ggml_soft_max_ext": (_P, [_P, _P, _F, _F]),
     "ggml_rope_ext": (_P, [_P, _P, _P, _I, _I, _I, _F, _F, _F, _F, _F, _F]),
     "ggml_flash_attn_ext": (_P, [_P, _P, _P, _P, _F, _F, _F]),

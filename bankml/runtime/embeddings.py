@@ -6,7 +6,7 @@ one micro-batch, pooled (build_pooling in llama-graph.cpp) and normalised (commo
     rows = embed(m, tokens, pooling="none")                    # each token's row, as they are
 
 Pooling: "mean" is ggml_mul_mat(cont(transpose(rows)), inp_mean), one column of 1/n (n < 2 columns:
-no tinyBLAS), so each dimension is ggml_vec_dot_f32 over the tokens (vec_dot_f32 below, its AVX2
+no tinyBLAS), so each dimension is ggml_vec_dot_f32 over the tokens (bankml/numerics/vec.py, its AVX2
 order); "cls" the first token's row, "last" the last's; "none" every row, not normalised.
 """
 from __future__ import annotations
@@ -16,42 +16,10 @@ import math
 import numpy as np
 
 from bankml.errors import BankmlError
-from bankml.numerics.floats import fma
+from bankml.numerics.vec import vec_dot_f32
 
 POOLINGS = ("none", "mean", "cls", "last")
 F32 = np.float32
-
-
-def vec_dot_f32(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """ggml_vec_dot_f32 (ggml-cpu/vec.cpp, GGML_SIMD on AVX2) of each row of x with y, in the order
-    of the haswell binary (objdump): four 8-lane FMA accumulators over steps of 32, reduced (0+2,
-    1+3, then the two, the 128-bit halves, two hadds); the leftovers as GCC vectorized their loop:
-    blocks of 8, then one of 4, of rounded products added one by one, then the last (at most 3)
-    as scalar FMAs."""
-    rows, n = x.shape
-    full = n & ~31
-    acc = np.zeros((rows, 4, 8), F32)
-    for i in range(0, full, 32):
-        acc = fma(x[:, i:i + 32].reshape(rows, 4, 8), y[i:i + 32].reshape(4, 8), acc)
-    v = (acc[:, 0] + acc[:, 2]) + (acc[:, 1] + acc[:, 3])
-    t0 = v[:, 4:] + v[:, :4]
-    s = (t0[:, 0] + t0[:, 1]) + (t0[:, 2] + t0[:, 3])
-    i, left = full, n - full
-    if left >= 8:                                   # the vectorized leftover loop: blocks of 8
-        for _ in range(left // 8):
-            p = x[:, i:i + 8] * y[i:i + 8]
-            for k in range(8):
-                s = s + p[:, k]
-            i += 8
-        left %= 8
-    if left >= 4:                                   # its epilogue: one block of 4
-        p = x[:, i:i + 4] * y[i:i + 4]
-        for k in range(4):
-            s = s + p[:, k]
-        i, left = i + 4, left - 4
-    for k in range(i, n):                           # the scalar tail: vfmadd231ss
-        s = fma(x[:, k], y[k], s)
-    return np.asarray(s, F32)
 
 
 def pool(rows: np.ndarray, pooling: str) -> np.ndarray:

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from bankml.oracle.server import LlamaServer
-from bankml.runtime.embeddings import normalize, pool, vec_dot_f32
+from bankml.numerics.vec import vec_dot_f32
+from bankml.runtime.embeddings import normalize, pool
 from bankml.testing import models
 from bankml.testing.serve import BankmlServer
 
