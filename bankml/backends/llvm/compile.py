@@ -34,7 +34,7 @@ from llvmlite import ir
 
 from bankml.backends.llvm import ggml, jit, portable, registry  # noqa: F401  (ggml, portable: every kernel registers)
 from bankml.backends.llvm.portable import matmul as portable_matmul
-from bankml.backends.llvm.emit.core import KERNEL_ARG, for_range, i8p, i64, intrinsic, new_function, void
+from bankml.backends.llvm.emit.core import KERNEL_ARG, for_range, i8, i8p, i64, intrinsic, new_function, void
 from bankml.ir.dims import Dim, upper
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
@@ -297,19 +297,23 @@ def plan(g: Graph) -> tuple[ir.Module, list[Node], list[Node], list[Node], dict[
     width = 4 + max(1 + len(n.inputs) for n in kernels)
     rows = [[index[kernel_key(g, n)], int(need) | 2 * int(ser), 1 + len(n.inputs), registry.kernel_arg(g, n)]
             + [slot[i] for i in (n.id, *n.inputs)] for n, need, ser in zip(kernels, barriers, serial)]
-    rec_t = ir.ArrayType(i64, width)
-    plan_gv = ir.GlobalVariable(m, ir.ArrayType(rec_t, len(rows)), name="plan")
-    plan_gv.global_constant, plan_gv.linkage = True, "internal"
-    plan_gv.initializer = ir.Constant(plan_gv.type.pointee, [ir.Constant(rec_t, r + [0] * (width - len(r)))
-                                                               for r in rows])
+    # the plan as one byte-string constant of little-endian i64 records (an IR constant per
+    # field made 12,500 llvmlite objects for SmolLM2's glue: time to build and print, and a
+    # cyclic-GC pass over them when the module is dropped)
+    data = b"".join(int(v).to_bytes(8, "little", signed=True) for r in rows for v in r + [0] * (width - len(r)))
+    plan_gv = ir.GlobalVariable(m, ir.ArrayType(i8, len(data)), name="plan")
+    plan_gv.global_constant, plan_gv.linkage, plan_gv.align = True, "internal", 8
+    plan_gv.initializer = ir.Constant(plan_gv.type.pointee, bytearray(data))
     i64p = i64.as_pointer()
     rf, b = new_function(m, "graph_part", ir.FunctionType(void, [i8p.as_pointer(), i64, i64, i8p, i64p, i64, i64]))
     bufs, ith, nth, bar, sizes, lo, hi = rf.args
     dims = b.alloca(i64, KERNEL_ARG + 1, name="dims")       # the sizes, then each call's kernel argument
     for j in range(KERNEL_ARG):
         b.store(b.load(b.gep(sizes, [i64(j)])), b.gep(dims, [i64(j)]))
+    records = b.bitcast(plan_gv, i64p)
     with for_range(b, lo, hi, name="k") as k:               # plan[k]: kernel, flags, pointer count, arg, slots
-        field = lambda f: b.load(b.gep(plan_gv, [i64(0), k, i64(f)]))              # noqa: E731
+        rec = b.mul(k, i64(width))
+        field = lambda f: b.load(b.gep(records, [b.add(rec, i64(f))]))              # noqa: E731
         b.store(field(3), b.gep(dims, [i64(KERNEL_ARG)]))
         flags = field(1)
         with b.if_then(b.icmp_signed("!=", b.and_(flags, i64(1)), i64(0))):
