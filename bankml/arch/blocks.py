@@ -297,6 +297,10 @@ class Builder:
     def add(self, a: Node, b: Node) -> Node:
         return self.node(Op.ADD, (a, b), a.shape, order=fo.ELEMENTWISE)
 
+    def silu(self, x: Node) -> Node:
+        """ggml_silu(x): x / (1 + expf(-x)) (ggml_v_silu on 8-lane chunks of each row)."""
+        return self.node(Op.SILU, (x,), x.shape, order=fo.SILU)
+
     def sigmoid(self, x: Node) -> Node:
         """ggml_sigmoid(x): 1 / (1 + expf(-x))."""
         return self.node(Op.SIGMOID, (x,), x.shape, order=fo.SIGMOID)

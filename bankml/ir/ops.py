@@ -23,6 +23,7 @@ class Op(Enum):
     GEGLU = "geglu"            # gelu(src0) * src1 (ggml's GELU: the f16 table on this build)
     SCALE = "scale"            # src0 * params scale (ggml_scale, bias 0)
     HADAMARD = "hadamard"      # rows of params n values times the n x n Walsh-Hadamard matrix / sqrt(n)
+    SILU = "silu"              # x / (1 + expf(-x)) per element (ggml_silu: ggml_v_silu, a glibc tail)
     SIGMOID = "sigmoid"        # 1 / (1 + expf(-x)) per element (ggml_sigmoid)
     SOFTPLUS = "softplus"      # x > 20 ? x : logf(1 + expf(x)) per element (ggml_softplus)
 
@@ -36,5 +37,5 @@ ARITY = {
     Op.INPUT: 0, Op.WEIGHT: 0, Op.CACHE: 0, Op.GET_ROWS: 2, Op.RMS_NORM: 1, Op.MUL: 2, Op.ADD: 2,
     Op.QUANTIZE: 1, Op.MUL_MAT: 2, Op.RESHAPE: 1, Op.ROPE: 2, Op.SET_ROWS: 3, Op.FLASH_ATTN: 4,
     Op.SWIGLU: 2, Op.GEGLU: 2, Op.SCALE: 1, Op.HADAMARD: 1,
-    Op.SIGMOID: 1, Op.SOFTPLUS: 1,
+    Op.SILU: 1, Op.SIGMOID: 1, Op.SOFTPLUS: 1,
 }

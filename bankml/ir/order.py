@@ -80,6 +80,9 @@ SWIGLU = FloatOrder("ggml_vec_swiglu_f32", lanes=8, expf="ggml_v_expf+glibc_tail
 GEGLU = FloatOrder("ggml_vec_geglu_f32", f16_at=("src0",))
 # ggml-cpu/ops.cpp:ggml_compute_forward_scale_f32 (bias 0) -> ggml_vec_scale_f32: r(x*s)
 SCALE = FloatOrder("ggml_vec_scale_f32")
+# ggml-cpu/vec.cpp:ggml_vec_silu_f32 per row: ggml_v_silu on 8-lane chunks, ggml_silu_f32 (glibc expf) tail:
+# swiglu's gate without the product
+SILU = FloatOrder("ggml_vec_silu_f32", lanes=8, expf="ggml_v_expf+glibc_tail")
 # ggml-cpu/unary-ops.cpp:op_sigmoid, one element at a time: r(1 / r(1 + expf(-x))), glibc expf
 # (objdump of the haswell build: vxorps, call expf, vaddss, vdivss)
 SIGMOID = FloatOrder("op_sigmoid", expf="glibc")

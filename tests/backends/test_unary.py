@@ -1,7 +1,8 @@
-"""SIGMOID and SOFTPLUS (issue 27: Qwen3.5's gates): the reference backend against ggml-cpu of the
-oracle build (ggml_sigmoid / ggml_softplus computed through libggml), and the llvm kernels
+"""SILU, SIGMOID and SOFTPLUS (issue 27: Qwen3.5's gates): the reference backend against ggml-cpu of
+the oracle build (ggml_silu / ggml_sigmoid / ggml_softplus computed through libggml), and the llvm kernels
 against the reference for every thread split, bit for bit, over realistic values and the edges
-(softplus's cut at 20, expf's overflow and underflow, +-0, +-inf, NaN, denormals)."""
+(softplus's cut at 20, expf's overflow and underflow, ggml_v_expf's branch past 126/ln2, +-0,
++-inf, NaN, denormals); rows whose width leaves silu's glibc tail."""
 from __future__ import annotations
 
 import numpy as np
@@ -10,14 +11,15 @@ from llvmlite import ir
 
 from bankml.backends.llvm.jit import call_kernel, compile_module
 from bankml.backends.llvm.registry import define, kernel_name
-from bankml.backends.reference import unary
+from bankml.backends.reference import glu, unary
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
-from bankml.ir.order import SIGMOID, SOFTPLUS
+from bankml.ir.order import SIGMOID, SILU, SOFTPLUS
 from bankml.oracle.ggml import TYPE_F32, Context
 
-OPS = {"sigmoid": (Op.SIGMOID, SIGMOID, unary.sigmoid), "softplus": (Op.SOFTPLUS, SOFTPLUS, unary.softplus)}
+OPS = {"silu": (Op.SILU, SILU, glu.silu), "sigmoid": (Op.SIGMOID, SIGMOID, unary.sigmoid),
+       "softplus": (Op.SOFTPLUS, SOFTPLUS, unary.softplus)}
 EDGES = np.array([0.0, -0.0, 20.0, np.nextafter(np.float32(20), np.float32(21)), 19.999998, -20.0, 88.0, 88.8,
                   89.0, -88.0, -103.0, -104.0, -150.0, 150.0, 1e-40, -1e-40, 1e-8, -1e-8, np.inf, -np.inf, np.nan],
                  np.float32)

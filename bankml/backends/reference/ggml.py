@@ -116,6 +116,11 @@ def _geglu(env, g, n, gate, up):
     return glu.geglu(gate, up, n.order)
 
 
+@lowers(Op.SILU, order=fo.SILU)
+def _silu(env, g, n, x):
+    return glu.silu(x, n.order)
+
+
 @lowers(Op.SIGMOID, order=fo.SIGMOID)
 def _sigmoid(env, g, n, x):
     return unary.sigmoid(x, n.order)

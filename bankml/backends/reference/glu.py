@@ -1,10 +1,10 @@
-"""SwiGLU and add in ggml's float order (GGML_MAP §7, §8).
+"""SwiGLU, SiLU and add in ggml's float order (GGML_MAP §7, §8).
 
 ggml-cpu/vec.cpp:ggml_vec_swiglu_f32 (AVX2+FMA branch), per row of n = gate.shape[-1]:
     i < n - n%8 (8-lane chunks, ggml_v_silu): y = r( r(g / r(1 + ggml_v_expf(r(0 - g)))) * u )
     the n%8 tail (ggml_silu_f32):             y = r( r(g / r(1 + expf(-g))) * u )   # glibc expf
 No FMA outside ggml_v_expf (checked: vaddps, vdivps, vmulps). gate is src0 of
-ggml_swiglu_split and up is src1.
+ggml_swiglu_split and up is src1. ggml_vec_silu_f32 (ggml_silu) is the same without the `* u`.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import numpy as np
 from bankml.errors import LoweringError
 from bankml.numerics.expf import ggml_v_expf
 from bankml.numerics import gelu
-from bankml.ir.order import ELEMENTWISE, GEGLU, SCALE, SWIGLU, FloatOrder
+from bankml.ir.order import ELEMENTWISE, GEGLU, SCALE, SILU, SWIGLU, FloatOrder
 from bankml.numerics.libm import expf
 
 f32 = np.float32
@@ -27,14 +27,23 @@ def _check(order: FloatOrder, want: FloatOrder, op: str) -> None:
 def swiglu(gate: np.ndarray, up: np.ndarray, order: FloatOrder = SWIGLU) -> np.ndarray:
     """silu(gate) * up over rows [..., n] (ggml_vec_swiglu_f32); f32, the shape of gate."""
     _check(order, SWIGLU, "swiglu")
-    g, u = np.asarray(gate, f32), np.asarray(up, f32)
+    return (_silu(np.asarray(gate, f32), order.lanes) * np.asarray(up, f32)).astype(f32)
+
+
+def silu(x: np.ndarray, order: FloatOrder = SILU) -> np.ndarray:
+    """x / (1 + expf(-x)) over rows [..., n] (ggml_vec_silu_f32); f32, x's shape."""
+    _check(order, SILU, "silu")
+    return _silu(np.asarray(x, f32), order.lanes)
+
+
+def _silu(g: np.ndarray, lanes: int) -> np.ndarray:
+    """ggml_v_silu on each row's chunks of `lanes`, ggml_silu_f32 on the rest."""
     n = g.shape[-1]
-    body = n - n % order.lanes
+    body = n - n % lanes
     e = np.empty_like(g)
     e[..., :body] = ggml_v_expf((f32(0) - g[..., :body]).astype(f32))     # _mm256_sub_ps(zero, x)
     e[..., body:] = expf(-g[..., body:])                                  # ggml_silu_f32: expf(-x)
-    silu = (g / (f32(1) + e).astype(f32)).astype(f32)
-    return (silu * u).astype(f32)
+    return (g / (f32(1) + e).astype(f32)).astype(f32)
 
 
 def add(a: np.ndarray, b: np.ndarray, order: FloatOrder = ELEMENTWISE) -> np.ndarray:

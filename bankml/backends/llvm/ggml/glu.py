@@ -1,9 +1,10 @@
-"""SWIGLU kernel, and ggml_v_expf emitted in LLVM IR (GGML_MAP §7).
+"""SWIGLU and SILU kernels, and ggml_v_expf emitted in LLVM IR (GGML_MAP §7).
 
 ggml-cpu/vec.cpp:ggml_vec_swiglu_f32 per row of n = gate.shape[-1], as the reference backend
 (bankml/backends/reference/glu.py) spells it:
     8-lane chunks:   y = r( r(g / r(1 + ggml_v_expf(r(0 - g)))) * u )
     the n%8 tail:    y = r( r(g / r(1 + expf(-g))) * u )              # glibc expf
+and ggml_vec_silu_f32 (ggml_silu) the same without `* u`.
 `v_expf` below is ggml_v_expf(__m256) (ggml-cpu/vec.h, AVX2+FMA branch) on <8 x float>, every
 fmadd/fnmadd one llvm.fma, as bankml/numerics/expf.py, with ggml's `any lane |n| > 126` branch
 (`v_expf_branch`); the flash-attention tiled kernel takes its halves (v_expf_fast,
@@ -22,20 +23,21 @@ from bankml.errors import LoweringError
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
-from bankml.ir.order import GEGLU, SCALE, SWIGLU
+from bankml.ir.order import GEGLU, SCALE, SILU, SWIGLU
 
 v8i32 = ir.VectorType(i32, 8)
 
 
-def _swiglu_elem(b: ir.IRBuilder, g: ir.Value, u: ir.Value) -> ir.Value:
-    """The scalar tail: r(r(g / r(1 + expf(-g))) * u), glibc expf."""
+def _silu_elem(b: ir.IRBuilder, g: ir.Value) -> ir.Value:
+    """ggml_silu_f32, the scalar tail: r(g / r(1 + expf(-g))), glibc expf."""
     e = b.call(intrinsic(b.module, "expf", f32, [f32]), [b.fneg(g)])
-    return b.fmul(b.fdiv(g, b.fadd(f32(1.0), e)), u)
+    return b.fdiv(g, b.fadd(f32(1.0), e))
 
 
-def _swiglu_vec(b: ir.IRBuilder, g: ir.Value, u: ir.Value) -> ir.Value:
+def _silu_vec(b: ir.IRBuilder, g: ir.Value) -> ir.Value:
+    """ggml_v_silu on 8 lanes."""
     e = v_expf_branch(b, b.fsub(const_vec(0.0), g))                                         # _mm256_sub_ps(zero, x)
-    return b.fmul(b.fdiv(g, b.fadd(const_vec(1.0), e)), u)
+    return b.fdiv(g, b.fadd(const_vec(1.0), e))
 
 
 @kernel(Op.SWIGLU, order=SWIGLU)
@@ -43,17 +45,33 @@ def define_swiglu(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     if n.order != SWIGLU:
         raise LoweringError(f"llvm backend: swiglu lowers only {SWIGLU.describe()!r}, not "
                             f"{n.order.describe() if n.order else None!r} ({n.name or n.id})")
-    name = kernel_name(n)
-    fn, b = new_function(m, name, kernel_type(n))
-    out, gate, up, ith, nth, dims = fn.args
-    po, pg, pu = typed(b, out, f32), typed(b, gate, f32), typed(b, up, f32)
+    return _silu_rows(m, n, gated=True)
+
+
+@kernel(Op.SILU, order=SILU)
+def define_silu(m: ir.Module, g: Graph, n: Node) -> ir.Function:
+    if n.order != SILU:
+        raise LoweringError(f"llvm backend: silu lowers only {SILU.describe()!r} ({n.name or n.id})")
+    return _silu_rows(m, n, gated=False)
+
+
+def _silu_rows(m: ir.Module, n: Node, gated: bool) -> ir.Function:
+    """silu(gate) * up (gated) or silu(x) over rows: ggml_v_silu on each row's 8-lane chunks, the
+    scalar form on its n%8 tail."""
+    fn, b = new_function(m, kernel_name(n), kernel_type(n))
+    out, gate, *rest = fn.args
+    up, (ith, nth, dims) = (rest[0], rest[1:]) if gated else (None, rest)
+    po, pg = typed(b, out, f32), typed(b, gate, f32)
+    pu = typed(b, up, f32) if gated else None
     width = n.shape[-1]
     rows = size(b, dims, n.shape[:-1])
     body, tail = width - width % 8, width % 8
 
     def chunk(off):                                    # 8 lanes at flat offset off
         vp = lambda p: b.bitcast(b.gep(p, [off]), v8f32.as_pointer())         # noqa: E731
-        y = _swiglu_vec(b, b.load(vp(pg), align=4), b.load(vp(pu), align=4))
+        y = _silu_vec(b, b.load(vp(pg), align=4))
+        if gated:
+            y = b.fmul(y, b.load(vp(pu), align=4))
         b.store(y, vp(po), align=4)
 
     if tail == 0:                                      # rows are back to back: split 8-lane chunks
@@ -68,7 +86,9 @@ def define_swiglu(m: ir.Module, g: Graph, n: Node) -> ir.Function:
                 chunk(b.add(base, b.mul(c, i64(8))))
             for t in range(tail):
                 off = b.add(base, i64(body + t))
-                y = _swiglu_elem(b, b.load(b.gep(pg, [off])), b.load(b.gep(pu, [off])))
+                y = _silu_elem(b, b.load(b.gep(pg, [off])))
+                if gated:
+                    y = b.fmul(y, b.load(b.gep(pu, [off])))
                 b.store(y, b.gep(po, [off]))
     b.ret_void()
     return fn
