@@ -12,7 +12,7 @@ class Op(Enum):
     GET_ROWS = "get_rows"      # rows of src0 selected by src1 (dequantized when src0 is a weight)
     RMS_NORM = "rms_norm"      # x / sqrt(mean(x^2) + eps) per row: params eps
     MUL = "mul"                # elementwise, src1 broadcast over rows
-    ADD = "add"                # elementwise
+    ADD = "add"                # elementwise, src1 broadcast over rows
     QUANTIZE = "quantize"      # activation to the vec_dot type of a weight: params type ("f16" | "q8_0" | "q8_1")
     MUL_MAT = "mul_mat"        # src1 @ src0^T: src0 a weight, src1 activation (or its QUANTIZE)
     RESHAPE = "reshape"        # same bytes, new shape

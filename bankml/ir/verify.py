@@ -235,7 +235,7 @@ def _unary(g: Graph, n: Node, t: Types) -> None:
     _same_shape(n, x)
 
 
-@rule(Op.ADD, Op.SWIGLU, Op.GEGLU)
+@rule(Op.SWIGLU, Op.GEGLU)
 def _binary(g: Graph, n: Node, t: Types) -> None:
     a, b = g[n.inputs[0]], g[n.inputs[1]]
     _f32(a, "src0")
@@ -245,10 +245,10 @@ def _binary(g: Graph, n: Node, t: Types) -> None:
     _same_shape(n, b, "src1")
 
 
-@rule(Op.MUL)
+@rule(Op.MUL, Op.ADD)
 def _mul(g: Graph, n: Node, t: Types) -> None:
-    """src1 (a norm weight or f32) is repeated over src0's rows (ggml_can_repeat): its shape
-    ends src0's."""
+    """src1 (a weight, a norm's or Qwen3.5's ssm_dt bias, or f32) is repeated over src0's rows
+    (ggml_can_repeat): its shape ends src0's."""
     x, w = g[n.inputs[0]], g[n.inputs[1]]
     _f32(x, "src0")
     if w.op is not Op.WEIGHT:

@@ -77,3 +77,31 @@ def test_llvm_equals_reference_for_any_nth(name, shape):
         for ith in range(nth):
             call_kernel(eng, kernel_name(n), out, [x], ith, nth)
         assert np.array_equal(_bits(out), _bits(want)), f"nth={nth}"
+
+
+# ---- ADD with src1 broadcast over rows (Qwen3.5's alpha + ssm_dt.bias) ----
+
+@pytest.mark.oracle
+@pytest.mark.parametrize("shape", [(1, 16), (7, 8), (3, 1003)], ids=str)
+def test_add_broadcast_reference_equals_ggml_and_llvm(shape):
+    from bankml.backends.reference.glu import add
+    from bankml.ir.order import ELEMENTWISE
+    rng = np.random.default_rng(shape[0])
+    a, c = _values(shape, 3), rng.standard_normal(shape[-1:]).astype(np.float32)
+    want = add(a, c)
+    ctx = Context(64 << 20)
+    ta = ctx.tensor(TYPE_F32, tuple(reversed(shape)), np.ascontiguousarray(a))
+    tc = ctx.tensor(TYPE_F32, (shape[-1],), c)
+    assert np.array_equal(_bits(want), _bits(ctx.compute(ctx.op("ggml_add", ta, tc), threads=2, shape=shape)))
+    g = Graph()
+    g.add(Node(0, Op.INPUT, (), shape, "f32"))
+    g.add(Node(1, Op.INPUT, (), shape[-1:], "f32"))
+    n = g.add(Node(2, Op.ADD, (0, 1), shape, "f32", None, ELEMENTWISE))
+    m = ir.Module()
+    define(m, g, n).linkage = "external"          # rows.py's kernels are internal until a graph's glue calls them
+    eng = compile_module(m)
+    for nth in (1, 2, 3):
+        out = np.full(shape, np.nan, np.float32)
+        for ith in range(nth):
+            call_kernel(eng, kernel_name(n), out, [a, c], ith, nth)
+        assert np.array_equal(_bits(out), _bits(want)), f"nth={nth}"
