@@ -309,6 +309,16 @@ class Builder:
         """ggml_softplus(x): x past 20, else logf(1 + expf(x))."""
         return self.node(Op.SOFTPLUS, (x,), x.shape, order=fo.SOFTPLUS)
 
+    def ssm_conv(self, x: Node, w: Weight, state: Node) -> Node:
+        """ggml_ssm_conv over ggml_concat(conv state, x^T): x [T, ch] after the state cache
+        [ch, d_conv-1], each channel by its row of w; the cache keeps the last d_conv-1 columns."""
+        return self.node(Op.SSM_CONV, (x, self.weight(w), state), x.shape, order=fo.SSM_CONV)
+
+    def gated_delta_net(self, q: Node, k: Node, v: Node, g: Node, beta: Node, state: Node) -> Node:
+        """ggml_gated_delta_net (the fused op b11434 runs for every token count): [T, Hv, S]; the
+        state cache [Hv, S, S] is left at the new state."""
+        return self.node(Op.GATED_DELTA_NET, (q, k, v, g, beta, state), v.shape, order=fo.GATED_DELTA_NET)
+
     def swiglu(self, gate: Node, up: Node) -> Node:
         """ggml_swiglu_split(gate, up): silu(gate) * up."""
         return self.node(Op.SWIGLU, (gate, up), gate.shape, order=fo.SWIGLU)

@@ -26,16 +26,20 @@ class Op(Enum):
     SILU = "silu"              # x / (1 + expf(-x)) per element (ggml_silu: ggml_v_silu, a glibc tail)
     SIGMOID = "sigmoid"        # 1 / (1 + expf(-x)) per element (ggml_sigmoid)
     SOFTPLUS = "softplus"      # x > 20 ? x : logf(1 + expf(x)) per element (ggml_softplus)
+    SSM_CONV = "ssm_conv"      # causal conv of x [T, ch] by weight [ch, d_conv] after the conv state cache
+                               # [ch, d_conv-1]: [T, ch]; the cache is left holding the last d_conv-1 columns
+    GATED_DELTA_NET = "gated_delta_net"  # q, k [T, Hk, S], v [T, Hv, S], g, beta [T, Hv], state cache
+                               # [Hv, S, S] (transposed): the outputs [T, Hv, S]; the cache left at the new state
 
 
 VIEWS = frozenset({Op.RESHAPE})
 LEAVES = frozenset({Op.INPUT, Op.WEIGHT, Op.CACHE})
-EFFECTS = frozenset({Op.SET_ROWS})     # writes state: never dead, even when nothing reads it
+EFFECTS = frozenset({Op.SET_ROWS, Op.SSM_CONV, Op.GATED_DELTA_NET})   # write state: never dead, even unread
 
 # arity of each op (inputs it takes)
 ARITY = {
     Op.INPUT: 0, Op.WEIGHT: 0, Op.CACHE: 0, Op.GET_ROWS: 2, Op.RMS_NORM: 1, Op.MUL: 2, Op.ADD: 2,
     Op.QUANTIZE: 1, Op.MUL_MAT: 2, Op.RESHAPE: 1, Op.ROPE: 2, Op.SET_ROWS: 3, Op.FLASH_ATTN: 4,
     Op.SWIGLU: 2, Op.GEGLU: 2, Op.SCALE: 1, Op.HADAMARD: 1,
-    Op.SILU: 1, Op.SIGMOID: 1, Op.SOFTPLUS: 1,
+    Op.SILU: 1, Op.SIGMOID: 1, Op.SOFTPLUS: 1, Op.SSM_CONV: 3, Op.GATED_DELTA_NET: 6,
 }

@@ -89,6 +89,15 @@ SIGMOID = FloatOrder("op_sigmoid", expf="glibc")
 # ggml-cpu/unary-ops.cpp:op_softplus: x > 20 ? x : logf(r(1 + expf(x))), glibc expf and logf
 # (objdump: vcomiss against 20, call expf, vaddss, call logf); NaN is not > 20: logf's NaN
 SOFTPLUS = FloatOrder("op_softplus", expf="glibc")
+# ggml-cpu/ops.cpp:ggml_compute_forward_ssm_conv_f32: per output, `sumf += s*c` over d_conv from 0 as
+# GCC vectorized it (objdump): blocks of 8, then one of 4, of rounded products added in order, the
+# last (at most 3) as FMAs (bankml/numerics/vec.py gcc_sum)
+SSM_CONV = FloatOrder("ggml_compute_forward_ssm_conv_f32", fma=True)
+# ggml-cpu/ops.cpp:ggml_compute_forward_gated_delta_net_one_chunk (K = 1, scalar gate): per head and
+# token M = r(M*expf(g)); d = r(r(v - dot(M_j, k))*beta); M_j = fma(k, d_j, M_j); o = r(dot(M_j, q)*r(1/sqrtf(S)));
+# dot = ggml_vec_dot_f32: four 8-lane FMA accumulators over steps of 32, GGML_F32x8_REDUCE
+GATED_DELTA_NET = FloatOrder("ggml_compute_forward_gated_delta_net_one_chunk", lanes=8, accs=4,
+                             fold="f32x8_reduce", fma=True, expf="glibc")
 # ggml-cpu/ops.cpp:ggml_compute_forward_set_rows -> ggml_cpu_fp32_to_fp16
 SET_ROWS_F16 = FloatOrder("ggml_compute_forward_set_rows", f16_at=("dst",))
 

@@ -360,6 +360,42 @@ def _flash_attn(g: Graph, n: Node, t: Types) -> None:
         raise Broken(f"not [{_s((*q.shape[:2], v.shape[2]))}]")
 
 
+@rule(Op.SSM_CONV)
+def _ssm_conv(g: Graph, n: Node, t: Types) -> None:
+    """x [T, ch] (f32), weight [ch, d_conv] (F32), conv state cache [ch, d_conv-1] (f32): f32 [T, ch]."""
+    x, w, state = (g[i] for i in n.inputs)
+    _f32(x, "x")
+    _f32(n, "the output")
+    if w.op is not Op.WEIGHT or w.dtype != "F32" or len(w.shape) != 2:
+        raise Broken(f"weight %{w.id} is not an F32 matrix (ggml's ssm_conv takes no other)")
+    if state.op is not Op.CACHE or state.dtype != "f32" or state.shape != (w.shape[0], w.shape[1] - 1):
+        raise Broken(f"state %{state.id} is not an f32 cache [{w.shape[0]},{w.shape[1] - 1}]")
+    if len(x.shape) != 2 or x.shape[1] != w.shape[0]:
+        raise Broken(f"x [{_s(x.shape)}] is not [T,{w.shape[0]}]")
+    _same_shape(n, x, "x")
+
+
+@rule(Op.GATED_DELTA_NET)
+def _gated_delta_net(g: Graph, n: Node, t: Types) -> None:
+    """q, k [T, Hk, S], v [T, Hv, S] (Hv a multiple of Hk), g and beta [T, Hv], the state cache
+    [Hv, S, S], all f32, S a multiple of 32 (ggml_vec_dot_f32's leftovers are not lowered): f32 [T, Hv, S]."""
+    q, k, v, gate, beta, state = (g[i] for i in n.inputs)
+    for name, x in (("q", q), ("k", k), ("v", v), ("g", gate), ("beta", beta)):
+        _f32(x, name)
+    _f32(n, "the output")
+    if len(v.shape) != 3 or q.shape != k.shape or len(q.shape) != 3 or q.shape[::2] != v.shape[::2]:
+        raise Broken(f"q [{_s(q.shape)}], k [{_s(k.shape)}], v [{_s(v.shape)}] are not [T,Hk,S] and [T,Hv,S]")
+    T, hv, S = v.shape
+    if hv % q.shape[1] or S % 32:
+        raise Broken(f"{hv} v-heads over {q.shape[1]} k-heads of {S}: want a multiple of each, S of 32")
+    for name, x in (("g", gate), ("beta", beta)):
+        if x.shape != (T, hv):
+            raise Broken(f"{name} %{x.id} [{_s(x.shape)}] is not [{_s((T, hv))}]")
+    if state.op is not Op.CACHE or state.dtype != "f32" or state.shape != (hv, S, S):
+        raise Broken(f"state %{state.id} is not an f32 cache [{hv},{S},{S}]")
+    _same_shape(n, v, "v")
+
+
 @rule(Op.HADAMARD)
 def _hadamard(g: Graph, n: Node, t: Types) -> None:
     """Rows in blocks of params n (a power of 2) times the Walsh-Hadamard matrix: same shape."""

@@ -57,3 +57,75 @@ def test_gated_delta_net_equals_ggml(n_s, n_t, h_k, h_v, S, threads):
     out, new = gated_delta_net(q, k, v, g[..., 0], beta[..., 0], state)
     assert np.array_equal(_bits(out).reshape(-1), _bits(flat[:n_out]))
     assert np.array_equal(_bits(new).reshape(-1), _bits(flat[n_out:n_out + new.size]))
+
+
+# ---- the IR ops: the llvm kernels against the reference backend's step, state written in place ----
+
+from llvmlite import ir  # noqa: E402
+
+from bankml.backends.llvm.jit import call_kernel, compile_module  # noqa: E402
+from bankml.backends.llvm.registry import define, kernel_name  # noqa: E402
+from bankml.backends.reference.recurrent import gated_delta_net_step, ssm_conv_step  # noqa: E402
+from bankml.ir.graph import Graph  # noqa: E402
+from bankml.ir.node import Node  # noqa: E402
+from bankml.ir.ops import Op  # noqa: E402
+from bankml.ir.order import GATED_DELTA_NET, SSM_CONV  # noqa: E402
+from bankml.ir.verify import RULES  # noqa: E402
+from bankml.passes.pipeline import TYPES  # noqa: E402
+
+
+def _run_llvm(g: Graph, n: Node, ins: list[np.ndarray], state_at: int, nth: int) -> tuple[np.ndarray, np.ndarray]:
+    m = ir.Module()
+    define(m, g, n).linkage = "external"
+    eng = compile_module(m)
+    ins = [np.array(x, copy=True) for x in ins]
+    out = np.full(n.shape, np.nan, np.float32)
+    for ith in range(nth):
+        call_kernel(eng, kernel_name(n), out, ins, ith, nth)
+    return out, ins[state_at]
+
+
+@pytest.mark.parametrize("T,ch,d_conv", [(1, 320, 4), (7, 320, 4), (2, 24, 4), (3, 40, 13), (1, 16, 22)])
+def test_ssm_conv_node_llvm_equals_reference(T, ch, d_conv):
+    rng = np.random.default_rng(T * 31 + d_conv)
+    x = rng.standard_normal((T, ch)).astype(np.float32)
+    w = rng.standard_normal((ch, d_conv)).astype(np.float32)
+    state = rng.standard_normal((ch, d_conv - 1)).astype(np.float32)
+    g = Graph()
+    g.add(Node(0, Op.INPUT, (), (T, ch), "f32"))
+    g.add(Node(1, Op.WEIGHT, (), (ch, d_conv), "F32", "blk.0.ssm_conv1d.weight", None,
+                {"tensor": "blk.0.ssm_conv1d.weight", "ggml_type": 0}))
+    g.add(Node(2, Op.CACHE, (), (ch, d_conv - 1), "f32"))
+    n = g.add(Node(3, Op.SSM_CONV, (0, 1, 2), (T, ch), "f32", "conv_output_raw-0", SSM_CONV))
+    RULES[n.op](g, n, TYPES)                      # the verifier's shape rule holds
+    want_state = state.copy()
+    want = ssm_conv_step(x, w, want_state)
+    cat = np.concatenate([state, x.T], axis=1)
+    assert np.array_equal(want_state, cat[:, -(d_conv - 1):])
+    for nth in (1, 2, 3):
+        got, got_state = _run_llvm(g, n, [x, w, state], 2, nth)
+        assert np.array_equal(_bits(got), _bits(want)), f"nth={nth}"
+        assert np.array_equal(_bits(got_state), _bits(want_state)), f"nth={nth}"
+
+
+@pytest.mark.parametrize("T,hk,hv,S", [(1, 4, 8, 32), (5, 4, 8, 32), (2, 2, 2, 128), (3, 16, 16, 128)])
+def test_gated_delta_net_node_llvm_equals_reference(T, hk, hv, S):
+    rng = np.random.default_rng(T + hv + S)
+    unit = lambda a: (a / np.linalg.norm(a, axis=-1, keepdims=True)).astype(np.float32)   # noqa: E731
+    q, k = unit(rng.standard_normal((T, hk, S))), unit(rng.standard_normal((T, hk, S)))
+    v = rng.standard_normal((T, hv, S)).astype(np.float32)
+    gate = -rng.uniform(0.01, 2.0, (T, hv)).astype(np.float32)
+    beta = rng.uniform(0, 1, (T, hv)).astype(np.float32)
+    state = (rng.standard_normal((hv, S, S)) * 0.3).astype(np.float32)
+    g = Graph()
+    for i, shape in enumerate([(T, hk, S), (T, hk, S), (T, hv, S), (T, hv), (T, hv)]):
+        g.add(Node(i, Op.INPUT, (), shape, "f32"))
+    g.add(Node(5, Op.CACHE, (), (hv, S, S), "f32"))
+    n = g.add(Node(6, Op.GATED_DELTA_NET, (0, 1, 2, 3, 4, 5), (T, hv, S), "f32", "attn_output-0", GATED_DELTA_NET))
+    RULES[n.op](g, n, TYPES)                      # the verifier's shape rule holds
+    want_state = state.copy()
+    want = gated_delta_net_step(q, k, v, gate, beta, want_state)
+    for nth in (1, 2, 3):
+        got, got_state = _run_llvm(g, n, [q, k, v, gate, beta, state], 5, nth)
+        assert np.array_equal(_bits(got), _bits(want)), f"nth={nth}"
+        assert np.array_equal(_bits(got_state), _bits(want_state)), f"nth={nth}"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bankml.backends.reference import attention, attention_quant, glu, matmul, norm, rope, unary
+from bankml.backends.reference import attention, attention_quant, glu, matmul, norm, recurrent, rope, unary
 from bankml.backends.reference.lowerings import lowers
 from bankml.ir import order as fo
 from bankml.ir.ops import Op
@@ -129,6 +129,17 @@ def _sigmoid(env, g, n, x):
 @lowers(Op.SOFTPLUS, order=fo.SOFTPLUS)
 def _softplus(env, g, n, x):
     return unary.softplus(x, n.order)
+
+
+@lowers(Op.SSM_CONV, order=fo.SSM_CONV)
+def _ssm_conv(env, g, n, x, w, state):
+    """The state cache is written in place, as set_rows writes the K/V cache."""
+    return recurrent.ssm_conv_step(x, w, state)
+
+
+@lowers(Op.GATED_DELTA_NET, order=fo.GATED_DELTA_NET)
+def _gated_delta_net(env, g, n, q, k, v, gate, beta, state):
+    return recurrent.gated_delta_net_step(q, k, v, gate, beta, state)
 
 
 @lowers(Op.SCALE, order=fo.SCALE)

@@ -58,3 +58,20 @@ def gated_delta_net(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, 
                 M[:] = fma(kd[None, :], d[:, None], M)
                 out[s, t, h] = (vec_dot_f32(M, qd) * scale).astype(F32)
     return out, new
+
+
+def ssm_conv_step(x: np.ndarray, w: np.ndarray, state: np.ndarray) -> np.ndarray:
+    """One sequence's SSM_CONV node: x [T, ch] after the conv state [ch, d_conv-1] (updated in
+    place to the last d_conv-1 columns of [state | x^T], what llama.cpp copies back) -> [T, ch]."""
+    cat = np.concatenate([state, np.asarray(x, F32).T], axis=1)
+    y = ssm_conv(cat[None], np.asarray(w, F32))[0]
+    state[...] = cat[:, cat.shape[1] - state.shape[1]:]
+    return y
+
+
+def gated_delta_net_step(q, k, v, g, beta, state: np.ndarray) -> np.ndarray:
+    """One sequence's GATED_DELTA_NET node: q, k [T, Hk, S], v [T, Hv, S], g, beta [T, Hv], the
+    state [Hv, S, S] (updated in place) -> [T, Hv, S]."""
+    out, new = gated_delta_net(q[None], k[None], v[None], g[None], beta[None], state[None])
+    state[...] = new[0]
+    return out[0]

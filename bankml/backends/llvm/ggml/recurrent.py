@@ -1,0 +1,123 @@
+"""SSM_CONV and GATED_DELTA_NET kernels (Qwen3.5's recurrence, issue 27), in ggml-cpu's float order
+as the reference backend spells it (bankml/backends/reference/recurrent.py); each writes its state
+cache in place, as SET_ROWS writes the K/V cache.
+
+- ssm_conv: threads split the channels; per channel and token the d_conv products in GCC's
+  vectorized loop order (blocks of 8, then 4, of rounded products added in order from 0, the
+  last <= 3 as FMAs), reading [state | x^T] without building it; then the channel's state row
+  takes the last d_conv-1 columns.
+- gated_delta_net: threads split the v-heads; per head and token M = r(M*expf(g)) (8 lanes),
+  d_j = r(r(v_j - dot(M_j, k))*beta), M_j = fma(k, d_j, M_j), o_j = r(dot(M_j, q)*r(1/sqrtf(S)));
+  dot = ggml_vec_dot_f32: four 8-lane FMA accumulators over steps of 32, GGML_F32x8_REDUCE.
+"""
+from __future__ import annotations
+
+import numpy as np
+from llvmlite import ir
+
+from bankml.backends.llvm.emit.core import f32, fma, for_range, i64, intrinsic, new_function, size, smin, \
+    thread_range, typed, v8f32
+from bankml.backends.llvm.emit.simd import broadcast, f32x8_reduce, scratch, zero8
+from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
+from bankml.errors import LoweringError
+from bankml.ir.graph import Graph
+from bankml.ir.node import Node
+from bankml.ir.ops import Op
+from bankml.ir.order import GATED_DELTA_NET, SSM_CONV
+
+
+def _vec(b: ir.IRBuilder, p: ir.Value, off: ir.Value) -> ir.Value:
+    return b.bitcast(b.gep(p, [off]), v8f32.as_pointer())
+
+
+@kernel(Op.SSM_CONV, order=SSM_CONV)
+def define_ssm_conv(m: ir.Module, g: Graph, n: Node) -> ir.Function:
+    if n.order != SSM_CONV:
+        raise LoweringError(f"llvm backend: ssm_conv lowers only {SSM_CONV.describe()!r} ({n.name or n.id})")
+    ch, nc = g[n.inputs[1]].shape
+    keep = nc - 1                                      # the state's columns
+    fn, b = new_function(m, kernel_name(n), kernel_type(n))
+    out, px, pw, pst, ith, nth, dims = fn.args
+    ys, xs, ws, ss = (typed(b, p, f32) for p in (out, px, pw, pst))
+    T = size(b, dims, n.shape[:1])
+    lo, hi = thread_range(b, i64(ch), ith, nth)
+    with for_range(b, lo, hi, name="c") as c:
+        srow, wrow = b.gep(ss, [b.mul(c, i64(keep))]), b.gep(ws, [b.mul(c, i64(nc))])
+        w = [b.load(b.gep(wrow, [i64(i)])) for i in range(nc)]
+
+        def column(j: ir.Value) -> ir.Value:            # [state | x^T][c][j]
+            from_state = b.icmp_signed("<", j, i64(keep))
+            s = b.load(b.gep(srow, [smin(b, j, i64(keep - 1))]))
+            xi = b.sub(j, i64(keep))
+            xi = b.select(from_state, i64(0), xi)
+            x = b.load(b.gep(xs, [b.add(b.mul(xi, i64(ch)), c)]))
+            return b.select(from_state, s, x)
+
+        with for_range(b, 0, T, name="t") as t:
+            acc, i = f32(0.0), 0
+            for width in [8] * (nc // 8) + ([4] if nc % 8 >= 4 else []):     # vmulps, then vaddss in order
+                prods = [b.fmul(column(b.add(t, i64(i + k))), w[i + k]) for k in range(width)]
+                for p in prods:
+                    acc = b.fadd(acc, p)
+                i += width
+            for k in range(i, nc):                                          # vfmadd231ss
+                acc = fma(b, column(b.add(t, i64(k))), w[k], acc)
+            b.store(acc, b.gep(ys, [b.add(b.mul(t, i64(ch)), c)]))
+        for j in range(keep):                          # ascending: column(T + j) is never a column written
+            b.store(column(b.add(T, i64(j))), b.gep(srow, [i64(j)]))
+    b.ret_void()
+    return fn
+
+
+def _dot(b: ir.IRBuilder, a: ir.Value, x: ir.Value, S: int) -> ir.Value:
+    """ggml_vec_dot_f32 of S (a multiple of 32) floats at a and x."""
+    accs = [zero8()] * 4
+    for i in range(0, S, 32):
+        accs = [fma(b, b.load(_vec(b, a, i64(i + 8 * u)), align=4), b.load(_vec(b, x, i64(i + 8 * u)), align=4),
+                    accs[u]) for u in range(4)]
+    return f32x8_reduce(b, accs)
+
+
+@kernel(Op.GATED_DELTA_NET, order=GATED_DELTA_NET)
+def define_gated_delta_net(m: ir.Module, g: Graph, n: Node) -> ir.Function:
+    if n.order != GATED_DELTA_NET:
+        raise LoweringError(f"llvm backend: gated_delta_net lowers only {GATED_DELTA_NET.describe()!r} "
+                            f"({n.name or n.id})")
+    hk = g[n.inputs[0]].shape[1]
+    _, hv, S = n.shape
+    if S % 32:
+        raise LoweringError(f"gated_delta_net {n.name or n.id}: heads of {S}, not a multiple of 32")
+    scale = f32(float(np.float32(1) / np.sqrt(np.float32(S))))
+    fn, b = new_function(m, kernel_name(n), kernel_type(n))
+    out, pq, pk, pv, pg, pb, pst, ith, nth, dims = fn.args
+    ys, qs, ks, vs, gs, bs, ss = (typed(b, p, f32) for p in (out, pq, pk, pv, pg, pb, pst))
+    T = size(b, dims, n.shape[:1])
+    delta = scratch(b, f32, S, "delta")
+    expf = intrinsic(m, "expf", f32, [f32])
+    lo, hi = thread_range(b, i64(hv), ith, nth)
+    with for_range(b, lo, hi, name="h") as h:
+        hq = b.urem(h, i64(hk))
+        M = b.gep(ss, [b.mul(h, i64(S * S))])
+        with for_range(b, 0, T, name="t") as t:
+            qd = b.gep(qs, [b.mul(b.add(b.mul(t, i64(hk)), hq), i64(S))])
+            kd = b.gep(ks, [b.mul(b.add(b.mul(t, i64(hk)), hq), i64(S))])
+            th = b.add(b.mul(t, i64(hv)), h)
+            vd, yd = b.gep(vs, [b.mul(th, i64(S))]), b.gep(ys, [b.mul(th, i64(S))])
+            decay = broadcast(b, b.call(expf, [b.load(b.gep(gs, [th]))]))
+            beta = b.load(b.gep(bs, [th]))
+            with for_range(b, 0, S * S // 8, name="e") as e:            # ggml_vec_scale_f32
+                p = _vec(b, M, b.mul(e, i64(8)))
+                b.store(b.fmul(b.load(p, align=4), decay), p, align=4)
+            with for_range(b, 0, S, name="j") as j:
+                dot = _dot(b, b.gep(M, [b.mul(j, i64(S))]), kd, S)
+                b.store(b.fmul(b.fsub(b.load(b.gep(vd, [j])), dot), beta), b.gep(delta, [j]))
+            with for_range(b, 0, S, name="j") as j:                     # ggml_vec_mad_f32
+                dj, row = broadcast(b, b.load(b.gep(delta, [j]))), b.gep(M, [b.mul(j, i64(S))])
+                for i in range(0, S, 8):
+                    p = _vec(b, row, i64(i))
+                    b.store(fma(b, b.load(_vec(b, kd, i64(i)), align=4), dj, b.load(p, align=4)), p, align=4)
+            with for_range(b, 0, S, name="j") as j:
+                dot = _dot(b, b.gep(M, [b.mul(j, i64(S))]), qd, S)
+                b.store(b.fmul(dot, scale), b.gep(yd, [j]))
+    b.ret_void()
+    return fn
