@@ -297,6 +297,11 @@ class Builder:
     def add(self, a: Node, b: Node) -> Node:
         return self.node(Op.ADD, (a, b), a.shape, order=fo.ELEMENTWISE)
 
+    def slice(self, x: Node, lo: int, hi: int) -> Node:
+        """Columns [lo, hi) of every row of x, a copy: what a ggml_view_* of each row's part holds
+        (llama.cpp's q/k/v of the conv output, Qwen3.5's query and gate halves)."""
+        return self.node(Op.SLICE, (x,), (*x.shape[:-1], hi - lo), lo=lo, hi=hi)
+
     def silu(self, x: Node) -> Node:
         """ggml_silu(x): x / (1 + expf(-x)) (ggml_v_silu on 8-lane chunks of each row)."""
         return self.node(Op.SILU, (x,), x.shape, order=fo.SILU)

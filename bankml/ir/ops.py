@@ -23,6 +23,8 @@ class Op(Enum):
     GEGLU = "geglu"            # gelu(src0) * src1 (ggml's GELU: the f16 table on this build)
     SCALE = "scale"            # src0 * params scale (ggml_scale, bias 0)
     HADAMARD = "hadamard"      # rows of params n values times the n x n Walsh-Hadamard matrix / sqrt(n)
+    SLICE = "slice"            # columns [params lo, hi) of each row (the last axis), copied: a ggml_view_*
+                               # of every row's part, as ggml's next op or the eval callback reads it
     SILU = "silu"              # x / (1 + expf(-x)) per element (ggml_silu: ggml_v_silu, a glibc tail)
     SIGMOID = "sigmoid"        # 1 / (1 + expf(-x)) per element (ggml_sigmoid)
     SOFTPLUS = "softplus"      # x > 20 ? x : logf(1 + expf(x)) per element (ggml_softplus)
@@ -41,5 +43,5 @@ ARITY = {
     Op.INPUT: 0, Op.WEIGHT: 0, Op.CACHE: 0, Op.GET_ROWS: 2, Op.RMS_NORM: 1, Op.MUL: 2, Op.ADD: 2,
     Op.QUANTIZE: 1, Op.MUL_MAT: 2, Op.RESHAPE: 1, Op.ROPE: 2, Op.SET_ROWS: 3, Op.FLASH_ATTN: 4,
     Op.SWIGLU: 2, Op.GEGLU: 2, Op.SCALE: 1, Op.HADAMARD: 1,
-    Op.SILU: 1, Op.SIGMOID: 1, Op.SOFTPLUS: 1, Op.SSM_CONV: 3, Op.GATED_DELTA_NET: 6,
+    Op.SLICE: 1, Op.SILU: 1, Op.SIGMOID: 1, Op.SOFTPLUS: 1, Op.SSM_CONV: 3, Op.GATED_DELTA_NET: 6,
 }

@@ -360,6 +360,18 @@ def _flash_attn(g: Graph, n: Node, t: Types) -> None:
         raise Broken(f"not [{_s((*q.shape[:2], v.shape[2]))}]")
 
 
+@rule(Op.SLICE)
+def _slice(g: Graph, n: Node, t: Types) -> None:
+    """Columns [lo, hi) of each row of an f32 x: x's shape with hi - lo last."""
+    x, lo, hi = g[n.inputs[0]], n.params.get("lo"), n.params.get("hi")
+    _f32(x, "src0")
+    _f32(n, "the output")
+    if not (isinstance(lo, int) and isinstance(hi, int) and 0 <= lo < hi <= x.shape[-1]):
+        raise Broken(f"columns [{lo}, {hi}) are not within rows of {x.shape[-1]}")
+    if n.shape != (*x.shape[:-1], hi - lo):
+        raise Broken(f"not [{_s((*x.shape[:-1], hi - lo))}]")
+
+
 @rule(Op.SSM_CONV)
 def _ssm_conv(g: Graph, n: Node, t: Types) -> None:
     """x [T, ch] (f32), weight [ch, d_conv] (F32), conv state cache [ch, d_conv-1] (f32): f32 [T, ch]."""

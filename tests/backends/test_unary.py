@@ -105,3 +105,21 @@ def test_add_broadcast_reference_equals_ggml_and_llvm(shape):
         for ith in range(nth):
             call_kernel(eng, kernel_name(n), out, [a, c], ith, nth)
         assert np.array_equal(_bits(out), _bits(want)), f"nth={nth}"
+
+
+# ---- SLICE: columns of each row, copied (a ggml_view_* of each row's part) ----
+
+@pytest.mark.parametrize("shape,lo,hi", [((3, 1, 12), 0, 4), ((5, 320), 128, 320), ((2, 4, 512), 256, 512)], ids=str)
+def test_slice_llvm_equals_numpy(shape, lo, hi):
+    x = _values(shape, 5)
+    g = Graph()
+    g.add(Node(0, Op.INPUT, (), shape, "f32"))
+    n = g.add(Node(1, Op.SLICE, (0,), (*shape[:-1], hi - lo), "f32", None, None, {"lo": lo, "hi": hi}))
+    m = ir.Module()
+    define(m, g, n).linkage = "external"
+    eng = compile_module(m)
+    for nth in (1, 2, 3):
+        out = np.full(n.shape, np.nan, np.float32)
+        for ith in range(nth):
+            call_kernel(eng, kernel_name(n), out, [x], ith, nth)
+        assert np.array_equal(_bits(out), _bits(x[..., lo:hi])), f"nth={nth}"

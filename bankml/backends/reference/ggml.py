@@ -116,6 +116,11 @@ def _geglu(env, g, n, gate, up):
     return glu.geglu(gate, up, n.order)
 
 
+@lowers(Op.SLICE, profile=BOTH)
+def _slice(env, g, n, x):
+    return np.ascontiguousarray(x[..., n.params["lo"]:n.params["hi"]])
+
+
 @lowers(Op.SILU, order=fo.SILU)
 def _silu(env, g, n, x):
     return glu.silu(x, n.order)

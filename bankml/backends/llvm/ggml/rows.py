@@ -60,6 +60,22 @@ def define_get_rows(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     return fn
 
 
+@kernel(Op.SLICE, profile=("ggml", "portable"))
+def define_slice(m: ir.Module, g: Graph, n: Node) -> ir.Function:
+    """Columns [lo, hi) of each f32 row, copied; threads split the rows."""
+    width, lo, hi = g[n.inputs[0]].shape[-1], n.params["lo"], n.params["hi"]
+    fn, b = _start(m, n)
+    out, xp, ith, nth, dims = fn.args
+    ys, xs = typed(b, out, f32), typed(b, xp, f32)
+    first, last = thread_range(b, size(b, dims, n.shape[:-1]), ith, nth)
+    with for_range(b, first, last, name="r") as r:
+        src, dst = b.gep(xs, [b.add(b.mul(r, i64(width)), i64(lo))]), b.gep(ys, [b.mul(r, i64(hi - lo))])
+        with for_range(b, 0, hi - lo, name="j") as j:
+            b.store(b.load(b.gep(src, [j])), b.gep(dst, [j]))
+    b.ret_void()
+    return fn
+
+
 ELEMENTS: dict[int, Callable] = {}     # weight type -> element(b, row, j), registered by the type's kernels
 
 
