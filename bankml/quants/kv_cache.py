@@ -114,7 +114,10 @@ def i8_row(head_dim: int) -> np.dtype:
 def cache_array(dtype: str, shape: tuple[int, int, int]) -> tuple[tuple[int, ...], np.dtype]:
     """(shape, numpy dtype) of the array holding a cache of this type with shape [cells, n_head_kv,
     head_dim]: f16 as it is; q8_0 and q4_0 the ggml block bytes of each cell's row, uint8
-    [cells, row_bytes]; "i8r" [cells, n_head_kv] rows of i8_row(head_dim)."""
+    [cells, row_bytes]; "i8r" [cells, n_head_kv] rows of i8_row(head_dim). A recurrent layer's
+    state ("f32": the conv state [ch, d_conv-1], the delta-net state [Hv, S, S]) is f32 as it is."""
+    if dtype == "f32":
+        return tuple(shape), np.dtype(np.float32)
     cells, n_head_kv, head_dim = shape
     if dtype == "f16":
         return (cells, n_head_kv, head_dim), np.dtype(np.float16)

@@ -126,6 +126,9 @@ class Session:
 
 def new_caches(g: Graph) -> dict[tuple[int, str], np.ndarray]:
     """Every layer's K and V cache as the graph's CACHE nodes lay them out (their type, heads and
-    head size, params["cells"]: kv_cache.cache_array), zeroed; any variant's nodes say the same."""
-    return {(n.params["layer"], n.params["kind"]): np.zeros(*cache_array(n.dtype, (n.params["cells"], *n.shape[1:])))
+    head size, params["cells"]: kv_cache.cache_array), and a recurrent layer's states (no cells:
+    the node's shape is the whole state), zeroed; any variant's nodes say the same."""
+    def shape(n: Node) -> tuple[int, ...]:
+        return (n.params["cells"], *n.shape[1:]) if "cells" in n.params else n.shape
+    return {(n.params["layer"], n.params["kind"]): np.zeros(*cache_array(n.dtype, shape(n)))
             for n in g.nodes.values() if n.op is Op.CACHE}

@@ -129,3 +129,53 @@ def test_gated_delta_net_node_llvm_equals_reference(T, hk, hv, S):
         got, got_state = _run_llvm(g, n, [q, k, v, gate, beta, state], 5, nth)
         assert np.array_equal(_bits(got), _bits(want)), f"nth={nth}"
         assert np.array_equal(_bits(got_state), _bits(want_state)), f"nth={nth}"
+
+
+# ---- whole graphs: the state caches a session holds, carried from one micro-batch to the next ----
+
+def test_state_caches_carry_over_micro_batches_on_both_backends():
+    """A prompt of 3 tokens then 2 decodes through SSM_CONV and GATED_DELTA_NET graphs whose
+    states live in the caches dict (Session.caches: kv_cache.cache_array's f32 states), on the
+    reference and llvm backends (2 threads): every output and the states after each step equal."""
+    from bankml.backends.llvm.backend import run as llvm_run
+    from bankml.backends.reference.run import Env, run as ref_run
+    from bankml.runtime.session import new_caches
+    rng = np.random.default_rng(5)
+    ch, nc, hk, hv, S = 96, 4, 1, 2, 32
+    w = rng.standard_normal((ch, nc)).astype(np.float32)
+
+    def graph(T: int) -> Graph:
+        g = Graph()
+        g.add(Node(0, Op.INPUT, (), (T, ch), "f32", None, None, {"input": "x"}))
+        g.add(Node(1, Op.WEIGHT, (), (ch, nc), "F32", "w", None, {"tensor": "w", "ggml_type": 0}))
+        g.add(Node(2, Op.CACHE, (), (ch, nc - 1), "f32", None, None, {"layer": 0, "kind": "conv"}))
+        g.add(Node(3, Op.SSM_CONV, (0, 1, 2), (T, ch), "f32", "conv_output_raw-0", SSM_CONV))
+        for i, (lo, hi) in ((4, (0, S)), (5, (S, 2 * S))):            # q and k: columns of the conv output
+            g.add(Node(i, Op.SLICE, (3,), (T, S), "f32", None, None, {"lo": lo, "hi": hi}))
+            g.add(Node(i + 2, Op.RESHAPE, (i,), (T, hk, S), "f32"))
+        g.add(Node(8, Op.INPUT, (), (T, hv, S), "f32", None, None, {"input": "v"}))
+        for i, name in ((9, "g"), (10, "beta")):
+            g.add(Node(i, Op.INPUT, (), (T, hv), "f32", None, None, {"input": name}))
+        g.add(Node(11, Op.CACHE, (), (hv, S, S), "f32", None, None, {"layer": 0, "kind": "ssm"}))
+        o = g.add(Node(12, Op.GATED_DELTA_NET, (6, 7, 8, 9, 10, 11), (T, hv, S), "f32", "attn_output-0",
+                       GATED_DELTA_NET))
+        g.outputs = {"conv": 3, "o": o.id}
+        return g
+
+    steps = [3, 1, 1]
+    feeds = [{"x": rng.standard_normal((T, ch)).astype(np.float32),
+              "g": -rng.uniform(0.01, 1, (T, hv)).astype(np.float32),
+              "beta": rng.uniform(0, 1, (T, hv)).astype(np.float32),
+              "v": rng.standard_normal((T, hv, S)).astype(np.float32)} for T in steps]
+    ref_caches, llvm_caches = new_caches(graph(1)), new_caches(graph(1))
+    assert {k: (a.shape, a.dtype) for k, a in ref_caches.items()} == {
+        (0, "conv"): ((ch, nc - 1), np.float32), (0, "ssm"): ((hv, S, S), np.float32)}
+    weights = {"w": w}.__getitem__
+    for T, feed in zip(steps, feeds):
+        want = ref_run(graph(T), Env(weights, ref_caches, feed))
+        got = llvm_run(graph(T), weights, llvm_caches, feed, threads=2)
+        for key in ("conv", "o"):
+            assert np.array_equal(_bits(got[key]), _bits(want[key])), (T, key)
+        for key in ref_caches:
+            assert np.array_equal(_bits(llvm_caches[key]), _bits(ref_caches[key])), (T, key)
+    assert np.abs(ref_caches[(0, "ssm")]).sum() > 0       # the states moved
