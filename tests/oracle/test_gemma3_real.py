@@ -10,6 +10,13 @@ to 1,100 cells (split-KV, the oldest cells leaving the window) at llama_threads 
 
 Tokens are drawn over the whole 262,144-token vocabulary (get_rows of any Q8_0 embedding row).
 The oracle harness runs llama_context_default_params(): swa_full (a full-size SWA cache).
+
+The reference backend runs this model up to 65 tokens and 44 decodes: its 600-token prompt
+(3.5 minutes of numpy, the suite's slowest test) is held piece by piece on smaller models:
+the 512 window crossed with no output in the first micro-batch on gemma3-tiny-w512
+(test_gemma3.py), Q4_K/Q6_K at 600 tokens on llama-kq-q4_k_m (test_kquant_models.py); its
+Q5_0/Q8_0 mat-muls of many columns (tinyBLAS) at 65 tokens here and on SmolLM2's copies
+(test_legacy_quants.py); llvm runs this model's 600 and 1,100 tokens.
 """
 from __future__ import annotations
 
@@ -65,13 +72,6 @@ def test_llvm_gemma3_270m_1100_token_prompt(record, outputs):
 @pytest.mark.parametrize("n,outputs", [(1, "all"), (7, "all"), (65, "last")])
 def test_reference_gemma3_270m_prefill_rows_identical(record, n, outputs):
     prefill_identical(record, "reference", n, outputs)
-
-
-@pytest.mark.slow
-def test_reference_gemma3_270m_past_the_window(record):
-    """600 tokens (512 + 88): the first micro-batch has no output, so the last layer's FFN
-    mat-muls (after out_ids) have no column; the second crosses the window."""
-    prefill_identical(record, "reference", 600, "last")
 
 
 @pytest.mark.parametrize("backend,n", [("llvm", 7), ("llvm", 65), ("reference", 7)])
