@@ -252,6 +252,29 @@ def _vocab_from_smollm2() -> dict:
     return vocab
 
 
+def _add_vocab(w, vocab: dict, pre: str) -> None:
+    """SmolLM2's BPE vocabulary (and chat template) under the pre-tokenizer `pre`."""
+    w.add_tokenizer_model(vocab["tokenizer.ggml.model"])
+    w.add_tokenizer_pre(pre)
+    w.add_token_list(vocab["tokenizer.ggml.tokens"])
+    w.add_token_types(vocab["tokenizer.ggml.token_type"])
+    w.add_token_merges(vocab["tokenizer.ggml.merges"])
+    w.add_bos_token_id(vocab["tokenizer.ggml.bos_token_id"])
+    w.add_eos_token_id(vocab["tokenizer.ggml.eos_token_id"])
+    if "tokenizer.chat_template" in vocab:
+        w.add_chat_template(vocab["tokenizer.chat_template"])
+
+
+def _random_makers(rng: np.random.Generator):
+    """mat(rows, cols): F16 N(0, 1/cols); norm(n): F32 near 1."""
+    def mat(rows: int, cols: int) -> np.ndarray:
+        return (rng.standard_normal((rows, cols), dtype=np.float32) / np.sqrt(cols)).astype(np.float16)
+
+    def norm(n: int) -> np.ndarray:
+        return (1.0 + 0.1 * rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
+    return mat, norm
+
+
 def _write_random(s: RandomShape, dst: Path) -> None:
     """A GGUF of real shapes with random F16 weights (N(0, 1/fan_in) matrices, norms near 1)."""
     import gguf
@@ -277,21 +300,8 @@ def _write_random(s: RandomShape, dst: Path) -> None:
         w.add_rope_dimension_count(s.head_dim)
         w.add_vocab_size(n_vocab)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    w.add_tokenizer_model(vocab["tokenizer.ggml.model"])
-    w.add_tokenizer_pre("qwen2" if a == "qwen3" else "smollm")
-    w.add_token_list(vocab["tokenizer.ggml.tokens"])
-    w.add_token_types(vocab["tokenizer.ggml.token_type"])
-    w.add_token_merges(vocab["tokenizer.ggml.merges"])
-    w.add_bos_token_id(vocab["tokenizer.ggml.bos_token_id"])
-    w.add_eos_token_id(vocab["tokenizer.ggml.eos_token_id"])
-    if "tokenizer.chat_template" in vocab:
-        w.add_chat_template(vocab["tokenizer.chat_template"])
-
-    def mat(rows: int, cols: int) -> np.ndarray:
-        return (rng.standard_normal((rows, cols), dtype=np.float32) / np.sqrt(cols)).astype(np.float16)
-
-    def norm(n: int) -> np.ndarray:
-        return (1.0 + 0.1 * rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
+    _add_vocab(w, vocab, "qwen2" if a == "qwen3" else "smollm")
+    mat, norm = _random_makers(rng)
 
     q, kv = s.n_head * s.head_dim, s.n_head_kv * s.head_dim
     w.add_tensor("token_embd.weight", (rng.standard_normal((n_vocab, s.n_embd), dtype=np.float32) * 0.5
@@ -352,21 +362,8 @@ def _write_qwen35(s: HybridShape, dst: Path) -> None:
     w.add_ssm_group_count(s.n_k_heads)
     w.add_full_attention_interval(s.interval)
     w.add_file_type(gguf.LlamaFileType.MOSTLY_F16)
-    w.add_tokenizer_model(vocab["tokenizer.ggml.model"])
-    w.add_tokenizer_pre("qwen2")
-    w.add_token_list(vocab["tokenizer.ggml.tokens"])
-    w.add_token_types(vocab["tokenizer.ggml.token_type"])
-    w.add_token_merges(vocab["tokenizer.ggml.merges"])
-    w.add_bos_token_id(vocab["tokenizer.ggml.bos_token_id"])
-    w.add_eos_token_id(vocab["tokenizer.ggml.eos_token_id"])
-    if "tokenizer.chat_template" in vocab:
-        w.add_chat_template(vocab["tokenizer.chat_template"])
-
-    def mat(rows: int, cols: int) -> np.ndarray:
-        return (rng.standard_normal((rows, cols), dtype=np.float32) / np.sqrt(cols)).astype(np.float16)
-
-    def norm(n: int) -> np.ndarray:
-        return (1.0 + 0.1 * rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
+    _add_vocab(w, vocab, "qwen2")
+    mat, norm = _random_makers(rng)
 
     q, kv = s.n_head * s.head_dim, s.n_head_kv * s.head_dim
     key_dim, value_dim = s.n_k_heads * s.d_state, s.n_v_heads * s.d_state
