@@ -12,4 +12,4 @@ if [ ! -x /usr/bin/chromium ] || [ ! -x /usr/bin/chromedriver ]; then
 fi
 python3 -m bankml.oracle build
 python3 -m bankml.testing.models
-python3 -m pytest -q "$@"
+python3 -m pytest -q --durations=30 "$@"
