@@ -240,7 +240,7 @@ def run(model, prompt, system, raw, interactive, multiline, history, n_predict, 
         raise click.BadParameter(f"{gpu!r}: want auto, off or a Vulkan device index", param_hint="--gpu")
     m = bankml.load(_model_or_default(model, model_name), backend=backend, threads=threads, gpu=gpu, n_ctx=n_ctx,
                     cache_type_k=cache_type_k, cache_type_v=cache_type_v, profile=profile)
-    gc.freeze()                         # the loaded model lives as long as the process (_freeze_note)
+    _freeze_loaded()
     if m.kv.quantized:
         click.echo(f"bankml: {cache_line(m.kv, m.hparams, m.n_ctx)}", err=True)
     if not raw and not has_chat_template(m) and (system is not None or prompt is None):
@@ -362,7 +362,7 @@ def serve(model, host, port, threads, llama_threads, n_ctx, n_slots, queue_size,
     m.compile(embeddings)                       # every variant now: no request waits for the JIT
     m.warm_up()                                 # as llama-server's warm-up run
     gc.collect()
-    gc.freeze()                                 # the model and its graphs live as long as the server (_freeze_note)
+    _freeze_loaded()
     click.echo(f"bankml serve: {m.path.name} ready ({len(m.variants)} graphs in {time.perf_counter() - t0:.1f} s), "
                f"{n_slots} slot(s) of {n_ctx} tokens, on http://{host}:{port}"
                + (f", {len(keys)} API key(s)" if keys else ""), err=True)
@@ -374,11 +374,15 @@ def serve(model, host, port, threads, llama_threads, n_ctx, n_slots, queue_size,
         m.close()
 
 
-# _freeze_note: what a command loads (the tokenizer's tables, graphs, compiled code's handles) lives
-# until the process ends; gc.freeze moves it out of the cyclic GC's generations, so a full
-# collection scans only what came after: SmolLM2's first token paid two of them, 35 ms each over
-# 60,000 objects, 5-7 ms after (measured 2026-12-04), and in a server such a pause otherwise
-# falls between two streamed tokens.
+def _freeze_loaded() -> None:
+    """What the command loaded (the tokenizer's tables, graphs, compiled code's handles) lives
+    until it ends: moved out of the cyclic GC's generations (gc.freeze) until then, so a full
+    collection scans only what came after: SmolLM2's first token paid two of them, 35 ms each
+    over 60,000 objects, 5-7 ms after (measured 2026-12-04), and in a server such a pause
+    otherwise falls between two streamed tokens. Unfrozen when the command's context closes
+    (a command invoked in-process, as tests do, leaves nothing frozen behind)."""
+    gc.freeze()
+    click.get_current_context().call_on_close(gc.unfreeze)
 
 
 def _template_file(path: str) -> str:
