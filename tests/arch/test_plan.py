@@ -345,6 +345,10 @@ TYPE_IN_NAME = {"f16": F16_T, "q8_0": Q8_0_T, "q4_1": Q4_1_T, "q1_0": Q1_0_T, "q
 def test_plans_real_model(path):
     if path is None:
         pytest.skip("no real GGUF models found")
+    if path.name.startswith("qwen35-"):               # issue 27: refused from the header until the graph lands
+        with pytest.raises(ModelRefused, match="general.architecture is 'qwen35'"):
+            plan(read_gguf(path))
+        return
     p = plan(read_gguf(path))
     if path.name == "gemma3-270m-q4_k_m.gguf":       # 81 Q5_0, 27 Q4_K, 10 Q8_0, 9 Q6_K matrices
         assert p.arch == "gemma3" and p.matrix_types == (Q5_0_T, Q4_K_T, Q8_0_T, Q6_K_T)
