@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bankml.backends.reference import attention, attention_quant, glu, matmul, norm, recurrent, rope, unary
+from bankml.backends.reference import attention, attention_quant, glu, matmul, norm, recurrent, rope
 from bankml.backends.reference.lowerings import lowers
 from bankml.ir import order as fo
 from bankml.ir.ops import Op
@@ -128,12 +128,12 @@ def _silu(env, g, n, x):
 
 @lowers(Op.SIGMOID, order=fo.SIGMOID)
 def _sigmoid(env, g, n, x):
-    return unary.sigmoid(x, n.order)
+    return glu.sigmoid(x, n.order)
 
 
 @lowers(Op.SOFTPLUS, order=fo.SOFTPLUS)
 def _softplus(env, g, n, x):
-    return unary.softplus(x, n.order)
+    return glu.softplus(x, n.order)
 
 
 @lowers(Op.SSM_CONV, order=fo.SSM_CONV)

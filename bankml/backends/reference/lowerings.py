@@ -11,6 +11,14 @@ profile's (and the exact ops both profiles share), portable.py the portable prof
 from __future__ import annotations
 
 from bankml.backends.registry import KernelTable
+from bankml.errors import LoweringError
+from bankml.ir.order import FloatOrder
 
 LOWERINGS = KernelTable("reference")
 lowers = LOWERINGS.register
+
+
+def check_order(order: FloatOrder, want: FloatOrder, op: str) -> None:
+    """A numpy function's refusal of a float order it does not spell."""
+    if order != want:
+        raise LoweringError(f"reference backend: {op} lowers only {want.describe()!r}, not {order.describe()!r}")

@@ -11,20 +11,15 @@ from __future__ import annotations
 
 import numpy as np
 
-from bankml.errors import LoweringError
+from bankml.backends.reference.lowerings import check_order
 from bankml.ir.order import ELEMENTWISE, RMS_NORM, FloatOrder
 
 f32, f64 = np.float32, np.float64
 
 
-def _check(order: FloatOrder, want: FloatOrder, op: str) -> None:
-    if order != want:
-        raise LoweringError(f"reference backend: {op} lowers only {want.describe()!r}, not {order.describe()!r}")
-
-
 def rms_norm(x: np.ndarray, eps: float, order: FloatOrder = RMS_NORM) -> np.ndarray:
     """Normalise each row of x [..., K] (ggml_compute_forward_rms_norm_f32); f32 out, same shape."""
-    _check(order, RMS_NORM, "rms_norm")
+    check_order(order, RMS_NORM, "rms_norm")
     x = np.asarray(x, f32)
     k = x.shape[-1]
     sq = (x * x).astype(f64)                       # r(x*x) in f32, then widened exactly
@@ -36,5 +31,5 @@ def rms_norm(x: np.ndarray, eps: float, order: FloatOrder = RMS_NORM) -> np.ndar
 
 def mul(x: np.ndarray, w: np.ndarray, order: FloatOrder = ELEMENTWISE) -> np.ndarray:
     """r(x*w) with w broadcast over rows (binary-ops.cpp:apply_binary_op<op_mul>)."""
-    _check(order, ELEMENTWISE, "mul")
+    check_order(order, ELEMENTWISE, "mul")
     return (np.asarray(x, f32) * np.asarray(w, f32)).astype(f32)

@@ -19,6 +19,7 @@ import math
 
 import numpy as np
 
+from bankml.backends.reference.lowerings import check_order
 from bankml.errors import LoweringError
 from bankml.numerics.floats import fma
 from bankml.ir.order import ROPE, FloatOrder
@@ -77,8 +78,7 @@ def rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, mode: str, order: Floa
 
     Dims past n_dims = 2*cos.shape[1] pass through unchanged.
     """
-    if order != ROPE:
-        raise LoweringError(f"reference backend: rope lowers only {ROPE.describe()!r}, not {order.describe()!r}")
+    check_order(order, ROPE, "rope")
     x = np.asarray(x, f32)
     half = cos.shape[-1]
     n_dims = 2 * half

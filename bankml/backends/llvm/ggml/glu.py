@@ -1,4 +1,4 @@
-"""SWIGLU and SILU kernels, and ggml_v_expf emitted in LLVM IR (GGML_MAP §7).
+"""SWIGLU, SILU, GEGLU, SCALE, SIGMOID and SOFTPLUS kernels, and ggml_v_expf emitted in LLVM IR (GGML_MAP §7).
 
 ggml-cpu/vec.cpp:ggml_vec_swiglu_f32 per row of n = gate.shape[-1], as the reference backend
 (bankml/backends/reference/glu.py) spells it:
@@ -23,7 +23,7 @@ from bankml.errors import LoweringError
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
-from bankml.ir.order import GEGLU, SCALE, SILU, SWIGLU
+from bankml.ir.order import GEGLU, SCALE, SIGMOID, SILU, SOFTPLUS, SWIGLU
 
 v8i32 = ir.VectorType(i32, 8)
 
@@ -112,7 +112,7 @@ def _gelu_table(m: ir.Module) -> ir.GlobalVariable:
     return gv
 
 
-def elementwise(m: ir.Module, n: Node, n_in: int, emit) -> ir.Function:
+def _elementwise(m: ir.Module, n: Node, n_in: int, emit) -> ir.Function:
     """A kernel over every element of n, split between threads; emit(b, *inputs) -> output."""
     fn, b = new_function(m, kernel_name(n), kernel_type(n))
     out, *ins = fn.args[:1 + n_in]
@@ -139,7 +139,7 @@ def define_geglu(m: ir.Module, g: Graph, n: Node) -> ir.Function:
         t = b.fpext(b.bitcast(h, ir.HalfType()), f32)
         y = b.fmul(b.select(b.fcmp_ordered(">=", x, f32(10.0)), x, t), u)
         return b.select(b.fcmp_ordered("<=", x, f32(-10.0)), f32(0.0), y)
-    return elementwise(m, n, 2, emit)
+    return _elementwise(m, n, 2, emit)
 
 
 @kernel(Op.SCALE, order=SCALE)
@@ -148,4 +148,30 @@ def define_scale(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     if n.order != SCALE:
         raise LoweringError(f"llvm backend: scale lowers only {SCALE.describe()!r} ({n.name or n.id})")
     s = f32(float(n.params["scale"]))
-    return elementwise(m, n, 1, lambda b, x: b.fmul(x, s))
+    return _elementwise(m, n, 1, lambda b, x: b.fmul(x, s))
+
+
+# ---- SIGMOID and SOFTPLUS (ggml-cpu/unary-ops.cpp, glibc's expf and logf as the haswell build calls them) ----
+
+def _libm(b: ir.IRBuilder, name: str, x: ir.Value) -> ir.Value:
+    return b.call(intrinsic(b.module, name, f32, [f32]), [x])
+
+
+@kernel(Op.SIGMOID, order=SIGMOID)
+def define_sigmoid(m: ir.Module, g: Graph, n: Node) -> ir.Function:
+    """op_sigmoid: r(1 / r(1 + expf(-x)))."""
+    if n.order != SIGMOID:
+        raise LoweringError(f"llvm backend: sigmoid lowers only {SIGMOID.describe()!r} ({n.name or n.id})")
+    return _elementwise(m, n, 1, lambda b, x: b.fdiv(f32(1.0), b.fadd(f32(1.0), _libm(b, "expf", b.fneg(x)))))
+
+
+@kernel(Op.SOFTPLUS, order=SOFTPLUS)
+def define_softplus(m: ir.Module, g: Graph, n: Node) -> ir.Function:
+    """op_softplus: x > 20 ? x : logf(r(1 + expf(x)))."""
+    if n.order != SOFTPLUS:
+        raise LoweringError(f"llvm backend: softplus lowers only {SOFTPLUS.describe()!r} ({n.name or n.id})")
+
+    def emit(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+        y = _libm(b, "logf", b.fadd(f32(1.0), _libm(b, "expf", x)))
+        return b.select(b.fcmp_ordered(">", x, f32(20.0)), x, y)
+    return _elementwise(m, n, 1, emit)
