@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from bankml.arch.plan import Plan
 from bankml.arch.registry import Architecture, lookup
 from bankml.errors import BankmlError, MissingTensor
@@ -29,6 +31,19 @@ from bankml.quants.kv_cache import KvCacheTypes
 
 _ACT_DTYPE = "f32"
 _SET_ROWS = {"f16": fo.SET_ROWS_F16, "q8_0": fo.SET_ROWS_Q8_0, "q4_0": fo.SET_ROWS_Q4_0}
+
+
+def mrope_text_refusal(sections: tuple[int, ...], n_rot: int) -> str | None:
+    """Why rope_multi's sections would not be NEOX rope on text positions, or None: a rotated pair
+    whose sector ggml_mrope_cache_init (is_imrope) gives the 4th position (0 for text)."""
+    if len(sections) != 4 or min(sections) < 0 or sum(sections) == 0:
+        return f"rope sections {list(sections)}: rope_multi needs 4 sizes, not all 0"
+    for k in range(n_rot // 2):
+        sector = k % sum(sections)
+        if not any(sector % 3 == i and sector < 3 * sections[i] for i in range(3)):
+            return (f"rope sections {list(sections)} give rotated pair {k} the 4th (vision) position, which "
+                    "bankml does not reproduce for text")
+    return None
 
 
 def tensor_name(name: str, il: int) -> str:
@@ -207,9 +222,18 @@ class Builder:
 
     def norm(self, x: Node, w: Weight, il: int) -> Node:
         """build_norm(LLM_NORM_RMS): rms_norm ("norm-il") then mul by the weight."""
-        cur = self.node(Op.RMS_NORM, (x,), x.shape, name=tensor_name("norm", il), order=fo.RMS_NORM,
-                        eps=self.hp.rms_eps)
-        return self.node(Op.MUL, (cur, self.weight(w)), x.shape, order=fo.ELEMENTWISE)
+        cur = self.rms_norm(x, self.hp.rms_eps, tensor_name("norm", il))
+        return self.mul(cur, w)
+
+    def rms_norm(self, x: Node, eps: float, name: str | None = None) -> Node:
+        """ggml_rms_norm(x, eps) over each row."""
+        return self.node(Op.RMS_NORM, (x,), x.shape, name=name, order=fo.RMS_NORM, eps=eps)
+
+    def gdn_l2_norm(self, x: Node, eps: float) -> Node:
+        """build_gdn_l2_norm (src/models/models.h): rms_norm with eps/n, then times 1/sqrtf(n), for
+        rows of n (f32 arithmetic, as the C computes both constants)."""
+        n = np.float32(x.shape[-1])
+        return self.scale(self.rms_norm(x, float(np.float32(eps) / n)), float(np.float32(1.0) / np.sqrt(n)))
 
     def mm(self, w: Weight, x: Node) -> Node:
         """build_lora_mm: a plain mul_mat; the pass choose_matmul_kernel gives its order."""
@@ -217,7 +241,8 @@ class Builder:
         return self.node(Op.MUL_MAT, (wn, x), (*x.shape[:-1], wn.shape[0]))
 
     def reshape(self, x: Node, shape: tuple[int, ...]) -> Node:
-        return self.node(Op.RESHAPE, (x,), shape, name=x.name)
+        """ggml_reshape_*: named "<x's name> (reshaped)" as ggml names it."""
+        return self.node(Op.RESHAPE, (x,), shape, name=f"{x.name} (reshaped)" if x.name else None)
 
     def qkv(self, cur: Node, L: Layer, il: int) -> tuple[Node, Node, Node]:
         """build_qkv with separate wq/wk/wv: mul_mat, cb, reshape_3d, cb."""
@@ -229,24 +254,48 @@ class Builder:
             out.append(self.cb(self.reshape(t, (T, heads, hp.head_dim)), nm, il))
         return out[0], out[1], out[2]
 
-    def rope(self, x: Node, pos: Node, freq_base: float | None = None, freq_scale: float | None = None) -> Node:
+    def rope(self, x: Node, pos: Node, freq_base: float | None = None, freq_scale: float | None = None,
+             mode: str | None = None) -> Node:
         """ggml_rope_ext(x, inp_pos) with the model's (or YaRN-derived) parameters; a layer may pass
-        its own base and scale (hp.get_rope_freq_base/_scale: llama_model's, for sliding-window layers)."""
+        its own base and scale (hp.get_rope_freq_base/_scale: llama_model's, for sliding-window layers).
+        It turns hp.n_rot dims of each head (all when 0) and copies the rest."""
         hp = self.hp
         freq_base = hp.rope_freq_base if freq_base is None else freq_base
         freq_scale = hp.rope_freq_scale if freq_scale is None else freq_scale
-        return self.node(Op.ROPE, (x, pos), x.shape, order=fo.ROPE, mode=hp.rope_type,
-                         n_dims=hp.head_dim, n_ctx_orig=hp.yarn_orig_ctx, freq_base=freq_base,
+        return self.node(Op.ROPE, (x, pos), x.shape, order=fo.ROPE, mode=mode or hp.rope_type,
+                         n_dims=hp.n_rot or hp.head_dim, n_ctx_orig=hp.yarn_orig_ctx, freq_base=freq_base,
                          freq_scale=freq_scale, ext_factor=hp.yarn_ext_factor,
                          attn_factor=hp.yarn_attn_factor, beta_fast=hp.yarn_beta_fast,
                          beta_slow=hp.yarn_beta_slow)
 
-    def attn(self, inp: AttnInput, wo: Weight, q: Node, k: Node, v: Node, kq_scale: float, il: int) -> Node:
+    def rope_multi(self, x: Node, pos: Node, sections: tuple[int, ...]) -> Node:
+        """ggml_rope_multi(x, inp_pos, sections) (LLAMA_ROPE_TYPE_IMROPE) on text tokens. llama.cpp
+        gives a text token the four positions [p, p, p, 0]; where every rotated pair takes one of
+        the first three (mrope_text_refusal: the plan refuses other sections), ggml_mrope_cache_init
+        steps theta_t, theta_h and theta_w by theta_scale from p as ggml_rope_cache_init steps
+        theta, and rope_multi turns pairs (k, k + n_rot/2): the bits of NEOX rope over n_rot dims."""
+        why = mrope_text_refusal(sections, self.hp.n_rot or self.hp.head_dim)
+        if why:
+            raise BankmlError(why)
+        return self.rope(x, pos, mode="neox")
+
+    def inp_mem_hybrid(self) -> AttnInput:
+        """build_inp_mem_hybrid: the attention layers' input (inp_attn: their K/V cells); the
+        recurrent layers read their states (recurrent_state)."""
+        return self.inp_attn()
+
+    def recurrent_state(self, il: int, kind: str, shape: tuple[int, ...]) -> Node:
+        """Layer il's recurrent state of one sequence, f32 (llama_memory_recurrent's r_l, kind "conv",
+        or s_l, kind "ssm"): zeros at the sequence's start; the op that reads it leaves it updated."""
+        return self.node(Op.CACHE, (), shape, "f32", layer=il, kind=kind)
+
+    def attn(self, inp: AttnInput, wo: Weight | None, q: Node, k: Node, v: Node, kq_scale: float, il: int) -> Node:
         """build_attn with the K/V cache and flash attention: the Hadamard rotations of a quantized
         cache (Q and K by rot_k, V by rot_v), set_rows into the cache, flash_attn_ext over the n_kv
         cells, reshape "kqv_out-il", V's rotation undone (the same transform), then wo. Through an
         iSWA input a sliding-window layer (hp.is_swa) writes and reads its own cache: the cells
-        find_slot gave its tokens, n_kv_swa of them read through the SWA mask."""
+        find_slot gave its tokens, n_kv_swa of them read through the SWA mask. Without wo (None,
+        as qwen35 passes nullptr) the attention's output rows are returned."""
         hp, b, kv = self.hp, self.batch, self.kv
         swa = inp.kq_mask_swa is not None and hp.is_swa(il)
         mask, idxs = (inp.kq_mask_swa, inp.k_idxs_swa) if swa else (inp.kq_mask, inp.k_idxs)
@@ -267,7 +316,7 @@ class Builder:
         cur = self.cb(self.reshape(fa, (b.n_tokens, hp.n_head * hp.head_dim)), "kqv_out", il)
         if kv.rot_v:
             cur = self.hadamard(cur, kv.rot_v, self._ggml_name(il, "kqv"))
-        return self.mm(wo, cur)
+        return cur if wo is None else self.mm(wo, cur)
 
     def hadamard(self, x: Node, n: int, name: str | None) -> Node:
         """llama_mul_mat_hadamard (src/llama-impl.h): rows of n values times the Walsh-Hadamard
@@ -294,13 +343,28 @@ class Builder:
         """ggml_get_rows of f32 rows: the output rows through the last layer (inp_out_ids)."""
         return self.node(Op.GET_ROWS, (x, ids), (ids.shape[0], *x.shape[1:]))
 
-    def add(self, a: Node, b: Node) -> Node:
-        return self.node(Op.ADD, (a, b), a.shape, order=fo.ELEMENTWISE)
+    def add(self, a: Node, b: Node | Weight) -> Node:
+        """ggml_add(a, b); b may be one row (a weight: a bias), repeated over a's rows."""
+        return self.node(Op.ADD, (a, self._operand(b)), a.shape, order=fo.ELEMENTWISE)
+
+    def mul(self, a: Node, b: Node | Weight) -> Node:
+        """ggml_mul(a, b); b may be one row (a weight: a norm's or ssm_a), repeated over a's rows."""
+        return self.node(Op.MUL, (a, self._operand(b)), a.shape, order=fo.ELEMENTWISE)
+
+    def _operand(self, x: Node | Weight) -> Node:
+        return self.weight(x) if isinstance(x, Weight) else x
 
     def slice(self, x: Node, lo: int, hi: int) -> Node:
         """Columns [lo, hi) of every row of x, a copy: what a ggml_view_* of each row's part holds
         (llama.cpp's q/k/v of the conv output, Qwen3.5's query and gate halves)."""
         return self.node(Op.SLICE, (x,), (*x.shape[:-1], hi - lo), lo=lo, hi=hi)
+
+    def view_3d(self, x: Node, ne0: int, ne1: int, nb1: int, offset: int) -> Node:
+        """ggml_view_3d(x, ne0, ne1, n_tokens, nb1, nb1 * ne1, offset) of rows x [T, nb1 * ne1], strides
+        and offset counted in elements: ne1 pieces of ne0 values, piece h at h * nb1 + offset of the
+        row, copied (a reshape to [T, ne1, nb1], then each piece's columns)."""
+        rows = self.node(Op.RESHAPE, (x,), (x.shape[0], ne1, nb1))
+        return self.slice(rows, offset, offset + ne0)
 
     def silu(self, x: Node) -> Node:
         """ggml_silu(x): x / (1 + expf(-x)) (ggml_v_silu on 8-lane chunks of each row)."""

@@ -43,7 +43,7 @@ class HParams:
     n_layer: int
     n_head: int
     n_head_kv: int
-    head_dim: int             # attention.key_length (= value_length = rope dimension count)
+    head_dim: int             # attention.key_length (= value_length)
     n_ff: int
     n_ctx_train: int
     rms_eps: float
@@ -64,6 +64,7 @@ class HParams:
     swa_layers: tuple[bool, ...] = ()  # per layer: attends through the sliding-window cache (is_swa)
     rope_freq_base_swa: float = 10000.0  # rope_freq_base_train_swa: the sliding-window layers' rope base
     rope_freq_scale_swa: float = 1.0     # rope_freq_scale_train_swa
+    n_rot: int = 0            # rope.dimension_count: the dims of a head rope rotates (0: the whole head)
     extra: dict = field(default_factory=dict, compare=False)  # the architecture's own keys and derived values
 
     def is_swa(self, il: int) -> bool:
@@ -200,7 +201,7 @@ def _hparams(keys: _Keys, arch: str, spec: "registry.Architecture", tied: bool) 
     if head_dim_v != head_dim:
         raise keys.refuse(f"key {k('attention.value_length')} is {head_dim_v}, key_length is {head_dim}: "
                           "they must be equal")
-    if n_rot != head_dim:
+    if n_rot != head_dim and not spec.partial_rope:
         raise keys.refuse(f"key {k('rope.dimension_count')} is {n_rot}, head size is {head_dim}: "
                           "partial rope is not reproduced by bankml")
     if head_dim == 0 or head_dim % HEAD_DIM_STEP:
@@ -215,7 +216,7 @@ def _hparams(keys: _Keys, arch: str, spec: "registry.Architecture", tied: bool) 
     rope = _rope(keys, arch, n_ctx_train)
     hp = HParams(
         n_vocab=len(tokens), n_embd=n_embd, n_layer=n_layer, n_head=n_head, n_head_kv=n_head_kv,
-        head_dim=head_dim, n_ff=n_ff, n_ctx_train=n_ctx_train,
+        head_dim=head_dim, n_ff=n_ff, n_ctx_train=n_ctx_train, n_rot=n_rot,
         rms_eps=keys.f32(k("attention.layer_norm_rms_epsilon"), required=True),
         rope_type=spec.rope_type, attention_scale=0.0, tied=tied, **rope)
     hp.extra.update({key.name: keys.declared(k(key.name), key) for key in spec.keys})

@@ -34,7 +34,7 @@ from typing import Any, Callable
 
 from bankml.errors import ModelRefused
 
-BUILTIN = ("llama", "qwen3", "gemma3")      # modules of bankml.arch that register themselves
+BUILTIN = ("llama", "qwen3", "gemma3", "qwen35")      # modules of bankml.arch that register themselves
 
 
 @dataclass(frozen=True)
@@ -54,7 +54,8 @@ TensorTable = dict[str, tuple[tuple[int, ...], str]]
 class Architecture:
     name: str
     build: Callable                                   # build(b: Builder) -> None
-    rope_type: str = "norm"                           # "norm" | "neox" (llama_model_rope_type)
+    rope_type: str = "norm"                           # "norm" | "neox" | "imrope" (llama_model_rope_type)
+    partial_rope: bool = False                        # rope turns hp.n_rot dims of a head; else plan refuses n_rot != head size
     keys: tuple[Key, ...] = ()
     tensors: Callable[[Any], TensorTable] | None = None
     refuse: tuple[tuple[str, str], ...] = ()          # (tensor name regex, why)

@@ -204,9 +204,16 @@ def _weight(g: Graph, n: Node, t: Types) -> None:
 
 @rule(Op.CACHE)
 def _cache(g: Graph, n: Node, t: Types) -> None:
+    """A K/V cache (kind k or v: cells of heads) of a cache type, or a recurrent layer's state
+    (kind conv or ssm: the whole state of one sequence) in f32."""
+    kind = n.params.get("kind")
+    if kind in ("conv", "ssm"):
+        if n.dtype != F32 or "cells" in n.params:
+            raise Broken(f"a {kind} state is f32 and has no cells")
+        return
     if n.dtype not in t.caches:
         raise Broken(f"a cache is one of {', '.join(sorted(t.caches))}")
-    if n.params.get("kind") not in ("k", "v"):
+    if kind not in ("k", "v"):
         raise Broken(f"cache kind {n.params.get('kind')!r} is neither k nor v")
     _tokens_by_heads(n, "the cache")
 

@@ -154,8 +154,6 @@ ON_REQUEST = {"bonsai-1.7b-f16", "bonsai-1.7b-q1_0", "bonsai-1.7b-q2_0",
 MIXED = ["gemma3-270m-q4_k_m", "gemma3-vocab-prefix", "smollm2-vocab-specials", "llama-kq-q4_k_m", "llama-kq-mixed",
          "qwen35-small-q4_k_m"]
 DEFAULT = [m for m in MODELS if m not in ON_REQUEST and m not in MIXED]
-# made for llama.cpp, refused by bankml from the header until their architecture lands (issue 27: qwen35)
-NOT_YET_BUILT = frozenset(m for m in MODELS if m.startswith("qwen35-"))
 
 
 def path(name: str) -> Path:

@@ -1,6 +1,5 @@
 """The Qwen3.5 test models (issue 27, bankml/testing/models.py): llama.cpp b11434 itself loads and
-runs each before bankml is held to it, and bankml refuses them from the header until the
-architecture lands.
+runs each before bankml is held to it (tests/oracle/test_qwen35.py).
 
 qwen35-small: 3 Gated-DeltaNet layers then one gated full-attention layer, 8 v-heads over 4
 k-heads of 32; F16 as written, --pure Q8_0, Q1_0, Q2_0 and llama-quantize's default Q4_K_M mix.
@@ -10,9 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import bankml
 from bankml import oracle
-from bankml.errors import BankmlError
 from bankml.gguf import read_gguf
 from bankml.testing import models
 
@@ -51,8 +48,3 @@ def test_what_the_files_hold():
     assert recurrent == [0, 1, 2] and "blk.3.attn_q.weight" in g.tensors
     assert g.tensors["blk.0.ssm_conv1d.weight"].ggml_type == 0          # F32: ggml's SSM_CONV takes no other
 
-
-@pytest.mark.parametrize("name", ["qwen35-small-f16", "qwen35-small-q4_k_m"])
-def test_bankml_refuses_from_the_header(name):
-    with pytest.raises(BankmlError, match="general.architecture is 'qwen35'"):
-        bankml.load(models.path(name))
