@@ -83,7 +83,7 @@ def cache_type_options(fn):
 def cache_line(kv, hp, n_ctx: int) -> str:
     """The K/V cache of one session: types, rotation, bytes per cell and in all."""
     kv_size = -(-n_ctx // 256) * 256
-    cell = kv.cell_bytes(hp.n_layer, hp.n_head_kv, hp.head_dim)
+    cell = kv.cell_bytes(hp.n_layer_kv(), hp.n_head_kv, hp.head_dim)
     return (f"K/V cache: {kv.describe()}; {cell} bytes per cell, {kv_size} cells: "
             f"{kv_size * cell / 2**20:.2f} MiB")
 
@@ -107,6 +107,9 @@ def info(model: str, n_ctx: int, cache_type_k: str, cache_type_v: str) -> None:
     click.echo(f"  matrices: {' '.join(map(ggml_type_name, p.matrix_types))}; logits from {p.logits_matrix}"
                f"{' (tied)' if hp.tied else ''}")
     click.echo(f"  rope: {hp.rope_type}, base {hp.rope_freq_base}, scale {hp.rope_freq_scale} ({hp.rope_scaling_type})")
+    if hp.recurrent_layers:
+        click.echo(f"  recurrent layers {' '.join(str(il) for il in range(hp.n_layer) if hp.is_recr(il))} "
+                   "(their states are per sequence, not per cell)")
     if hp.n_swa:
         click.echo(f"  sliding window {hp.n_swa} on layers {' '.join(str(il) for il in range(hp.n_layer) if hp.is_swa(il))}")
     types = {}

@@ -65,10 +65,18 @@ class HParams:
     rope_freq_base_swa: float = 10000.0  # rope_freq_base_train_swa: the sliding-window layers' rope base
     rope_freq_scale_swa: float = 1.0     # rope_freq_scale_train_swa
     n_rot: int = 0            # rope.dimension_count: the dims of a head rope rotates (0: the whole head)
+    recurrent_layers: tuple[bool, ...] = ()  # per layer: a recurrent layer (hparams.is_recr): states, no K/V cells
     extra: dict = field(default_factory=dict, compare=False)  # the architecture's own keys and derived values
 
     def is_swa(self, il: int) -> bool:
         return bool(self.swa_layers) and self.swa_layers[il]
+
+    def is_recr(self, il: int) -> bool:
+        return bool(self.recurrent_layers) and self.recurrent_layers[il]
+
+    def n_layer_kv(self) -> int:
+        """The layers with K/V cells (the attention layers of a hybrid model)."""
+        return self.n_layer - sum(self.recurrent_layers)
 
     def get_rope_freq_base(self, il: int) -> float:
         """llama_model::get_rope_freq_base: a sliding-window layer's own base, else the context's."""

@@ -93,7 +93,7 @@ def qwen35_tensors(hp) -> dict:
     for il in range(hp.n_layer):
         blk = f"blk.{il}."
         parts = {"attn_norm.weight": ((hp.n_embd,), "norm"), "post_attention_norm.weight": ((hp.n_embd,), "norm")}
-        if x["recurrent_layers"][il]:
+        if hp.is_recr(il):
             parts |= {"attn_qkv.weight": ((hp.n_embd, x["ssm_conv_channels"]), "matrix"),
                       "attn_gate.weight": ((hp.n_embd, value), "matrix"),
                       "ssm_conv1d.weight": ((x["ssm_d_conv"], x["ssm_conv_channels"]), "norm"),
@@ -129,7 +129,7 @@ def build_qwen35(b: Builder) -> None:
 
         cur = b.cb(b.norm(inpL, model.layers[il].attn_norm, il), "attn_norm", il)
 
-        if x["recurrent_layers"][il]:
+        if hp.is_recr(il):
             cur = build_layer_attn_linear(b, cur, il)
         else:
             cur = build_layer_attn(b, inp, cur, inp_pos, x["rope_sections"], il)

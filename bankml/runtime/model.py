@@ -149,9 +149,11 @@ class Model:
         s.decode(self.hparams.n_vocab - 1)
 
     def cache_bytes(self) -> int:
-        """Bytes of one session's K/V cache: kv_size cells of every layer's K and V rows."""
-        hp = self.hparams
-        return self.kv_size * self.kv.cell_bytes(hp.n_layer, hp.n_head_kv, hp.head_dim)
+        """Bytes of one session's caches: kv_size cells of each attention layer's K and V rows (and
+        a hybrid model's recurrent states)."""
+        from bankml.runtime.session import cache_layouts
+        return sum(int(np.prod(shape)) * dtype.itemsize
+                   for shape, dtype in cache_layouts(self.generic_graph(self.variants[0])).values())
 
     def n_kv(self, used: int) -> int:
         """Cells the attention reads when `used` cells are filled (llama_kv_cache::get_n_kv: a

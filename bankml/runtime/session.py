@@ -1,4 +1,5 @@
-"""One sequence with its own K/V cache: prefill and decode, micro-batched as llama.cpp does."""
+"""One sequence with its own K/V cache (and a hybrid model's recurrent states): prefill and
+decode, micro-batched as llama.cpp does."""
 from __future__ import annotations
 
 from typing import Callable
@@ -18,6 +19,8 @@ class Session:
         self.model = model
         hp = model.hparams
         self.caches = new_caches(model.generic_graph(model.variants[0]))
+        # the recurrent layers' conv and SSM states (llama_memory_recurrent): one per sequence, not per cell
+        self.states = tuple(key for key in self.caches if key[1] in STATE_KINDS)
         # the sliding-window layers' own cells (llama_kv_cache_iswa), where they have a window
         self.swa = SwaCells(model.kv_size_swa, hp.n_swa) if hp.n_swa else None
         self.n_past = 0
@@ -53,18 +56,51 @@ class Session:
     def truncate(self, n: int) -> None:
         """Keep the first n cells and forget the rest (llama.cpp's llama_memory_seq_rm(seq, n, -1)):
         the next prefill or decode continues at position n. Cells past n are masked out and
-        overwritten, never read."""
+        overwritten, never read. A recurrent state holds the whole sequence and cannot go back:
+        as llama_memory_recurrent::seq_rm, only n = 0 (the states zeroed) and n = n_past are
+        taken (rewind() goes back to a saved state)."""
         if not 0 <= n <= self.n_past:
             raise BankmlError(f"truncate({n}): the session holds {self.n_past} cells")
+        if self.states and 0 < n < self.n_past:
+            raise BankmlError(f"truncate({n}): a recurrent model's state cannot go back from {self.n_past} to {n} "
+                              "cells (llama.cpp refuses it too); truncate(0) starts over")
+        if self.states and n == 0:
+            for key in self.states:
+                self.caches[key][...] = 0
         self.n_past = n
         if self.swa is not None:
             self.swa.remove(n)
 
-    def restore(self, n: int) -> None:
+    def saved(self, n: int) -> dict:
+        """A copy of the first n cells of every K/V cache and of the recurrent states (llama_state_seq_get_data):
+        what restore(n, saved) puts back."""
+        return {key: a.copy() if key in self.states else a[:n].copy() for key, a in self.caches.items()}
+
+    def recurrent_states(self) -> dict:
+        """A copy of the recurrent states (what a context checkpoint carries; rewind() loads it)."""
+        return {key: self.caches[key].copy() for key in self.states}
+
+    def rewind(self, n: int, states: dict) -> None:
+        """Go back to n cells with the recurrent states saved when the session held n (llama-server's
+        context checkpoint, loaded with LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY): the K/V cells before n
+        are this session's own."""
+        if not 0 <= n <= self.n_past:
+            raise BankmlError(f"rewind({n}): the session holds {self.n_past} cells")
+        for key in self.states:
+            self.caches[key][...] = states[key]
+        self.n_past = n
+
+    def restore(self, n: int, saved: dict | None = None) -> None:
         """The first n cells of every cache now hold positions 0..n-1 (a saved prompt copied back
-        into them, as llama-server's prompt cache does); the next token goes to position n."""
+        into them, as llama-server's prompt cache does: `saved`, from saved(n), or written by the
+        caller); the next token goes to position n."""
         if not 0 <= n <= self.model.kv_size:
             raise BankmlError(f"restore({n}): the cache has {self.model.kv_size} cells")
+        for key, a in (saved or {}).items():
+            if key in self.states:
+                self.caches[key][...] = a
+            else:
+                self.caches[key][:n] = a
         if self.swa is not None:
             if self.swa.size != self.model.kv_size:
                 raise BankmlError("restoring saved cells needs the full-size sliding-window cache (swa_full)")
@@ -124,11 +160,19 @@ class Session:
         return None if rows is None or not out_ids else rows[:len(out_ids)]
 
 
-def new_caches(g: Graph) -> dict[tuple[int, str], np.ndarray]:
+STATE_KINDS = ("conv", "ssm")
+
+
+def cache_layouts(g: Graph) -> dict[tuple[int, str], tuple[tuple[int, ...], np.dtype]]:
     """Every layer's K and V cache as the graph's CACHE nodes lay them out (their type, heads and
     head size, params["cells"]: kv_cache.cache_array), and a recurrent layer's states (no cells:
-    the node's shape is the whole state), zeroed; any variant's nodes say the same."""
+    the node's shape is the whole state): (shape, dtype) each; any variant's nodes say the same."""
     def shape(n: Node) -> tuple[int, ...]:
         return (n.params["cells"], *n.shape[1:]) if "cells" in n.params else n.shape
-    return {(n.params["layer"], n.params["kind"]): np.zeros(*cache_array(n.dtype, shape(n)))
+    return {(n.params["layer"], n.params["kind"]): cache_array(n.dtype, shape(n))
             for n in g.nodes.values() if n.op is Op.CACHE}
+
+
+def new_caches(g: Graph) -> dict[tuple[int, str], np.ndarray]:
+    """The caches of cache_layouts(g), zeroed."""
+    return {key: np.zeros(*layout) for key, layout in cache_layouts(g).items()}

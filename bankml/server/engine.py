@@ -111,10 +111,11 @@ def run_job(model, slot: Slot, job: Job, on_text: Callable[..., None] = lambda s
     n_cached = prefix_state(slot, job.prompt, job.cache_prompt)
     rest = job.prompt[n_cached:]
     t0 = time.perf_counter()
-    if slot.n_swa:                      # llama-server's checkpoint batches (server/checkpoints.py)
+    if slot.n_swa or slot.recurrent:    # llama-server's checkpoint batches (server/checkpoints.py)
         slot.n_tasks += 1
+        states = sess.recurrent_states if slot.recurrent else None
         for start, stop in ckpt.batches(n_cached, len(job.prompt), set(job.user_starts), slot.checkpoints,
-                                        slot.n_tasks):
+                                        slot.n_tasks, states):
             row = sess.prefill(job.prompt[start:stop], outputs="last")[-1]
     else:
         row = sess.prefill(rest, outputs="last")[-1]

@@ -42,7 +42,7 @@ class Busy(Exception):
 class SavedPrompt:
     """server_prompt_cache_state: the ids and the cells (K/V rows) of one saved slot."""
     tokens: list[int]
-    cells: dict                      # (layer, "k"|"v") -> f16 array [n_tokens, n_head_kv, head_dim]
+    cells: dict                      # Session.saved: (layer, "k"|"v") -> the first n_tokens cells; the recurrent states
     checkpoints: list = field(default_factory=list)   # the slot's context checkpoints (server_prompt)
 
     def size(self) -> int:
@@ -70,7 +70,7 @@ class PromptCache:
         if any(common_prefix(s.tokens, tokens) == len(tokens) for s in self.states):
             return                                  # already in the cache
         n = len(tokens)
-        cells = {key: a[:n].copy() for key, a in sess.caches.items()}
+        cells = sess.saved(n)
         new = SavedPrompt(list(tokens), cells, list(checkpoints or []))
         if self.limit_size and new.size() > self.limit_size:
             return
@@ -95,9 +95,7 @@ class PromptCache:
         if best is None:
             return
         n = len(best.tokens)
-        for key, a in best.cells.items():
-            slot.session.caches[key][:n] = a
-        slot.session.restore(n)
+        slot.session.restore(n, best.cells)
         slot.tokens = list(best.tokens)
         slot.checkpoints = list(best.checkpoints)
         self.states.remove(best)
@@ -120,19 +118,24 @@ class Slot:
     busy: bool = False
     t_last_used: float = -1.0
     n_swa: int = 0                  # the model's window when llama-server's checkpoints apply (swa_full=false)
+    recurrent: bool = False         # the model has recurrent states: llama-server's checkpoints apply, carrying them
     checkpoints: list = field(default_factory=list)     # server/checkpoints.py
     n_tasks: int = 0
     last: tuple | None = None       # (task id, job, stream) of the slot's latest task: what GET /slots shows
     progress: tuple = (0, 0, 0.0, 0.0)  # its prompt: (tokens, cached, ms, when generating began)
 
-    def keep_for(self, prompt: list[int], cache_prompt: bool = True) -> int:
-        """How many cells a prompt keeps (llama-server's n_past), at least one token left to compute."""
+    def keep_for(self, prompt: list[int], cache_prompt: bool = True) -> tuple[int, ckpt.Checkpoint | None]:
+        """How many cells a prompt keeps (llama-server's n_past), at least one token left to compute,
+        and the context checkpoint it goes back through (None: the cells as they are)."""
         n = common_prefix(self.tokens, prompt) if cache_prompt else 0
-        if self.n_swa:
-            n = ckpt.keep(n, len(prompt), self.n_swa, self.checkpoints)
+        used = None
+        if self.n_swa or self.recurrent:
+            # llama_memory_seq_pos_min: the recurrent state's one position, or 0 (bankml's full SWA cache)
+            n, used = ckpt.keep(n, len(prompt), self.n_swa, self.checkpoints,
+                                len(self.tokens) - 1 if self.recurrent else 0)
         if n == len(prompt) and n > 0:
             n -= 1
-        return n
+        return n, used
 
 
 class SlotPool:
@@ -143,6 +146,8 @@ class SlotPool:
         self.model = model
         n_swa = 0 if swa_full else model.hparams.n_swa
         self.slots = [Slot(i, model.session(), n_swa=n_swa) for i in range(n_slots)]
+        for s in self.slots:
+            s.recurrent = bool(s.session.states)
         self.queue_size = queue_size
         self.cache = PromptCache(cache_ram_mib, model.n_ctx) if cache_ram_mib != 0 else None
         self.waiting: deque[asyncio.Future] = deque()
@@ -226,8 +231,11 @@ class SlotPool:
 
 def prefix_state(slot: Slot, prompt: list[int], cache_prompt: bool) -> int:
     """Keep the reusable cells (llama_memory_seq_rm past them); the count kept."""
-    keep = slot.keep_for(prompt, cache_prompt)
-    slot.session.truncate(min(keep, slot.session.n_past))
+    keep, used = slot.keep_for(prompt, cache_prompt)
+    if used is not None and used.states is not None:
+        slot.session.rewind(keep, used.states)      # the checkpoint's states (keep is its n_tokens)
+    else:
+        slot.session.truncate(min(keep, slot.session.n_past))
     slot.tokens = slot.tokens[:keep]
     return keep
 

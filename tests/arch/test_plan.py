@@ -349,7 +349,7 @@ def test_plans_real_model(path):
     p = plan(read_gguf(path))
     if path.stem.startswith("qwen35-small"):           # 3 Gated-DeltaNet layers, then attention
         x = p.hparams.extra
-        assert p.arch == "qwen35" and x["recurrent_layers"] == (True, True, True, False)
+        assert p.arch == "qwen35" and p.hparams.recurrent_layers == (True, True, True, False)
         assert (x["ssm_d_state"], x["ssm_n_v_heads"], x["ssm_n_k_heads"], x["ssm_d_conv"]) == (32, 8, 4, 4)
         assert x["ssm_conv_channels"] == 512 and x["rope_sections"] == (3, 3, 2, 0) and p.hparams.n_rot == 16
     if path.name == "gemma3-270m-q4_k_m.gguf":       # 81 Q5_0, 27 Q4_K, 10 Q8_0, 9 Q6_K matrices

@@ -25,11 +25,11 @@ def test_long_completion_splits_4_plus_n_ubatch_and_4_before_the_end():
 
 def test_prefix_kept_through_the_newest_checkpoint_at_or_before_it():
     cps = [Checkpoint(1, 0, 0, 1), Checkpoint(21, 0, 20, 1)]
-    assert keep(40, 60, 512, cps) == 20 and len(cps) == 2       # pos_next = pos_max of the checkpoint
+    assert keep(40, 60, 512, cps) == (20, cps[1]) and len(cps) == 2     # pos_next = pos_max of the checkpoint
     cps = [Checkpoint(21, 0, 20, 1)]
-    assert keep(10, 60, 512, cps) == 0 and cps == []            # none at or before: the whole prompt
+    assert keep(10, 60, 512, cps) == (0, None) and cps == []            # none at or before: the whole prompt
     cps = [Checkpoint(21, 0, 20, 1)]
-    assert keep(600, 700, 512, cps) == 600                      # pos_min 0 < pos_next - n_swa: the cells hold it
+    assert keep(600, 700, 512, cps) == (600, None)              # pos_min 0 < pos_next - n_swa: the cells hold it
 
 
 def test_checkpoints_are_bounded():
@@ -41,3 +41,27 @@ def test_checkpoints_are_bounded():
 
 def test_user_starts_are_where_the_delimiter_tokens_begin():
     assert user_starts([2, 7, 8, 9, 7, 8, 5, 7, 8], [7, 8]) == {1, 4, 7}
+
+
+def test_recurrent_checkpoints_carry_the_states_before_their_batch():
+    """A hybrid model (pos_min = pos_max = the last position the states hold): the checkpoint
+    before [21, 25) is (21, 20, 20) with the states after 21 tokens."""
+    cps: list[Checkpoint] = []
+    held = {"n": 0}
+    steps = []
+    for start, stop in batches(0, 25, {1}, cps, task=1, states=lambda: {"at": held["n"]}):
+        steps.append((start, stop))
+        held["n"] = stop
+    assert steps == [(0, 1), (1, 21), (21, 25)]
+    assert [(c.n_tokens, c.pos_min, c.pos_max, c.states) for c in cps] == [(1, 0, 0, {"at": 1}),
+                                                                          (21, 20, 20, {"at": 21})]
+
+
+def test_recurrent_prefix_kept_through_a_checkpoint_or_whole():
+    cps = [Checkpoint(1, 0, 0, 1), Checkpoint(21, 20, 20, 1)]
+    # 29 tokens held (the states at position 28), 27 shared: back to the checkpoint at 21
+    assert keep(27, 40, 0, cps, pos_min=28) == (21, cps[1])
+    # every held token shared: the states are where the prompt goes on
+    assert keep(29, 40, 0, cps, pos_min=28) == (29, None) and len(cps) == 2
+    # the same prompt again: at least one token to compute, through a checkpoint
+    assert keep(29, 29, 0, cps, pos_min=28) == (21, cps[1])
