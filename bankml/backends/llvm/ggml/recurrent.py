@@ -9,6 +9,8 @@ cache in place, as SET_ROWS writes the K/V cache.
 - gated_delta_net: threads split the v-heads; per head and token M = r(M*expf(g)) (8 lanes),
   d_j = r(r(v_j - dot(M_j, k))*beta), M_j = fma(k, d_j, M_j), o_j = r(dot(M_j, q)*r(1/sqrtf(S)));
   dot = ggml_vec_dot_f32: four 8-lane FMA accumulators over steps of 32, GGML_F32x8_REDUCE.
+  Rows of M never meet (d_j comes from row j alone), so the four passes are fused per row
+  (each row read and written once per token: a decode reads the state once).
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ from llvmlite import ir
 
 from bankml.backends.llvm.emit.core import f32, fma, for_range, i64, intrinsic, new_function, size, smin, \
     thread_range, typed, v8f32
-from bankml.backends.llvm.emit.simd import broadcast, f32x8_reduce, scratch, zero8
+from bankml.backends.llvm.emit.simd import broadcast, f32x8_reduce, zero8
 from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
 from bankml.errors import LoweringError
 from bankml.ir.graph import Graph
@@ -69,12 +71,12 @@ def define_ssm_conv(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     return fn
 
 
-def _dot(b: ir.IRBuilder, a: ir.Value, x: ir.Value, S: int) -> ir.Value:
-    """ggml_vec_dot_f32 of S (a multiple of 32) floats at a and x."""
+def _dot_rows(b: ir.IRBuilder, a: list[ir.Value], x: ir.Value) -> ir.Value:
+    """ggml_vec_dot_f32 of the 8-lane vectors a (4k of them) and the floats at x: four FMA
+    accumulators, GGML_F32x8_REDUCE."""
     accs = [zero8()] * 4
-    for i in range(0, S, 32):
-        accs = [fma(b, b.load(_vec(b, a, i64(i + 8 * u)), align=4), b.load(_vec(b, x, i64(i + 8 * u)), align=4),
-                    accs[u]) for u in range(4)]
+    for i in range(0, len(a), 4):
+        accs = [fma(b, a[i + u], b.load(_vec(b, x, i64(8 * (i + u))), align=4), accs[u]) for u in range(4)]
     return f32x8_reduce(b, accs)
 
 
@@ -92,7 +94,6 @@ def define_gated_delta_net(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     out, pq, pk, pv, pg, pb, pst, ith, nth, dims = fn.args
     ys, qs, ks, vs, gs, bs, ss = (typed(b, p, f32) for p in (out, pq, pk, pv, pg, pb, pst))
     T = size(b, dims, n.shape[:1])
-    delta = scratch(b, f32, S, "delta")
     expf = intrinsic(m, "expf", f32, [f32])
     lo, hi = thread_range(b, i64(hv), ith, nth)
     with for_range(b, lo, hi, name="h") as h:
@@ -105,19 +106,16 @@ def define_gated_delta_net(m: ir.Module, g: Graph, n: Node) -> ir.Function:
             vd, yd = b.gep(vs, [b.mul(th, i64(S))]), b.gep(ys, [b.mul(th, i64(S))])
             decay = broadcast(b, b.call(expf, [b.load(b.gep(gs, [th]))]))
             beta = b.load(b.gep(bs, [th]))
-            with for_range(b, 0, S * S // 8, name="e") as e:            # ggml_vec_scale_f32
-                p = _vec(b, M, b.mul(e, i64(8)))
-                b.store(b.fmul(b.load(p, align=4), decay), p, align=4)
+            # ggml's four passes over the state (vec_scale, the dots with k, vec_mad, the dots
+            # with q) touch row j only through delta[j], which row j alone gives: each row is read
+            # once, taken through the four in ggml's order, and written once
             with for_range(b, 0, S, name="j") as j:
-                dot = _dot(b, b.gep(M, [b.mul(j, i64(S))]), kd, S)
-                b.store(b.fmul(b.fsub(b.load(b.gep(vd, [j])), dot), beta), b.gep(delta, [j]))
-            with for_range(b, 0, S, name="j") as j:                     # ggml_vec_mad_f32
-                dj, row = broadcast(b, b.load(b.gep(delta, [j]))), b.gep(M, [b.mul(j, i64(S))])
-                for i in range(0, S, 8):
-                    p = _vec(b, row, i64(i))
-                    b.store(fma(b, b.load(_vec(b, kd, i64(i)), align=4), dj, b.load(p, align=4)), p, align=4)
-            with for_range(b, 0, S, name="j") as j:
-                dot = _dot(b, b.gep(M, [b.mul(j, i64(S))]), qd, S)
-                b.store(b.fmul(dot, scale), b.gep(yd, [j]))
+                row = b.gep(M, [b.mul(j, i64(S))])
+                r = [b.fmul(b.load(_vec(b, row, i64(i)), align=4), decay) for i in range(0, S, 8)]
+                dj = b.fmul(b.fsub(b.load(b.gep(vd, [j])), _dot_rows(b, r, kd)), beta)
+                r = [fma(b, b.load(_vec(b, kd, i64(8 * u)), align=4), broadcast(b, dj), r[u]) for u in range(len(r))]
+                for u in range(len(r)):
+                    b.store(r[u], _vec(b, row, i64(8 * u)), align=4)
+                b.store(b.fmul(_dot_rows(b, r, qd), scale), b.gep(yd, [j]))
     b.ret_void()
     return fn
