@@ -5,7 +5,8 @@ cache in place, as SET_ROWS writes the K/V cache.
 - ssm_conv: threads split the channels; per channel and token the d_conv products in GCC's
   vectorized loop order (blocks of 8, then 4, of rounded products added in order from 0, the
   last <= 3 as FMAs), reading [state | x^T] without building it; then the channel's state row
-  takes the last d_conv-1 columns.
+  takes the last d_conv-1 columns. Outputs never meet: 8 channels go at once, token by token
+  (whole rows of x and y), the channels left one by one.
 - gated_delta_net: threads split the v-heads; per head and token M = r(M*expf(g)) (8 lanes),
   d_j = r(r(v_j - dot(M_j, k))*beta), M_j = fma(k, d_j, M_j), o_j = r(dot(M_j, q)*r(1/sqrtf(S)));
   dot = ggml_vec_dot_f32: four 8-lane FMA accumulators over steps of 32, GGML_F32x8_REDUCE.
@@ -17,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 
-from bankml.backends.llvm.emit.core import f32, fma, for_range, i64, intrinsic, new_function, size, smin, \
+from bankml.backends.llvm.emit.core import f32, fma, for_range, i32, i64, intrinsic, new_function, size, smin, \
     thread_range, typed, v8f32
 from bankml.backends.llvm.emit.simd import broadcast, f32x8_reduce, zero8
 from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
@@ -32,6 +33,29 @@ def _vec(b: ir.IRBuilder, p: ir.Value, off: ir.Value) -> ir.Value:
     return b.bitcast(b.gep(p, [off]), v8f32.as_pointer())
 
 
+def _gcc_sum(b: ir.IRBuilder, cols: list, w: list, zero) -> ir.Value:
+    """sumf += col_k * w_k over k from 0 as GCC 12 vectorized it: blocks of 8, then 4, of rounded
+    products (vmulps) added in order (vaddss), the last <= 3 as FMAs (vfmadd231ss); lane-wise,
+    so 8 channels at once take the same steps."""
+    nc, acc, i = len(w), zero, 0
+    for width in [8] * (nc // 8) + ([4] if nc % 8 >= 4 else []):
+        prods = [b.fmul(cols[i + k], w[i + k]) for k in range(width)]
+        for p in prods:
+            acc = b.fadd(acc, p)
+        i += width
+    for k in range(i, nc):
+        acc = fma(b, cols[k], w[k], acc)
+    return acc
+
+
+def _gather8(b: ir.IRBuilder, p: ir.Value, stride: int) -> ir.Value:
+    """<p[0], p[stride], ..., p[7 * stride]>."""
+    v = ir.Constant(v8f32, ir.Undefined)
+    for i in range(8):
+        v = b.insert_element(v, b.load(b.gep(p, [i64(i * stride)])), i32(i))
+    return v
+
+
 @kernel(Op.SSM_CONV, order=SSM_CONV)
 def define_ssm_conv(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     if n.order != SSM_CONV:
@@ -43,11 +67,38 @@ def define_ssm_conv(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     ys, xs, ws, ss = (typed(b, p, f32) for p in (out, px, pw, pst))
     T = size(b, dims, n.shape[:1])
     lo, hi = thread_range(b, i64(ch), ith, nth)
-    with for_range(b, lo, hi, name="c") as c:
+    n_vec = b.udiv(b.sub(hi, lo), i64(8))
+
+    # 8 channels at a time, token by token (rows of x and y read and written whole); outputs never meet
+    with for_range(b, 0, n_vec, name="v") as v:
+        c = b.add(lo, b.mul(v, i64(8)))
+        srow, wrow = b.gep(ss, [b.mul(c, i64(keep))]), b.gep(ws, [b.mul(c, i64(nc))])
+        w = [_gather8(b, b.gep(wrow, [i64(k)]), nc) for k in range(nc)]
+
+        def column(j: ir.Value, x_only: bool) -> ir.Value:      # [state | x^T][c..c+8][j]
+            xi = b.sub(j, i64(keep))
+            if x_only:
+                return b.load(_vec(b, xs, b.add(b.mul(xi, i64(ch)), c)), align=4)
+            from_state = b.icmp_signed("<", j, i64(keep))
+            st = _gather8(b, b.gep(srow, [smin(b, j, i64(keep - 1))]), keep)
+            x = b.load(_vec(b, xs, b.add(b.mul(b.select(from_state, i64(0), xi), i64(ch)), c)), align=4)
+            return b.select(from_state, st, x)
+
+        for t_lo, t_hi, x_only in ((i64(0), smin(b, T, i64(keep)), False), (i64(keep), T, True)):
+            with for_range(b, t_lo, t_hi, name="t") as t:
+                acc = _gcc_sum(b, [column(b.add(t, i64(k)), x_only) for k in range(nc)], w, zero8())
+                b.store(acc, _vec(b, ys, b.add(b.mul(t, i64(ch)), c)), align=4)
+        for j in range(keep):                          # ascending: column(T + j) is never a column written
+            col = column(b.add(T, i64(j)), False)
+            for i in range(8):
+                b.store(b.extract_element(col, i32(i)), b.gep(srow, [i64(i * keep + j)]))
+
+    # the channels left, one at a time
+    with for_range(b, b.add(lo, b.mul(n_vec, i64(8))), hi, name="c") as c:
         srow, wrow = b.gep(ss, [b.mul(c, i64(keep))]), b.gep(ws, [b.mul(c, i64(nc))])
         w = [b.load(b.gep(wrow, [i64(i)])) for i in range(nc)]
 
-        def column(j: ir.Value) -> ir.Value:            # [state | x^T][c][j]
+        def column1(j: ir.Value) -> ir.Value:            # [state | x^T][c][j]
             from_state = b.icmp_signed("<", j, i64(keep))
             s = b.load(b.gep(srow, [smin(b, j, i64(keep - 1))]))
             xi = b.sub(j, i64(keep))
@@ -56,17 +107,10 @@ def define_ssm_conv(m: ir.Module, g: Graph, n: Node) -> ir.Function:
             return b.select(from_state, s, x)
 
         with for_range(b, 0, T, name="t") as t:
-            acc, i = f32(0.0), 0
-            for width in [8] * (nc // 8) + ([4] if nc % 8 >= 4 else []):     # vmulps, then vaddss in order
-                prods = [b.fmul(column(b.add(t, i64(i + k))), w[i + k]) for k in range(width)]
-                for p in prods:
-                    acc = b.fadd(acc, p)
-                i += width
-            for k in range(i, nc):                                          # vfmadd231ss
-                acc = fma(b, column(b.add(t, i64(k))), w[k], acc)
+            acc = _gcc_sum(b, [column1(b.add(t, i64(k))) for k in range(nc)], w, f32(0.0))
             b.store(acc, b.gep(ys, [b.add(b.mul(t, i64(ch)), c)]))
-        for j in range(keep):                          # ascending: column(T + j) is never a column written
-            b.store(column(b.add(T, i64(j))), b.gep(srow, [i64(j)]))
+        for j in range(keep):
+            b.store(column1(b.add(T, i64(j))), b.gep(srow, [i64(j)]))
     b.ret_void()
     return fn
 
