@@ -174,5 +174,11 @@ def cache_layouts(g: Graph) -> dict[tuple[int, str], tuple[tuple[int, ...], np.d
 
 
 def new_caches(g: Graph) -> dict[tuple[int, str], np.ndarray]:
-    """The caches of cache_layouts(g), zeroed."""
-    return {key: np.zeros(*layout) for key, layout in cache_layouts(g).items()}
+    """The caches of cache_layouts(g), zeroed. A recurrent state is written now (every token reads
+    all of it: its pages are in memory before the first one); K/V cells are zero pages until used."""
+    caches = {}
+    for key, layout in cache_layouts(g).items():
+        caches[key] = np.zeros(*layout)
+        if key[1] in STATE_KINDS:
+            caches[key].fill(0)
+    return caches

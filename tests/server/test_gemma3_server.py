@@ -14,7 +14,7 @@ The file has no tokenizer.chat_template: both servers render ChatML.
 from __future__ import annotations
 
 import pytest
-from test_oracle_server import chat, cmpl, compare, user
+from test_oracle_server import chat, compare, greedy_and_seeded, three_turn_chats, user
 
 from bankml.oracle.server import LlamaServer
 from bankml.testing import models
@@ -51,17 +51,9 @@ def test_gemma3_270m_chat_equals_llama_server(pair, record):
     """A 3-turn greedy conversation and a seeded one through ChatML (the later turns from a
     checkpoint): the same text, tokens, finish reasons, usage and cache counts."""
     ours, theirs = pair
-    n = 0
-    for kw in ({"temperature": 0}, {"seed": 610, "temperature": 0.8}):
-        messages = [user("Hi! What is your name?")]
-        for follow in ["Tell me one fact about cats.", "Now one about dogs."]:
-            got = compare(NAME, ours, theirs, *chat(messages, max_tokens=N, **kw))
-            messages += [{"role": "assistant", "content": got["text"]}, user(follow)]
-            n += 1
-        third = compare(NAME, ours, theirs, *chat(messages, max_tokens=N, stream=True, **kw))
-        assert third["usage"]["prompt_tokens"] < 1024
-        n += 1
-    record(kind="server", model=NAME, compared=n, identical=n)
+    thirds = three_turn_chats(NAME, ours, theirs, N)
+    assert all(third["usage"]["prompt_tokens"] < 1024 for third in thirds)
+    record(kind="server", model=NAME, compared=6, identical=6)
 
 
 @pytest.mark.oracle
@@ -71,11 +63,7 @@ def test_gemma3_270m_generations_equal_llama_server(pair, record):
     """20 greedy and 20 seeded 64-token completions (llama-server's default sampler chain at
     temperature 0.8): the same tokens, text, finish reasons, usage and cache counts."""
     ours, theirs = pair
-    n = 0
-    for i, p in enumerate(PROMPTS):
-        compare(NAME, ours, theirs, *cmpl(p, max_tokens=N, temperature=0))
-        compare(NAME, ours, theirs, *cmpl(p, max_tokens=N, seed=1000 + i, temperature=0.8, stream=i % 2 == 1))
-        n += 2
+    n = greedy_and_seeded(NAME, ours, theirs, PROMPTS, N)
     record(kind="server", model=NAME, compared=n, identical=n)
 
 

@@ -127,6 +127,27 @@ def compare(name, ours, theirs, path, body):
     return got
 
 
+def three_turn_chats(name, ours, theirs, max_tokens: int) -> list[dict]:
+    """A greedy and a seeded 3-turn conversation, each turn compared; the third turns' answers."""
+    thirds = []
+    for kw in ({"temperature": 0}, {"seed": 610, "temperature": 0.8}):
+        messages = [user("Hi! What is your name?")]
+        for follow in ["Tell me one fact about cats.", "Now one about dogs."]:
+            got = compare(name, ours, theirs, *chat(messages, max_tokens=max_tokens, **kw))
+            messages += [{"role": "assistant", "content": got["text"]}, user(follow)]
+        thirds.append(compare(name, ours, theirs, *chat(messages, max_tokens=max_tokens, stream=True, **kw)))
+    return thirds
+
+
+def greedy_and_seeded(name, ours, theirs, prompts: list[str], max_tokens: int) -> int:
+    """A greedy and a seeded completion (llama-server's default chain at temperature 0.8) of each
+    prompt, compared; how many."""
+    for i, p in enumerate(prompts):
+        compare(name, ours, theirs, *cmpl(p, max_tokens=max_tokens, temperature=0))
+        compare(name, ours, theirs, *cmpl(p, max_tokens=max_tokens, seed=1000 + i, temperature=0.8, stream=i % 2 == 1))
+    return 2 * len(prompts)
+
+
 @pytest.mark.oracle
 @pytest.mark.server
 def test_request_sequence_equals_llama_server(pair, record):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 from test_gemma3_server import PROMPTS
-from test_oracle_server import chat, cmpl, compare, user
+from test_oracle_server import cmpl, compare, greedy_and_seeded, three_turn_chats
 
 from bankml.oracle.server import LlamaServer
 from bankml.testing import models
@@ -36,15 +36,7 @@ def test_qwen35_chat_equals_llama_server(pair, record):
     back from the prompt cache with its states: the same text, tokens, finish reasons, usage
     and cache counts."""
     ours, theirs = pair
-    n = 0
-    for kw in ({"temperature": 0}, {"seed": 610, "temperature": 0.8}):
-        messages = [user("Hi! What is your name?")]
-        for follow in ["Tell me one fact about cats.", "Now one about dogs."]:
-            got = compare(NAME, ours, theirs, *chat(messages, max_tokens=N, **kw))
-            messages += [{"role": "assistant", "content": got["text"]}, user(follow)]
-            n += 1
-        compare(NAME, ours, theirs, *chat(messages, max_tokens=N, stream=True, **kw))
-        n += 1
+    three_turn_chats(NAME, ours, theirs, N)
     text = "Once upon a time"
     text += compare(NAME, ours, theirs, *cmpl(text, max_tokens=8, temperature=0))["text"]
     text += compare(NAME, ours, theirs, *cmpl(text, max_tokens=8, temperature=0))["text"]
@@ -52,7 +44,7 @@ def test_qwen35_chat_equals_llama_server(pair, record):
     # back, its states with it, and keeps every held token
     compare(NAME, ours, theirs, *cmpl("The capital of France is", max_tokens=8, temperature=0))
     compare(NAME, ours, theirs, *cmpl(text, max_tokens=8, seed=5, temperature=0.8))
-    record(kind="server", model=NAME, compared=n + 5, identical=n + 5)
+    record(kind="server", model=NAME, compared=11, identical=11)
 
 
 @pytest.mark.oracle
@@ -61,9 +53,5 @@ def test_qwen35_generations_equal_llama_server(pair, record):
     """20 greedy and 20 seeded completions (llama-server's default sampler chain at temperature
     0.8): the same tokens, text, finish reasons, usage and cache counts."""
     ours, theirs = pair
-    n = 0
-    for i, p in enumerate(PROMPTS):
-        compare(NAME, ours, theirs, *cmpl(p, max_tokens=N, temperature=0))
-        compare(NAME, ours, theirs, *cmpl(p, max_tokens=N, seed=1000 + i, temperature=0.8, stream=i % 2 == 1))
-        n += 2
+    n = greedy_and_seeded(NAME, ours, theirs, PROMPTS, N)
     record(kind="server", model=NAME, compared=n, identical=n)
