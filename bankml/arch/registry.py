@@ -96,9 +96,11 @@ def lookup(name: str) -> Architecture | None:
 
 
 def plannable() -> list[str]:
-    """Architectures plan() accepts (those that declare their tensors)."""
+    """Architectures plan() accepts (those that declare their tensors): the built-in ones in BUILTIN's
+    order (whichever module was imported first), then those registered from outside."""
     _load_builtins()
-    return [n for n, a in ARCHITECTURES.items() if a.tensors is not None]
+    names = [n for n in BUILTIN if n in ARCHITECTURES] + [n for n in ARCHITECTURES if n not in BUILTIN]
+    return [n for n in names if ARCHITECTURES[n].tensors is not None]
 
 
 def get(name: str) -> Architecture:

@@ -118,7 +118,7 @@ def test_yarn_keys_llama_cpp_ignores_keep_defaults(tmp_path):
 # ---- refusals: each names its key or tensor and why ------------------------------------------
 
 def test_refuses_other_architecture_from_header(tmp_path):
-    refused(tmp_path, "general.architecture is 'gemma'; bankml reproduces llama, qwen3, gemma3",
+    refused(tmp_path, "general.architecture is 'gemma'; bankml reproduces llama, qwen3, gemma3, qwen35",
             kv_edit={"general.architecture": (STR, "gemma")})
 
 
