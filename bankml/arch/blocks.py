@@ -27,6 +27,7 @@ from bankml.ir import order as fo
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
+from bankml.numerics.floats import inv_sqrtf
 from bankml.quants.kv_cache import KvCacheTypes
 
 _ACT_DTYPE = "f32"
@@ -233,7 +234,7 @@ class Builder:
         """build_gdn_l2_norm (src/models/models.h): rms_norm with eps/n, then times 1/sqrtf(n), for
         rows of n (f32 arithmetic, as the C computes both constants)."""
         n = np.float32(x.shape[-1])
-        return self.scale(self.rms_norm(x, float(np.float32(eps) / n)), float(np.float32(1.0) / np.sqrt(n)))
+        return self.scale(self.rms_norm(x, float(np.float32(eps) / n)), inv_sqrtf(n))
 
     def mm(self, w: Weight, x: Node) -> Node:
         """build_lora_mm: a plain mul_mat; the pass choose_matmul_kernel gives its order."""

@@ -19,9 +19,7 @@ The MTP draft head (nextn_predict_layers) is refused.
 """
 from __future__ import annotations
 
-import numpy as np
-
-from bankml.arch import COMMON_REFUSALS, Builder, Key, architecture, mrope_text_refusal
+from bankml.arch import COMMON_REFUSALS, Builder, Key, architecture, inv_sqrtf, mrope_text_refusal
 
 KEYS = (
     Key("rope.dimension_sections", "u32_or_array", required=True),  # get_key_or_arr(..., 4, true)
@@ -184,7 +182,7 @@ def build_layer_attn(b: Builder, inp, cur, inp_pos, sections, il: int):
     Kcur = b.cb(Kcur, "Kcur", il)
     Vcur = b.cb(Vcur, "Vcur", il)
 
-    kq_scale = float(np.float32(1.0) / np.sqrt(np.float32(n_embd_head)))
+    kq_scale = inv_sqrtf(n_embd_head)
 
     cur = b.cb(b.attn(inp, None, Qcur, Kcur, Vcur, kq_scale, il), "attn_pregate", il)
 

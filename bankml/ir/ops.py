@@ -37,6 +37,7 @@ class Op(Enum):
 VIEWS = frozenset({Op.RESHAPE})
 LEAVES = frozenset({Op.INPUT, Op.WEIGHT, Op.CACHE})
 EFFECTS = frozenset({Op.SET_ROWS, Op.SSM_CONV, Op.GATED_DELTA_NET})   # write state: never dead, even unread
+STATE_KINDS = ("conv", "ssm")   # CACHE kinds of a recurrent layer's state (one per sequence, no cells); else k, v
 
 # arity of each op (inputs it takes)
 ARITY = {

@@ -31,7 +31,7 @@ from bankml.errors import SpecError
 from bankml.ir.dims import Dim
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
-from bankml.ir.ops import ARITY, LEAVES, VIEWS, Op
+from bankml.ir.ops import ARITY, LEAVES, STATE_KINDS, VIEWS, Op
 
 F32, I32, MASK = "f32", "i32", "f16"
 
@@ -207,7 +207,7 @@ def _cache(g: Graph, n: Node, t: Types) -> None:
     """A K/V cache (kind k or v: cells of heads) of a cache type, or a recurrent layer's state
     (kind conv or ssm: the whole state of one sequence) in f32."""
     kind = n.params.get("kind")
-    if kind in ("conv", "ssm"):
+    if kind in STATE_KINDS:
         if n.dtype != F32 or "cells" in n.params:
             raise Broken(f"a {kind} state is f32 and has no cells")
         return

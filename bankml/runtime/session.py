@@ -9,7 +9,7 @@ import numpy as np
 from bankml.errors import BankmlError
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
-from bankml.ir.ops import Op
+from bankml.ir.ops import STATE_KINDS, Op
 from bankml.quants.kv_cache import cache_array
 from bankml.runtime.kv_cells import SwaCells
 
@@ -20,7 +20,7 @@ class Session:
         hp = model.hparams
         self.caches = new_caches(model.generic_graph(model.variants[0]))
         # the recurrent layers' conv and SSM states (llama_memory_recurrent): one per sequence, not per cell
-        self.states = tuple(key for key in self.caches if key[1] in STATE_KINDS)
+        self.state_keys = tuple(key for key in self.caches if key[1] in STATE_KINDS)
         # the sliding-window layers' own cells (llama_kv_cache_iswa), where they have a window
         self.swa = SwaCells(model.kv_size_swa, hp.n_swa) if hp.n_swa else None
         self.n_past = 0
@@ -61,11 +61,11 @@ class Session:
         taken (rewind() goes back to a saved state)."""
         if not 0 <= n <= self.n_past:
             raise BankmlError(f"truncate({n}): the session holds {self.n_past} cells")
-        if self.states and 0 < n < self.n_past:
+        if self.state_keys and 0 < n < self.n_past:
             raise BankmlError(f"truncate({n}): a recurrent model's state cannot go back from {self.n_past} to {n} "
                               "cells (llama.cpp refuses it too); truncate(0) starts over")
-        if self.states and n == 0:
-            for key in self.states:
+        if self.state_keys and n == 0:
+            for key in self.state_keys:
                 self.caches[key][...] = 0
         self.n_past = n
         if self.swa is not None:
@@ -74,11 +74,11 @@ class Session:
     def saved(self, n: int) -> dict:
         """A copy of the first n cells of every K/V cache and of the recurrent states (llama_state_seq_get_data):
         what restore(n, saved) puts back."""
-        return {key: a.copy() if key in self.states else a[:n].copy() for key, a in self.caches.items()}
+        return {key: a.copy() if key in self.state_keys else a[:n].copy() for key, a in self.caches.items()}
 
     def recurrent_states(self) -> dict:
         """A copy of the recurrent states (what a context checkpoint carries; rewind() loads it)."""
-        return {key: self.caches[key].copy() for key in self.states}
+        return {key: self.caches[key].copy() for key in self.state_keys}
 
     def rewind(self, n: int, states: dict) -> None:
         """Go back to n cells with the recurrent states saved when the session held n (llama-server's
@@ -86,7 +86,7 @@ class Session:
         are this session's own."""
         if not 0 <= n <= self.n_past:
             raise BankmlError(f"rewind({n}): the session holds {self.n_past} cells")
-        for key in self.states:
+        for key in self.state_keys:
             self.caches[key][...] = states[key]
         self.n_past = n
 
@@ -97,7 +97,7 @@ class Session:
         if not 0 <= n <= self.model.kv_size:
             raise BankmlError(f"restore({n}): the cache has {self.model.kv_size} cells")
         for key, a in (saved or {}).items():
-            if key in self.states:
+            if key in self.state_keys:
                 self.caches[key][...] = a
             else:
                 self.caches[key][:n] = a
@@ -158,9 +158,6 @@ class Session:
         self._ubatch_index += 1
         rows = out.get(want)
         return None if rows is None or not out_ids else rows[:len(out_ids)]
-
-
-STATE_KINDS = ("conv", "ssm")
 
 
 def cache_layouts(g: Graph) -> dict[tuple[int, str], tuple[tuple[int, ...], np.dtype]]:

@@ -118,11 +118,15 @@ class Slot:
     busy: bool = False
     t_last_used: float = -1.0
     n_swa: int = 0                  # the model's window when llama-server's checkpoints apply (swa_full=false)
-    recurrent: bool = False         # the model has recurrent states: llama-server's checkpoints apply, carrying them
     checkpoints: list = field(default_factory=list)     # server/checkpoints.py
     n_tasks: int = 0
     last: tuple | None = None       # (task id, job, stream) of the slot's latest task: what GET /slots shows
     progress: tuple = (0, 0, 0.0, 0.0)  # its prompt: (tokens, cached, ms, when generating began)
+
+    @property
+    def recurrent(self) -> bool:
+        """The model has recurrent states: llama-server's checkpoints apply, carrying them."""
+        return bool(self.session.state_keys)
 
     def keep_for(self, prompt: list[int], cache_prompt: bool = True) -> tuple[int, ckpt.Checkpoint | None]:
         """How many cells a prompt keeps (llama-server's n_past), at least one token left to compute,
@@ -146,8 +150,6 @@ class SlotPool:
         self.model = model
         n_swa = 0 if swa_full else model.hparams.n_swa
         self.slots = [Slot(i, model.session(), n_swa=n_swa) for i in range(n_slots)]
-        for s in self.slots:
-            s.recurrent = bool(s.session.states)
         self.queue_size = queue_size
         self.cache = PromptCache(cache_ram_mib, model.n_ctx) if cache_ram_mib != 0 else None
         self.waiting: deque[asyncio.Future] = deque()

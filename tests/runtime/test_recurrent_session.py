@@ -35,7 +35,7 @@ def test_truncate_to_zero_starts_over(model):
     s = model.session()
     first = s.prefill(TOKENS[:7])
     s.truncate(0)
-    assert all(not s.caches[k].any() for k in s.states)
+    assert all(not s.caches[k].any() for k in s.state_keys)
     assert s.prefill(TOKENS[:7]).tobytes() == first.tobytes()
 
 

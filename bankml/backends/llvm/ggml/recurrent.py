@@ -15,7 +15,6 @@ cache in place, as SET_ROWS writes the K/V cache.
 """
 from __future__ import annotations
 
-import numpy as np
 from llvmlite import ir
 
 from bankml.backends.llvm.emit.core import f32, fma, for_range, i32, i64, intrinsic, new_function, size, smin, \
@@ -27,6 +26,7 @@ from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
 from bankml.ir.order import GATED_DELTA_NET, SSM_CONV
+from bankml.numerics.floats import inv_sqrtf
 
 
 def _vec(b: ir.IRBuilder, p: ir.Value, off: ir.Value) -> ir.Value:
@@ -133,7 +133,7 @@ def define_gated_delta_net(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     _, hv, S = n.shape
     if S % 32:
         raise LoweringError(f"gated_delta_net {n.name or n.id}: heads of {S}, not a multiple of 32")
-    scale = f32(float(np.float32(1) / np.sqrt(np.float32(S))))
+    scale = f32(inv_sqrtf(S))
     fn, b = new_function(m, kernel_name(n), kernel_type(n))
     out, pq, pk, pv, pg, pb, pst, ith, nth, dims = fn.args
     ys, qs, ks, vs, gs, bs, ss = (typed(b, p, f32) for p in (out, pq, pk, pv, pg, pb, pst))
