@@ -29,6 +29,7 @@ class FakeVocab:
 
 class FakeSession:
     n_past = 0
+    state_keys = ()
 
     def prefill(self, tokens, outputs="all"):
         self.n_past += len(tokens)
