@@ -129,4 +129,52 @@ def test_rmsnorm_order():
 
 def test_argmax_takes_the_first_of_equals_and_passes_over_nan():
     x = np.array([[NAN, 1, 3, 3], [NAN, NAN, NAN, NAN], [-INF, NAN, -INF, 2], [-INF, NAN, -INF, NAN]], F32)
-    assert funcs.argmax(x).tolist() == [2, -1, 3, 0]
+    assert funcs.argmax(x).tolist() == [2, 0, 3, 0]
+
+
+def test_argmax_holds_the_two_zeros_equal():
+    assert funcs.argmax(np.array([[-0.0, 0.0], [0.0, -0.0]], F32)).tolist() == [0, 0]
+
+
+def test_ln1p_keeps_a_tiny_t_whole_and_is_within_two_ulp():
+    t = np.array([0, 2.0 ** -30, 1e-20, 2.0 ** -24], F32)
+    assert bits(funcs.ln1p(t)) == bits(t)                     # u = 1 + t rounds to 1: ln 1 + t/1
+    assert bits(funcs.ln1p(np.array([INF, NAN], F32))) == nbits(INF, NAN)
+    t = np.exp(np.linspace(np.log(1e-12), np.log(1e30), 200_001)).astype(F32)
+    err = sweep.ulp_error(funcs.ln1p(t), np.log1p(t.astype(np.float64)))
+    assert err.max() <= 2.0, err.max()
+
+
+def test_softplus_adds_e_to_the_minus_u_past_16_and_is_ln1p_of_exp_below():
+    u = np.array([16.0, np.nextafter(F32(16), F32(17)), 17.0, 30.0, 88.0], F32)
+    from bankml.profiles.portable.arith import add
+    want = np.where(u > 16, add(u, funcs.exp(-u)), funcs.ln1p(funcs.exp(u)))
+    assert bits(funcs.softplus(u)) == bits(want)
+    assert bits(funcs.softplus(F32(16.0))) == bits(funcs.ln1p(funcs.exp(F32(16.0))))
+    x = np.linspace(-30, 30, 60_001).astype(F32)
+    err = sweep.ulp_error(funcs.softplus(x), np.logaddexp(0, x.astype(np.float64)))
+    assert err.max() <= 3.0, err.max()
+    assert bits(funcs.softplus(np.array([-INF, INF, NAN], F32))) == nbits(0, INF, NAN)
+
+
+def test_l2norm_divides_by_the_root_of_the_sum_plus_eps():
+    from bankml.profiles.portable.arith import add, fold_sum, mul
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((4, 128)).astype(F32)
+    assert bits(funcs.l2norm(x, 1e-6)) == bits(mul(x, funcs.rsqrt(add(fold_sum(mul(x, x)), F32(1e-6)))[:, None]))
+    assert bits(funcs.l2norm(np.zeros((1, 8), F32), 1e-6)) == [[0] * 8]
+    y = funcs.l2norm(np.array([[3, 4]], F32), 0.0)
+    assert np.allclose(y, [[0.6, 0.8]], rtol=1e-6)
+
+
+def test_hadamard_unnormalized_in_index_order_and_twice_is_n_times_identity():
+    x = np.arange(8, dtype=F32)
+    h = np.array([[1]], np.int64)
+    while h.shape[0] < 8:
+        h = np.block([[h, h], [h, -h]])
+    assert funcs.hadamard(x).tolist() == (h @ np.arange(8)).tolist()
+    rng = np.random.default_rng(3)
+    ints = rng.integers(-1000, 1000, (3, 64)).astype(F32)
+    assert bits(funcs.hadamard(funcs.hadamard(ints))) == bits(ints * F32(64))
+    with pytest.raises(ValueError, match="power of two"):
+        funcs.hadamard(np.zeros(12, F32))

@@ -1,11 +1,30 @@
 """The portable profile: one arithmetic whose bits are the same on numpy, the AVX2 JIT and a GPU.
 
-This package is its definition, written as numpy (docs/PORTABLE.md explains it):
+This package is its definition, written as numpy (docs/PORTABLE.md explains it, and has the
+conformance table against the decode-arithmetic document, ../shared/specs/decode-arithmetic.txt):
   arith.py      f32 steps with flush-to-zero and one NaN; the lane+tree fold; exact sums rounded once
   tables.py     every constant and table, computed from Python's decimal module (no libm)
-  funcs.py      exp, ln, rsqrt, recip, sigmoid, silu, softplus, softmax, rmsnorm, l2norm, argmax
+  funcs.py      exp, ln, ln1p, rsqrt, recip, sigmoid, silu, softplus, softmax, rmsnorm, l2norm,
+                argmax, hadamard
+  gdn.py        Gated-DeltaNet: conv, gdn_update, gdn_row, gdn_read, gdn_flush, gdn_fold(_trailing), Logged
   quant.py      activation blocks (m*2^e scales), weight types as integers, the exact group dot
   rope.py       the rotation table (angles in turns, exact) and the rotation
   attention.py  the int8 K/V cache with f16 row scales and the attention over it
   orders.py     the profile's float orders as IR data
+
+The document's names are importable from here where bankml has them (fadd is arith.add, ...).
 """
+from bankml.profiles.portable.arith import LANES, fdot, tree
+from bankml.profiles.portable.arith import add as fadd
+from bankml.profiles.portable.arith import fold_sum as fsum
+from bankml.profiles.portable.arith import mul as fmul
+from bankml.profiles.portable.arith import sub as fsub
+from bankml.profiles.portable.funcs import (argmax, exp, hadamard, l2norm, ln, ln1p, recip, rmsnorm, rsqrt, sigmoid,
+                                            silu, softmax, softplus)
+from bankml.profiles.portable.gdn import (Logged, conv, gdn_flush, gdn_fold, gdn_fold_trailing, gdn_read, gdn_row,
+                                          gdn_update)
+from bankml.profiles.portable.quant import GROUP
+
+__all__ = ["LANES", "GROUP", "fadd", "fsub", "fmul", "fsum", "fdot", "tree", "exp", "ln", "ln1p", "recip", "rsqrt",
+           "sigmoid", "silu", "softplus", "softmax", "rmsnorm", "l2norm", "argmax", "hadamard", "Logged", "conv",
+           "gdn_update", "gdn_row", "gdn_read", "gdn_flush", "gdn_fold", "gdn_fold_trailing"]

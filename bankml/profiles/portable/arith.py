@@ -65,6 +65,11 @@ def fold_sum(x, axis: int = -1) -> np.ndarray:
     return tree(acc)
 
 
+def fdot(a, b) -> np.ndarray:
+    """Σ a_i·b_i in LANES lanes, then the tree: each product rounded, then fold_sum."""
+    return fold_sum(mul(a, b))
+
+
 def tree(lanes: np.ndarray) -> np.ndarray:
     """The balanced pairwise fold of the last axis (a power of two): adjacent pairs first."""
     while lanes.shape[-1] > 1:

@@ -105,8 +105,21 @@ def recip(x) -> np.ndarray:
     return canon(out)
 
 
+# ln1p(t) for t >= 0: u = 1 + t rounded; ln(u) + (t - (u - 1)) * recip(u). u - 1 is exact (u is
+# within a factor 2 of 1 or t dominates), so t - (u - 1) is the rounding's own error, exactly; the
+# profile never divides, so "/u" is the product with recip(u). +inf -> +inf, NaN -> NaN.
+def ln1p(t) -> np.ndarray:
+    """ln(1 + t) for t ≥ 0: ln u of u = 1 + t rounded, corrected by the rounding's own error
+    (t − (u − 1))/u, which is exact."""
+    t = _f(t)
+    u = add(F32(1), t)
+    err = sub(t, sub(u, F32(1)))
+    out = add(ln(u), mul(err, recip(u)))
+    return canon(np.where(np.isinf(t) & (t > 0), INF, out))
+
+
 # sigmoid(x) = recip(1 + exp(-x)); silu(x) = x * sigmoid(x) (so silu(-inf) is NaN: -inf * 0);
-# softplus(x) = x when x > 20, else ln(1 + exp(x)).
+# softplus(u) = u + exp(-u) when u > 16, else ln1p(exp(u)).
 def sigmoid(x) -> np.ndarray:
     return recip(add(F32(1), exp(-_f(x))))
 
@@ -116,9 +129,11 @@ def silu(x) -> np.ndarray:
     return mul(x, sigmoid(x))
 
 
-def softplus(x) -> np.ndarray:
-    x = _f(x)
-    return canon(np.where(x > F32(20), x, ln(add(F32(1), exp(x)))))
+def softplus(u) -> np.ndarray:
+    """ln(1 + e^u): u past 16 adds e^-u."""
+    u = _f(u)
+    big = u > F32(16)
+    return canon(np.where(big, add(u, exp(-u)), ln1p(exp(np.where(big, F32(0), u)))))
 
 
 # softmax over the last axis: mx = max (a NaN anywhere makes the row NaN); e = exp(x - mx);
@@ -143,15 +158,15 @@ def rmsnorm(x, w, eps: float) -> np.ndarray:
     return y if w is None else mul(y, w)
 
 
-# l2norm over the last axis: x * rsqrt(max(fold_sum(x * x), eps * eps)).
+# l2norm over the last axis: x * rsqrt(fold_sum(x * x) + eps).
 def l2norm(x, eps: float) -> np.ndarray:
+    """x / √(Σx² + ε)."""
     x = _f(x)
-    s = fold_sum(mul(x, x))
-    e2 = mul(F32(eps), F32(eps))
-    return mul(x, rsqrt(np.where(s > e2, s, e2))[..., None])
+    return mul(x, rsqrt(add(fold_sum(mul(x, x)), F32(eps)))[..., None])
 
 
-# argmax over the last axis: the first index of the largest non-NaN value; -1 if all are NaN.
+# argmax over the last axis: the first index of the largest non-NaN value (the two zeros equal);
+# 0 when there is none (every element NaN).
 def argmax(x) -> np.ndarray:
     x = _f(x)
     filled = np.where(np.isnan(x), -INF, x)
@@ -160,4 +175,26 @@ def argmax(x) -> np.ndarray:
     # a row of -inf and NaN: the first -inf that is not a NaN
     first_real = np.argmax(~np.isnan(x), axis=-1)
     idx = np.where(np.take_along_axis(filled, idx[..., None], -1)[..., 0] == -INF, first_real, idx)
-    return np.where(allnan, -1, idx)
+    return np.where(allnan, 0, idx)
+
+
+# hadamard over the last axis (a power of two): for h = 1, 2, 4, ..., len/2, each pair
+# (x[j], x[j+h]) of every 2h-block becomes (x[j] + x[j+h], x[j] - x[j+h]), in index order.
+def hadamard(x) -> np.ndarray:
+    """The Walsh–Hadamard transform of x in place, unnormalized: for each stride h from 1 doubling to
+    len/2, every pair (x[j], x[j+h]) of each 2h-block becomes (x[j] + x[j+h], x[j] − x[j+h]), in
+    index order. Applied twice it is len times the identity, so len a power of two makes the
+    inverse exact: the transform, then 2^-log2 len.
+
+    numpy arrays here: the transformed copy is returned."""
+    x = _f(x)
+    n = x.shape[-1]
+    if n & (n - 1):
+        raise ValueError(f"hadamard: length {n} is not a power of two")
+    h = 1
+    while h < n:
+        b = x.reshape(*x.shape[:-1], n // (2 * h), 2, h)
+        lo, hi = b[..., 0, :], b[..., 1, :]
+        x = np.stack([add(lo, hi), sub(lo, hi)], axis=-2).reshape(x.shape)
+        h *= 2
+    return x
