@@ -178,3 +178,18 @@ def test_hadamard_unnormalized_in_index_order_and_twice_is_n_times_identity():
     assert bits(funcs.hadamard(funcs.hadamard(ints))) == bits(ints * F32(64))
     with pytest.raises(ValueError, match="power of two"):
         funcs.hadamard(np.zeros(12, F32))
+
+
+def test_fmax_passes_nan_over_and_its_zero_is_plus_zero_in_any_order():
+    x = np.array([[NAN, -0.0, -5, 0.0], [-0.0, -0.0, NAN, -1], [NAN, NAN, NAN, NAN], [1, NAN, 3, 2]], F32)
+    assert bits(funcs.fmax(x)) == nbits(0, 0, -INF, 3)
+    rng = np.random.default_rng(5)
+    row = np.array([-0.0, 0.0, -0.0, NAN, -3, -0.0, NAN, -2] * 4, F32)
+    lanes = [bits(funcs.fmax(funcs.fmax(rng.permutation(row).reshape(8, 4)))) for _ in range(20)]
+    assert lanes == [bits(F32(0))] * 20
+    assert bits(funcs.fmax(np.zeros((1, 0), F32))) == nbits(-INF)
+
+
+def test_absmax_reads_a_denormal_as_zero_passes_nan_over_and_folds_from_plus_zero():
+    x = np.array([[-3, NAN, 2], [DEN, -DEN, NAN], [-0.0, -0.0, -0.0], [-INF, 1, NAN]], F32)
+    assert bits(funcs.absmax(x)) == nbits(3, 0, 0, INF)

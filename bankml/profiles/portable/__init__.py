@@ -19,12 +19,14 @@ from bankml.profiles.portable.arith import add as fadd
 from bankml.profiles.portable.arith import fold_sum as fsum
 from bankml.profiles.portable.arith import mul as fmul
 from bankml.profiles.portable.arith import sub as fsub
-from bankml.profiles.portable.funcs import (argmax, exp, hadamard, l2norm, ln, ln1p, recip, rmsnorm, rsqrt, sigmoid,
-                                            silu, softmax, softplus)
+from bankml.profiles.portable.arith import int_to_f32 as scaled_to_f32
+from bankml.profiles.portable.arith import scale2 as ldexp
+from bankml.profiles.portable.funcs import (absmax, argmax, exp, fmax, hadamard, l2norm, ln, ln1p, recip, rmsnorm,
+                                            rsqrt, sigmoid, silu, softmax, softplus)
 from bankml.profiles.portable.gdn import (Logged, conv, gdn_flush, gdn_fold, gdn_fold_trailing, gdn_read, gdn_row,
                                           gdn_update)
 from bankml.profiles.portable.quant import GROUP
 
-__all__ = ["LANES", "GROUP", "fadd", "fsub", "fmul", "fsum", "fdot", "tree", "exp", "ln", "ln1p", "recip", "rsqrt",
+__all__ = ["LANES", "GROUP", "fadd", "fsub", "fmul", "fsum", "fdot", "tree", "ldexp", "scaled_to_f32", "fmax", "absmax", "exp", "ln", "ln1p", "recip", "rsqrt",
            "sigmoid", "silu", "softplus", "softmax", "rmsnorm", "l2norm", "argmax", "hadamard", "Logged", "conv",
            "gdn_update", "gdn_row", "gdn_read", "gdn_flush", "gdn_fold", "gdn_fold_trailing"]

@@ -165,6 +165,22 @@ def l2norm(x, eps: float) -> np.ndarray:
     return mul(x, rsqrt(add(fold_sum(mul(x, x)), F32(eps)))[..., None])
 
 
+# fmax / absmax over the last axis: NaNs are passed over. fmax folds from -inf (an all-NaN or
+# empty row gives -inf) and a zero maximum is +0; absmax folds from +0 with denormals read as 0.
+def fmax(x) -> np.ndarray:
+    """The largest of x, folded from −∞; a NaN is passed over, and a largest value that is a zero is
+    +0 whichever zeros it was folded from, so lanes folding in any order agree."""
+    x = _f(x)
+    m = np.max(np.where(np.isnan(x), -INF, x), axis=-1, initial=-INF)
+    return canon(np.where(m == 0, F32(0), m))
+
+
+def absmax(x) -> np.ndarray:
+    """The largest magnitude in x, a denormal read as a zero, folded from +0; a NaN is passed over."""
+    a = np.abs(_f(x))
+    return canon(np.max(np.where(np.isnan(a), F32(0), a), axis=-1, initial=F32(0)))
+
+
 # argmax over the last axis: the first index of the largest non-NaN value (the two zeros equal);
 # 0 when there is none (every element NaN).
 def argmax(x) -> np.ndarray:
