@@ -27,6 +27,6 @@ from bankml.profiles.portable.gdn import (Logged, conv, gdn_flush, gdn_fold, gdn
                                           gdn_update)
 from bankml.profiles.portable.quant import GROUP
 
-__all__ = ["LANES", "GROUP", "fadd", "fsub", "fmul", "fsum", "fdot", "tree", "ldexp", "scaled_to_f32", "fmax", "absmax", "exp", "ln", "ln1p", "recip", "rsqrt",
-           "sigmoid", "silu", "softplus", "softmax", "rmsnorm", "l2norm", "argmax", "hadamard", "Logged", "conv",
+__all__ = ["LANES", "GROUP", "fadd", "fsub", "fmul", "fsum", "fdot", "tree", "ldexp", "scaled_to_f32", "fmax",
+           "absmax", "exp", "ln", "ln1p", "recip", "rsqrt", "sigmoid", "silu", "softplus", "softmax", "rmsnorm", "l2norm", "argmax", "hadamard", "Logged", "conv",
            "gdn_update", "gdn_row", "gdn_read", "gdn_flush", "gdn_fold", "gdn_fold_trailing"]

@@ -105,9 +105,10 @@ def recip(x) -> np.ndarray:
     return canon(out)
 
 
-# ln1p(t) for t >= 0: u = 1 + t rounded; ln(u) + (t - (u - 1)) * recip(u). u - 1 is exact (u is
-# within a factor 2 of 1 or t dominates), so t - (u - 1) is the rounding's own error, exactly; the
-# profile never divides, so "/u" is the product with recip(u). +inf -> +inf, NaN -> NaN.
+# ln1p(t) for t >= 0: u = 1 + t rounded; ln(u) + (t - (u - 1)) * recip(u). Below u = 2^24, u - 1
+# is exact and t - (u - 1) is the rounding's own error, exactly (above it the correction, under
+# 2^-23 of ln u, is not exact and does not matter); the profile never divides, so "/u" is the
+# product with recip(u). +inf -> +inf, NaN -> NaN.
 def ln1p(t) -> np.ndarray:
     """ln(1 + t) for t ≥ 0: ln u of u = 1 + t rounded, corrected by the rounding's own error
     (t − (u − 1))/u, which is exact."""

@@ -25,10 +25,6 @@ from bankml.profiles.portable.funcs import exp, silu
 Store = Callable[[np.ndarray], np.ndarray]
 
 
-def _f32(x) -> np.ndarray:
-    return canon(np.asarray(x, F32))
-
-
 def conv(ring, x, kernel) -> np.ndarray:
     """A Gated-DeltaNet block's causal convolution through SiLU, channel by channel: the ring's rows,
     oldest first, against the channel's first taps, then the token's row x against its last, the
@@ -36,7 +32,7 @@ def conv(ring, x, kernel) -> np.ndarray:
 
     ring [taps - 1, channels] (oldest first), x [channels], kernel [channels, taps] -> [channels].
     """
-    ring, x, kernel = _f32(ring), _f32(x), _f32(kernel)
+    ring, x, kernel = canon(ring), canon(x), canon(kernel)
     taps = kernel.shape[-1]
     if ring.shape[0] != taps - 1:
         raise ValueError(f"conv: a ring of {ring.shape[0]} rows for {taps} taps (needs {taps - 1})")
@@ -53,7 +49,7 @@ def gdn_update(row: np.ndarray, k, v, decay, beta, store: Store | None = None) -
 
     `row` (f32, updated in place) is the row, `v` its value element of the token; `store` rounds
     what is written (default: the f32 itself)."""
-    k = _f32(k)
+    k = canon(k)
     coef = mul(beta, sub(v, mul(decay, fdot(row, k))))
     new = add(mul(decay, row), mul(coef, k))
     row[...] = new if store is None else store(new)
@@ -66,14 +62,14 @@ def gdn_row(row: np.ndarray, k, q, v, decay, beta, kq, scale, store: Store | Non
     (decay·(row·q) + coef·(k·q))·scale of the row as it was. kq is the head's k·q.
 
     `row` is updated in place; returns the read-out."""
-    rq = fdot(row, _f32(q))
+    rq = fdot(row, canon(q))
     coef = gdn_update(row, k, v, decay, beta, store)
     return F32(mul(add(mul(decay, rq), mul(coef, kq)), scale))
 
 
 def gdn_read(row, y, carried, scale) -> np.float32:
     """A lazily flushed state row's read-out through its head's folded query: (row·y + carried)·scale."""
-    return F32(mul(add(fdot(_f32(row), _f32(y)), carried), scale))
+    return F32(mul(add(fdot(canon(row), canon(y)), carried), scale))
 
 
 @dataclass(frozen=True)
@@ -130,7 +126,7 @@ def gdn_fold_trailing(log: list[Logged], q, width: int, older: int):
 def _walk(log, q, width, stops):
     """Fold newest first; the (y, carried) reached when only the oldest `stop` tokens are left, for
     each of `stops` (descending)."""
-    y = _f32(q).copy()
+    y = canon(q)                    # a copy: canon always makes one
     carried = np.zeros(width, F32)
     out = []
     for i in range(len(log), -1, -1):
@@ -140,7 +136,8 @@ def _walk(log, q, width, stops):
         if i == 0:
             break
         tok = log[i - 1]
-        coef = mul(tok.beta, fdot(_f32(tok.key), y))
-        carried = add(carried, mul(coef, _f32(tok.values)[:width]))
-        y = mul(tok.decay, sub(y, mul(coef, _f32(tok.key))))
+        key = canon(tok.key)
+        coef = mul(tok.beta, fdot(key, y))
+        carried = add(carried, mul(coef, canon(tok.values)[:width]))
+        y = mul(tok.decay, sub(y, mul(coef, key)))
     return out
