@@ -22,7 +22,7 @@ attention, as b11434 does by default on the CPU) and a quantized type whose bloc
 divide the head size (llama_init_from_model). Other types (f32, bf16, q4_1, q5_0, q5_1,
 iq4_nl) are llama.cpp's but not reproduced by bankml: refused here.
 
-The portable profile stores its cache as "i8r" rows (profiles/portable/attention.quantize_rows):
+The portable profile stores its cache as "i8r" rows (profiles/portable/attention.cache_row):
 per cell and K/V head an f16 scale and head_dim int8 codes. cache_array gives the array of any
 of these types; the session allocates its caches with it from the graph's CACHE nodes (their
 dtype, their view's heads and head size, params["cells"]) and the llvm backend checks the

@@ -27,6 +27,7 @@ from bankml.arch.plan import plan as make_plan
 from bankml.ir.graph import Graph
 from bankml.passes.pipeline import run_passes
 from bankml.passes.variants import Variant, choose_variant, variants
+from bankml.profiles.portable import quant
 from bankml.quants import F32
 from bankml.quants.kv_cache import KvCacheTypes
 from bankml.runtime.options import ModelOptions
@@ -59,6 +60,9 @@ class Model:
         if o.profile == "portable" and (self.kv.quantized or not self.architecture.portable):
             raise BankmlError(f"profile 'portable' runs {' and '.join(registry.portable())} graphs with its own int8 "
                               f"cache (cache_type f16); not {self.arch} with a {self.cache_type} cache")
+        self._weights: dict[str, np.ndarray] = {}
+        if o.profile == "portable":
+            self._refuse_unreadable()
         self.gpu = o.gpu
         self.kv_size = -(-o.n_ctx // 256) * 256        # llama-context.cpp: n_ctx padded to 256
         # llama_kv_cache_iswa: the sliding-window layers' cache, full size (swa_full, as
@@ -75,7 +79,6 @@ class Model:
         self._ready: set[str] = set()               # variants the backend has prepared
         self._ready_for: dict[tuple, tuple[Graph, dict]] = {}   # run_ubatch's sizes -> (prepared graph, Dim values)
         self._prepare_lock = threading.RLock()      # graphs built and prepared once
-        self._weights: dict[str, np.ndarray] = {}
         from bankml.backends.spirv.device import for_setting
         self.device = for_setting(o.gpu)            # a ModelGpu (decode's Q1_0 matvecs), or None
         self.runner = open_backend(o.backend, self.weight, o.threads, self.device)
@@ -211,6 +214,17 @@ class Model:
                 w = raw.reshape(int(np.prod(t.shape[1:])), -1)
             self._weights[name] = w
         return w
+
+    def _refuse_unreadable(self) -> None:
+        """The portable profile reads no weight block with an infinite or NaN scale (the decode-
+        arithmetic document's Unreadable): refused here, naming the first, before any graph runs."""
+        for name, t in self.gguf.tensors.items():
+            if t.ggml_type != F32 and quant.reads(t.ggml_type):
+                try:
+                    quant.check_readable(self.weight(name), t.ggml_type)
+                except quant.Unreadable as e:
+                    raise BankmlError(f"{self.path.name}: tensor {name}, {e}: the portable profile cannot read "
+                                      f"it (docs/PORTABLE.md, Unreadable)") from None
 
     def session(self) -> "Session":
         from bankml.runtime.session import Session

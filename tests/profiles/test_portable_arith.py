@@ -106,3 +106,15 @@ def test_scale2_overflows_to_inf_and_flushes_below_the_least_normal():
     k = np.array([-126, -127, 128, 127])
     out = arith.scale2(y, k)
     assert bits(out).tolist() == [bits(TINY), 0, bits(F32(-np.inf)), bits(F32(2.0 ** 127))]
+
+
+def test_div_is_ieee_division_then_ftz():
+    """rmsnorm's Σx²/n: nearest even at f32's own precision (2^-149 below 2^-126), then flushed."""
+    from bankml.profiles.portable.arith import div
+    edge = np.float32(((1 << 24) - 1) * 2.0 ** -148)          # /4: the tie (2^24 - 1)·2^-150 -> 2^-126
+    below = np.nextafter(edge, np.float32(0))                 # /4: a denormal -> +0
+    got = div(np.array([edge, below, -edge, 6.0, 1.0, np.inf, np.nan, 1e-40], np.float32), np.float32(4))
+    want = np.array([2.0 ** -126, 0.0, -2.0 ** -126, 1.5, 0.25, np.inf, np.nan, 0.0], np.float32)
+    assert got.view(np.uint32).tolist()[:6] == want.view(np.uint32).tolist()[:6]
+    assert got.view(np.uint32)[6] == 0x7FC00000 and got.view(np.uint32)[7] == 0
+    assert np.signbit(div(np.float32(-1e-38), np.float32(3)))    # a flushed negative keeps its sign

@@ -106,6 +106,66 @@ def test_mul_mat_is_each_group_exact_rounded_once_groups_in_order(wtype, k):
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
 
 
+def test_wide_scale_is_the_least_m_2e_with_an_8_bit_m_over_every_significand():
+    c = np.arange(1 << 23, 1 << 24, dtype=np.int64)
+    amax = np.ldexp(c.astype(np.float64), -23).astype(F32)                # [1, 2)
+    m, e = quant.wide_scale(amax)
+    assert m.min() == 128 and m.max() == 255 and quant.WIDE_BITS == 8
+    s = np.ldexp(m.astype(np.float64), e)
+    assert np.all(127 * s >= amax)
+    prev = np.where(m == 128, 255 * np.ldexp(1.0, e - 1), (m - 1) * np.ldexp(1.0, e))
+    assert np.all(127 * prev < amax)
+    assert quant.wide_scale(np.array([0, 1e-30, 3e38], F32))[0].tolist()[0] == 0
+
+
+@pytest.mark.parametrize("block", [32, 64, 128, 256])
+def test_quantize_blocks_codes_are_the_nearest_integers_of_x_over_the_wide_scale(block):
+    rng = np.random.default_rng(block)
+    x = (rng.standard_normal((3, 512)) * np.exp2(rng.integers(-40, 40, (3, 512 // block)).repeat(block, 1))).astype(F32)
+    x[1, 5] = np.nan
+    x[2, :block] = 0
+    a = quant.quantize_blocks(x, block)
+    assert a.m.shape == (3, 512 // block) and a.bad[1, 0] and not a.bad[0].any()
+    assert a.m[2, 0] == 0 and not a.q[2, :block].any()
+    for t, j in [(0, 0), (0, 512 // block - 1), (2, 1)]:
+        s = Fraction(int(a.m[t, j])) * Fraction(2) ** int(a.e[t, j])
+        for i in range(j * block, (j + 1) * block):
+            v = Fraction(float(x[t, i])) / s
+            n = round(v)                                                # Python rounds ties to even
+            assert int(a.q[t, i]) == max(-127, min(127, n))
+    s = 200 * 2.0 ** -8                                                 # ties: amax = 127 s
+    y = np.zeros((1, 32), F32)
+    y[0, :5] = np.array([127, 2.5, 3.5, -2.5, -0.5]) * s
+    assert quant.quantize_blocks(y, 32).q[0, :5].tolist() == [127, 2, 4, -2, 0]
+
+
+@pytest.mark.parametrize("wtype", [Q8_0, Q4_1, Q1_0, Q2_0], ids=lambda t: WEIGHT_TYPES[t].name)
+def test_per_block_dot_is_each_weight_block_exact_rounded_once_blocks_in_order(wtype):
+    k = 512
+    rng = np.random.default_rng(wtype)
+    raw = _random_raw(wtype, 4, k, rng)
+    block = WEIGHT_TYPES[wtype].block
+    x = (rng.standard_normal((2, k)) * np.exp2(rng.integers(-30, 30, (2, k // 32)).repeat(32, axis=1))).astype(F32)
+    got = quant.dot(raw, wtype, x, quant.ActScaling.PER_BLOCK)
+    a = quant.quantize_blocks(x, block)
+    w = _exact_weights(raw, wtype, k)
+    want = np.zeros((2, 4), F32)
+    for t in range(2):
+        act = [Fraction(int(a.q[t, i])) * int(a.m[t, i // block]) * Fraction(2) ** int(a.e[t, i // block])
+               for i in range(k)]
+        for r in range(4):
+            acc = None
+            for b0 in range(0, k, block):
+                part = to_f32(sum(w[r][i] * act[i] for i in range(b0, b0 + block)))
+                acc = part if acc is None else F32(arith.add(acc, part))
+            want[t, r] = acc
+    assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
+    assert np.array_equal(quant.dot(raw, wtype, x).view(np.uint32),
+                          quant.mul_mat(raw, wtype, quant.quantize_act(x)).view(np.uint32))
+    with pytest.raises(ValueError, match="F16"):
+        quant.dot(_random_raw(F16, 2, 64, rng), F16, x[:, :64], quant.ActScaling.PER_BLOCK)
+
+
 @pytest.mark.parametrize("wtype", [F16, Q8_0, Q4_1, Q1_0, Q2_0], ids=lambda t: WEIGHT_TYPES[t].name)
 def test_get_rows_is_each_weight_rounded_once(wtype):
     k = 256

@@ -41,7 +41,7 @@ def test_cache_rows_hold_an_f16_scale_and_codes_within_127():
     rng = np.random.default_rng(1)
     x = rng.standard_normal((10, 2, 64)).astype(F32) * 3
     x[0, 0] = 0
-    rows = attention.quantize_rows(x)
+    rows = attention.cache_row(x)
     assert rows["d"][0, 0] == 0 and not rows["qs"][0, 0].any()
     amax = np.abs(x).max(-1)
     assert np.array_equal(rows["d"], (amax * F32(1 / 127)).astype(F32).astype(np.float16))
@@ -50,11 +50,69 @@ def test_cache_rows_hold_an_f16_scale_and_codes_within_127():
     assert np.all(err <= rows["d"].astype(np.float64) * 0.5 * 1.01 + 1e-30)
 
 
+def test_int8_codes_round_ties_to_even_clamp_and_zero_a_nan_product_or_an_infinite_inverse():
+    x = np.array([2.5, 3.5, -2.5, -0.5, 0.5, 1.5, 200.0, -1e30, np.inf, -np.inf, np.nan, 1e-40], F32)
+    want = [2, 4, -2, 0, 0, 2, 127, -127, 127, -127, 0, 0]
+    assert attention.int8_codes(x, F32(1)).tolist() == want
+    assert attention.int8_codes(x, F32(0)).tolist() == [0] * 10 + [0, 0]      # inf * 0: a NaN product
+    assert not attention.int8_codes(x, F32(np.inf)).any()
+    assert not attention.int8_codes(x, F32(-np.inf)).any()
+
+
+def test_cache_row_codes_are_the_product_with_the_reciprocal_not_a_quotient():
+    """x = s·(k + 1/2) exactly: a quotient is the tie, rounded to even; the document multiplies by
+    recip(s), whose rounding lands either side of the tie: the codes must follow the product."""
+    from bankml.profiles.portable.funcs import recip
+    s = (np.arange(1, 3000, dtype=np.float32) * F32(0.013)).astype(np.float16).astype(F32)
+    s = np.unique(s)
+    k = np.arange(0, 126, dtype=np.float32)
+    x = (s[:, None] * (k[None] + F32(0.5))).astype(F32)
+    exact = x.astype(np.float64) == s[:, None].astype(np.float64) * (k[None] + 0.5)
+    by_quotient = np.rint(x.astype(np.float64) / s[:, None])
+    by_product = attention.int8_codes(x, recip(s)[:, None])
+    assert np.any(exact & (by_quotient != by_product))                 # the two readings differ here
+    row = np.zeros((1, 128), F32)
+    i, j = np.argwhere(exact & (by_quotient != by_product))[0]
+    row[0, 0], row[0, 1] = s[i] * F32(127), x[i, j]                       # amax 127·s: scale s exactly
+    r = attention.cache_row(row)
+    assert r["d"][0].astype(F32) == s[i] and r["qs"][0, 1] == by_product[i, j] != by_quotient[i, j]
+
+
+def test_cache_row_passes_a_nan_over_and_zeroes_rows_whose_scale_rounds_to_zero_or_overflows():
+    x = np.array([[1.0, np.nan, -127.0, 64.0], [1e-9, -2e-9, 0, 0], [1.0, np.inf, 2.0, 0], [1e8, 1, 2, 3]], F32)
+    r = attention.cache_row(x)
+    assert r["d"][0] == np.float16(1) and r["qs"][0].tolist() == [1, 0, -127, 64]
+    assert r["d"][1] == 0 and not r["qs"][1].any()                          # f16(amax/127) is 0
+    assert np.isinf(r["d"][2]) and not r["qs"][2].any()                     # recip(inf) = 0: x·0
+    assert np.isinf(r["d"][3]) and not r["qs"][3].any()                     # past f16's top
+
+
+@pytest.mark.parametrize("n", [1, 7, 8, 41])
+def test_attend_vector_is_scores_softmax_and_value_dots_lanes_by_position(n):
+    """attend_vector written out step by step: score_j = fdot(q, k_j)·scale (lanes by element),
+    p = softmax, out_d = Σ_j p_j·v_jd with position j in lane j mod 8, from -0, then the tree."""
+    from bankml.profiles.portable import arith, funcs
+    rng = np.random.default_rng(n)
+    D = 64
+    q, k, v = (rng.standard_normal(s).astype(F32) for s in ((D,), (n, D), (n, D)))
+    got = attention.attend_vector(q, k, v, 0.125)
+    s = np.array([arith.mul(arith.fdot(k[j], q), F32(0.125)) for j in range(n)], F32)
+    p = funcs.softmax(s)
+    lanes = np.full((8, D), -0.0, F32)
+    for j in range(n):
+        lanes[j % 8] = add(lanes[j % 8], mul(p[j], v[j]))
+    want = arith.tree(np.swapaxes(lanes, 0, 1))
+    assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+    e = np.exp(s.astype(np.float64) - s.max())
+    ref = (e / e.sum()) @ v.astype(np.float64)
+    assert np.abs(got - ref).max() < 1e-5
+
+
 def _setup(M=3, H=4, Hkv=2, D=64, n_kv=256, seed=0):
     rng = np.random.default_rng(seed)
     q = rng.standard_normal((M, H, D)).astype(F32)
-    k = attention.quantize_rows(rng.standard_normal((n_kv, Hkv, D)).astype(F32))
-    v = attention.quantize_rows(rng.standard_normal((n_kv, Hkv, D)).astype(F32))
+    k = attention.cache_row(rng.standard_normal((n_kv, Hkv, D)).astype(F32))
+    v = attention.cache_row(rng.standard_normal((n_kv, Hkv, D)).astype(F32))
     used = 40
     mask = np.where(np.arange(n_kv)[None] <= np.arange(used - M, used)[:, None], 0, -np.inf).astype(np.float16)
     return q, k, v, mask

@@ -58,3 +58,32 @@ def test_decodes_across_256_and_512_cells_equal_one_prefills_rows():
         rows += [s.prefill(toks[260:510], outputs="last")] + [s.decode(t)[None] for t in toks[510:]]
         want = np.concatenate([full[251:260], full[509:]])
         assert np.array_equal(want.view(np.uint32), np.concatenate(rows).view(np.uint32))
+
+
+@pytest.mark.parametrize("name,tensor,row,block,value", [
+    ("qwen3-small-q1_0", "blk.1.ffn_up.weight", 2, 3, 0x7E00),        # a NaN scale
+    ("qwen3-small-q2_0", "blk.0.attn_q.weight", 5, 0, 0xFC00),        # a -inf scale
+    ("qwen3-small-f16", "blk.3.ffn_down.weight", 7, 11, 0x7C00),      # an infinite f16 weight
+])
+def test_a_weight_block_with_an_infinite_or_nan_scale_is_refused_by_the_portable_profile(
+        tmp_path, name, tensor, row, block, value):
+    """The decode-arithmetic document's Unreadable: refused at load, in one line naming the tensor,
+    row and block; the ggml profile (llama.cpp reads such a file) still loads it."""
+    import shutil
+    from bankml.errors import BankmlError
+    from bankml.gguf import read_gguf
+    from bankml.quants import WEIGHT_TYPES
+    src, bad = models.path(name), tmp_path / "bad.gguf"
+    shutil.copy(src, bad)
+    t = read_gguf(src).tensors[tensor]
+    row_bytes = t.nbytes // int(np.prod(t.shape[1:]))
+    block_bytes = WEIGHT_TYPES[t.ggml_type].block_bytes
+    with open(bad, "r+b") as f:
+        f.seek(t.offset + row * row_bytes + block * block_bytes)
+        f.write(int(value).to_bytes(2, "little"))
+    unit = "element" if name.endswith("f16") else "block"
+    with pytest.raises(BankmlError, match=rf"^bad.gguf: tensor {tensor}, row {row}, {unit} {block}: an infinite or "
+                                          r"NaN (scale|f16 weight): the portable profile cannot read it") as e:
+        bankml.load(bad, backend="reference", profile="portable", n_ctx=256)
+    assert "\n" not in str(e.value)
+    bankml.load(bad, backend="reference", n_ctx=256).close()

@@ -70,7 +70,7 @@ def _rope(env, g, n, x, pos):
 
 @lowers(Op.SET_ROWS, order=po.SET_ROWS, profile="portable")
 def _set_rows(env, g, n, cache, values, pos):
-    cache[pos] = attention.quantize_rows(values)
+    cache[pos] = attention.cache_row(values)
     return cache[: n.shape[0]]
 
 

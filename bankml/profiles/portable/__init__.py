@@ -7,9 +7,10 @@ conformance table against the decode-arithmetic document, ../shared/specs/decode
   funcs.py      exp, ln, ln1p, rsqrt, recip, sigmoid, silu, softplus, softmax, rmsnorm, l2norm,
                 argmax, hadamard
   gdn.py        Gated-DeltaNet: conv, gdn_update, gdn_row, gdn_read, gdn_flush, gdn_fold(_trailing), Logged
-  quant.py      activation blocks (m*2^e scales), weight types as integers, the exact group dot
+  quant.py      activation blocks (m*2^e scales: Sub32 and PerBlock), weight types as integers
+                (reads, Unreadable), the exact group dot and the per-block dot
   rope.py       the rotation table (angles in turns, exact) and the rotation
-  attention.py  the int8 K/V cache with f16 row scales and the attention over it
+  attention.py  the int8 K/V cache (int8_codes, cache_row) and the attention over it
   orders.py     the profile's float orders as IR data
 
 The document's names are importable from here where bankml has them (fadd is arith.add, ...).
@@ -25,8 +26,15 @@ from bankml.profiles.portable.funcs import (absmax, argmax, exp, fmax, hadamard,
                                             rsqrt, sigmoid, silu, softmax, softplus)
 from bankml.profiles.portable.gdn import (Logged, conv, gdn_flush, gdn_fold, gdn_fold_trailing, gdn_read, gdn_row,
                                           gdn_update)
-from bankml.profiles.portable.quant import GROUP
+from bankml.profiles.portable.attention import attend_vector, cache_row, int8_codes
+from bankml.profiles.portable.quant import (GROUP, WIDE_BITS, ActScaling, Unreadable, dot, quantize_blocks, reads,
+                                            wide_scale)
+from bankml.profiles.portable.quant import QK as ACT_BLOCK
+from bankml.profiles.portable.quant import act_scale as block_scale
+from bankml.profiles.portable.quant import quantize_act as quantize
 
 __all__ = ["LANES", "GROUP", "fadd", "fsub", "fmul", "fsum", "fdot", "tree", "ldexp", "scaled_to_f32", "fmax",
            "absmax", "exp", "ln", "ln1p", "recip", "rsqrt", "sigmoid", "silu", "softplus", "softmax", "rmsnorm", "l2norm", "argmax", "hadamard", "Logged", "conv",
-           "gdn_update", "gdn_row", "gdn_read", "gdn_flush", "gdn_fold", "gdn_fold_trailing"]
+           "gdn_update", "gdn_row", "gdn_read", "gdn_flush", "gdn_fold", "gdn_fold_trailing", "int8_codes",
+           "cache_row", "attend_vector", "reads", "Unreadable", "ACT_BLOCK", "WIDE_BITS", "ActScaling", "block_scale",
+           "wide_scale", "quantize", "quantize_blocks", "dot"]

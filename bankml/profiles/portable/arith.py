@@ -50,6 +50,13 @@ def mul(a, b) -> np.ndarray:
         return canon(np.multiply(canon(a), canon(b), dtype=F32))
 
 
+def div(a, b) -> np.ndarray:
+    """a / b as the document's f32 arithmetic divides (IEEE, nearest even, operands and result
+    flushed): only rmsnorm's Σx²/n divides."""
+    with np.errstate(all="ignore"):
+        return canon(np.divide(canon(a), canon(b), dtype=F32))
+
+
 def fold_sum(x, axis: int = -1) -> np.ndarray:
     """Σx over an axis: LANES lanes (element i in lane i mod LANES, index order, from -0.0),
     then the balanced tree over the lanes."""

@@ -1,8 +1,9 @@
 """The int8 K/V cache and the attention of the portable profile.
 
-Cache: one row per (cell, K/V head) of D values: an f16 scale s = f16(r(absmax * r(1/127)))
-and D int8 codes, the nearest integer of x / s (ties to even, within +-127; all 0 when s is
-0 or not finite). `CACHE_DTYPE` is one such row.
+Cache: one row per (cell, K/V head) of D values (cache_row): an f16 scale
+s = f16(r(absmax * r(1/127))) (absmax passes a NaN over) and D int8 codes under inv = recip(s)
+(int8_codes: the nearest integer of r(x * inv), ties to even, within +-127, a NaN product 0;
+every code 0 when inv is infinite, i.e. s rounded to 0). `cache_dtype(D)` is one such row.
 
 Attention of query rows q [M, H, D] over n_kv cells (head h reads K/V head h // (H/Hkv)):
   1. q is quantized in blocks of 32 (quant.quantize_act);
@@ -20,8 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from bankml.profiles.portable.arith import F32, add, canon, fields, int_to_f32, mul, round_exact
-from bankml.profiles.portable.funcs import softmax
+from bankml.profiles.portable.arith import F32, add, canon, fdot, fields, int_to_f32, mul, round_exact
+from bankml.profiles.portable.funcs import absmax, recip, softmax
 from bankml.profiles.portable.quant import QK, f16_parts, quantize_act
 from bankml.profiles.portable.tables import constants
 from bankml.quants.kv_cache import i8_row
@@ -32,20 +33,36 @@ def cache_dtype(d: int) -> np.dtype:
     return i8_row(d)
 
 
-def quantize_rows(x: np.ndarray) -> np.ndarray:
-    """x f32 [..., D] -> cache rows [...] of cache_dtype(D)."""
+def int8_codes(x, inv) -> np.ndarray:
+    """The int8 codes of x under the inverse scale inv: each x·inv to the nearest integer, ties to
+    even, within ±127, a NaN product zero; every code zero when inv is infinite, the reciprocal of a
+    scale that rounded to zero. (inv broadcasts against x.)"""
+    p = mul(x, inv)
+    q = np.where(np.isnan(p), F32(0), np.clip(np.rint(p), -127, 127))
+    return np.where(np.isinf(inv), F32(0), q).astype(np.int8)
+
+
+def cache_row(x: np.ndarray) -> np.ndarray:
+    """A cache row stored as int8 codes under one f16 scale amax/127 (absmax): the scale's bits and
+    the codes under its reciprocal (int8_codes), all zero when the scale rounds to zero.
+    x f32 [..., D] -> rows [...] of cache_dtype(D); amax/127 is r(absmax · INV_127), then f16."""
     x = canon(x)
-    with np.errstate(invalid="ignore"):
-        amax = np.max(np.abs(x), axis=-1)
-    s = mul(amax, constants()["INV_127"]).astype(np.float16)        # f32 -> f16, nearest even
-    s32 = s.astype(np.float64)
-    ok = np.isfinite(s32) & (s32 != 0)
-    with np.errstate(all="ignore"):
-        y = x.astype(np.float64) / np.where(ok, s32, 1)[..., None]    # one f64 division: rint exact
-    q = np.where(ok[..., None] & np.isfinite(y), np.clip(np.rint(np.nan_to_num(y)), -127, 127), 0)
+    with np.errstate(over="ignore"):
+        s = mul(absmax(x), constants()["INV_127"]).astype(np.float16)   # f32 -> f16, nearest even (inf past 65504)
     out = np.empty(x.shape[:-1], cache_dtype(x.shape[-1]))
-    out["d"], out["qs"] = s, q.astype(np.int8)
+    out["d"], out["qs"] = s, int8_codes(x, recip(s.astype(F32))[..., None])
     return out
+
+
+def attend_vector(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
+    """One query head's attention over its cached rows on the vector units: each position's score
+    the head's dot with the key times scale, the softmax of the scores, and each value element the
+    probabilities' dot (fdot, lanes by position) with that element across the positions.
+    q f32 [D]; k, v f32 [n, D] (the cached rows); -> f32 [D]. Not yet a graph op: the profile's
+    graphs keep the int8 cache."""
+    s = mul(fdot(k, q), F32(scale))                                   # [n]: lanes by element
+    p = softmax(s)
+    return fdot(np.swapaxes(v, 0, 1), p)                              # [D]: lanes by position
 
 
 def dequantize_rows(rows: np.ndarray) -> np.ndarray:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from bankml.profiles.portable.arith import F32, add, canon, fields, fold_sum, mul, scale2, sub
+from bankml.profiles.portable.arith import F32, add, canon, div, fields, fold_sum, mul, scale2, sub
 from bankml.profiles.portable.tables import LN_HI, constants, exp_table, ln_tables, recip_table, rsqrt_table
 
 NAN, INF = F32(np.nan), F32(np.inf)
@@ -66,9 +66,13 @@ def ln(x) -> np.ndarray:
 
 
 # rsqrt: NaN or x < 0 -> NaN; +0 -> +inf; -0 -> -inf; +inf -> +0.
-# x = m * 4^j with m in [1, 4); y0 = seed[parity, top 5 fraction bits];
-# twice y = y * (1.5 - 0.5 * ((y * y) * m)); result y * 2^-j.
+# x = m * 4^j with m in [1, 4); y0 = seed[parity, top 6 fraction bits];
+# twice y = y * (1.5 - 0.5 * ((m * y) * y)); result y * 2^-j. m*y, (m*y)*y and every step
+# stay near 1 (m in [1, 4), y in (0.5, 1]), so nothing flushes whatever x's binade.
 def rsqrt(x) -> np.ndarray:
+    """1/√x for x ≥ 0: the seed from the exponent's parity and the top six mantissa bits, then two
+    Newton steps y·(1.5 − ½·((x·y)·y)), every intermediate near 1 so none flushes at the ends of
+    the range (x here the reduced m of x = m·4^j)."""
     x = _f(x)
     _, e, frac = fields(x)
     k = e - 127
@@ -76,9 +80,9 @@ def rsqrt(x) -> np.ndarray:
     j = (k - odd) >> 1
     m = ((frac | 0x800000).astype(F32) * F32(2.0 ** -23)).astype(F32)
     m = np.where(odd == 1, m * F32(2), m).astype(F32)        # exact
-    y = rsqrt_table()[np.clip(odd * 32 + (frac >> 18), 0, 63)]
+    y = rsqrt_table()[np.clip(odd * 64 + (frac >> 17), 0, 127)]
     for _ in range(2):
-        y = mul(y, sub(F32(1.5), mul(F32(0.5), mul(mul(y, y), m))))
+        y = mul(y, sub(F32(1.5), mul(F32(0.5), mul(mul(m, y), y))))
     out = scale2(y, -j)
     out = np.where(x == 0, np.copysign(INF, x), out)
     out = np.where(np.isinf(x) & (x > 0), F32(0), out)
@@ -87,14 +91,16 @@ def rsqrt(x) -> np.ndarray:
 
 
 # recip: NaN -> NaN; +-0 -> +-inf; +-inf -> +-0.
-# |x| = m * 2^k with m in [1, 2); y0 = seed[top 6 fraction bits]; twice y = y * (2 - m * y);
+# |x| = m * 2^k with m in [1, 2); y0 = seed[top 7 fraction bits]; twice y = y * (2 - m * y);
 # result +-y * 2^-k, flushed below 2^-126.
 def recip(x) -> np.ndarray:
+    """1/x: the seed from the top seven mantissa bits, then two Newton steps y·(2 − x·y) (x here the
+    reduced m of |x| = m·2^k)."""
     x = _f(x)
     s, e, frac = fields(x)
     k = e - 127
     m = ((frac | 0x800000).astype(F32) * F32(2.0 ** -23)).astype(F32)
-    y = recip_table()[frac >> 17]
+    y = recip_table()[frac >> 16]
     for _ in range(2):
         y = mul(y, sub(F32(2), mul(m, y)))
     out = scale2(y, -k)
@@ -149,12 +155,11 @@ def softmax(x) -> np.ndarray:
     return canon(np.where(np.isnan(mx), NAN, y))
 
 
-# rmsnorm over the last axis: s = fold_sum(x * x); v = s * r(1/n) + eps; y = (x * rsqrt(v)) * w
-# (1/n is rounded to f32 once; the profile never divides).
+# rmsnorm over the last axis: s = fold_sum(x * x); v = s / n + eps; y = (x * rsqrt(v)) * w.
 def rmsnorm(x, w, eps: float) -> np.ndarray:
+    """RMSNorm: x_i · rsqrt(Σx²/n + ε) · w_i, the product in that order."""
     x = _f(x)
-    inv_n = F32(1.0 / x.shape[-1])            # correctly rounded: f64 1/n is exact enough to round once
-    v = add(mul(fold_sum(mul(x, x)), inv_n), F32(eps))
+    v = add(div(fold_sum(mul(x, x)), F32(x.shape[-1])), F32(eps))
     y = mul(x, rsqrt(v)[..., None])
     return y if w is None else mul(y, w)
 

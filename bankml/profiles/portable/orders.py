@@ -13,7 +13,7 @@ from bankml.quants import kv_cache
 
 PROFILE = "portable"
 ACT_TYPE = "pq8"          # activation blocks of 32 codes at m*2^e scales (quant.quantize_act)
-CACHE_TYPE = kv_cache.I8_ROWS  # K/V cache rows: int8 codes and one f16 scale (attention.quantize_rows)
+CACHE_TYPE = kv_cache.I8_ROWS  # K/V cache rows: int8 codes and one f16 scale (attention.cache_row)
 
 # quant.quantize_act: per 32, m*2^e with m in 8..15, codes rint(x / scale) within +-127
 QUANTIZE = FloatOrder("portable.quantize_act")
@@ -21,7 +21,7 @@ QUANTIZE = FloatOrder("portable.quantize_act")
 MUL_MAT = FloatOrder("portable.group_dot", fold="exact256")
 # quant.get_rows: each weight's exact value rounded once
 GET_ROWS = FloatOrder("portable.get_rows")
-# funcs.rmsnorm: (x * rsqrt(fold_sum(x*x) * r(1/n) + eps)) * w
+# funcs.rmsnorm: (x * rsqrt(fold_sum(x*x) / n + eps)) * w
 RMS_NORM = FloatOrder("portable.rmsnorm", lanes=8, fold="tree8")
 # arith.add / arith.mul: one rounding, flush to zero
 ELEMENTWISE = FloatOrder("portable.f32")
@@ -29,7 +29,7 @@ ELEMENTWISE = FloatOrder("portable.f32")
 ROPE = FloatOrder("portable.rope_table")
 # funcs.silu(gate) * up, silu(x) = x * recip(1 + exp(-x))
 SWIGLU = FloatOrder("portable.swiglu", expf="portable")
-# attention.quantize_rows: int8 codes, f16 row scale absmax/127
+# attention.cache_row: int8 codes, f16 row scale absmax/127
 SET_ROWS = FloatOrder("portable.set_rows_i8", f16_at=("row_scale",))
 # attention.attention: exact scores, softmax (tree8 sum, one recip), 8-bit V weights per 32 cells
 FLASH_ATTN = FloatOrder("portable.attention_i8", lanes=8, fold="tree8", expf="portable")

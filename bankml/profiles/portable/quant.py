@@ -17,16 +17,24 @@ gives the same bits: this is what lets every backend compute it its own way.
 """
 from __future__ import annotations
 
+import enum
 from typing import NamedTuple
 
 import numpy as np
 
 from bankml.profiles.portable.arith import F32, add, canon, fields, round_exact
-from bankml.quants import F16, Q1_0, Q2_0, Q4_1, Q8_0, WEIGHT_TYPES
+from bankml.quants import F16, Q1_0, Q2_0, Q4_1, Q8_0, WEIGHT_TYPES, q1_0, q2_0, q4_1, q8_0
 
-QK = 32                     # activation block
+QK = 32                     # activation block (the document's ACT_BLOCK)
 GROUP = 256                 # elements summed exactly before one rounding
-_D = 127 << 13              # 127 * 2^13: m = ceil(C / _D) for the 24-bit significand C of absmax
+SUB_BITS = 4                # ActScaling Sub32: m in 8..15
+WIDE_BITS = 8               # ActScaling PerBlock: m in 128..255 (the document: "an 8-bit significand")
+
+
+class ActScaling(enum.Enum):
+    """How an activation row is scaled, and so how a matrix row's dot with it rounds."""
+    SUB32 = "Sub32"             # blocks of 32, m in 8..15; groups of 256 exact, rounded once, added in order
+    PER_BLOCK = "PerBlock"      # the weight's own blocks, m in 128..255; each block rounded once, added in order
 
 
 class ActBlocks(NamedTuple):
@@ -41,29 +49,58 @@ class ActBlocks(NamedTuple):
         return np.ldexp(self.m.astype(np.float64), self.e).astype(F32)
 
 
-def act_scale(amax: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(m, e) of the least m * 2^e, m in 8..15, with 127 * m * 2^e >= amax (finite, >= 0)."""
+def _least_scale(amax: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """(m, e) of the least m * 2^e, m in 2^(bits-1)..2^bits - 1, with 127 * m * 2^e >= amax (finite,
+    >= 0; (0, 0) for 0). With C the 24-bit significand of amax = C * 2^(p-23): m = ceil(C / (127 *
+    2^k)) at e = p - 6 - bits, k = 17 - bits (just above 2^(bits-1) up to just above 2^bits), or,
+    past 2^bits - 1, half of it rounded up at e + 1."""
     _, b, frac = fields(amax)
     c, p = frac | 0x800000, b - 127
-    m1 = (c + _D - 1) // _D                                     # 9..17 at e = p - 10
-    m2 = (c + 2 * _D - 1) // (2 * _D)                           # 8..9 at e = p - 9
-    small = m1 <= 15
+    d = 127 << (17 - bits)
+    m1 = (c + d - 1) // d
+    m2 = (c + 2 * d - 1) // (2 * d)
+    small = m1 <= (1 << bits) - 1
     m = np.where(small, m1, m2)
-    e = np.where(small, p - 10, p - 9)
+    e = np.where(small, p - 6 - bits, p - 5 - bits)
     zero = amax == 0
     return np.where(zero, 0, m), np.where(zero, 0, e)
 
 
+def act_scale(amax: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """block_scale: the least scale m·2^e (m in 8..15) with 127·m·2^e ≥ amax, for a finite
+    positive amax ((0, 0) for 0)."""
+    return _least_scale(amax, SUB_BITS)
+
+
+def wide_scale(amax: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The least scale m·2^e (m in 128..255) with 127·m·2^e ≥ amax, for a finite positive amax
+    ((0, 0) for 0)."""
+    return _least_scale(amax, WIDE_BITS)
+
+
 def quantize_act(x: np.ndarray) -> ActBlocks:
-    """x f32 [..., K] (K a multiple of 32) into blocks of 32 codes at m * 2^e scales."""
+    """quantize: x (a whole number of groups) quantized per block of ACT_BLOCK (Sub32 scales)."""
+    return _quantize(x, QK, act_scale)
+
+
+def quantize_blocks(x: np.ndarray, block: int) -> ActBlocks:
+    """x (a whole number of blocks) quantized per weight block of block elements (PerBlock:
+    wide_scale). m and e are per block of `block`."""
+    return _quantize(x, block, wide_scale)
+
+
+def _quantize(x: np.ndarray, block: int, scale) -> ActBlocks:
+    """x f32 [..., K] (K a multiple of block) into blocks of codes at m * 2^e scales."""
     x = canon(x)
-    xb = x.reshape(*x.shape[:-1], -1, QK)
+    xb = x.reshape(*x.shape[:-1], -1, block)
     with np.errstate(invalid="ignore"):
         bad = ~np.all(np.isfinite(xb), axis=-1)
         amax = np.where(bad, F32(0), np.max(np.abs(np.where(np.isfinite(xb), xb, F32(0))), axis=-1)).astype(F32)
-    m, e = act_scale(amax)
+    m, e = scale(amax)
     # x / (m 2^e): x * 2^-e is exact in f64 and one f64 division rounds the quotient so closely
-    # that rint (ties to even) gives the nearest integer of the exact quotient.
+    # that rint (ties to even) gives the nearest integer of the exact quotient (|x·2^-e| < 2^15
+    # has a granularity of 2^-8 or finer, so a quotient that is not a tie lies at least
+    # 2^-8/255 from one, far beyond f64's error there).
     with np.errstate(all="ignore"):
         y = np.ldexp(xb.astype(np.float64), -e[..., None]) / np.where(m == 0, 1, m)[..., None]
     q = np.clip(np.rint(np.where(np.isfinite(y), y, 0)), -127, 127).astype(np.int8)
@@ -79,6 +116,42 @@ def f16_parts(h: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     sig = np.where(e5 == 0, m10, m10 | 1024)
     exp = np.where(e5 == 0, -24, e5 - 25)
     return np.where(s == 1, -sig, sig), exp, e5 == 31
+
+
+class Unreadable(ValueError):
+    """A block a format stores that the engine cannot read: an infinite or NaN scale. (An F16
+    weight is its own scale.) Raised for the first such block of a weight: its row and block
+    (an F16 weight's element)."""
+
+    def __init__(self, row: int, block: int, what: str, unit: str = "block"):
+        super().__init__(f"row {row}, {unit} {block}: {what}")
+        self.row, self.block = row, block
+
+
+_SCALED = {Q8_0: q8_0.DTYPE, Q4_1: q4_1.DTYPE, Q1_0: q1_0.DTYPE, Q2_0: q2_0.DTYPE}
+
+
+def reads(wtype: int) -> bool:
+    """Whether the engine's array reads matrices of ty (the weight types with an integer form)."""
+    return wtype == F16 or wtype in _SCALED
+
+
+def check_readable(raw: np.ndarray, wtype: int) -> None:
+    """Raise Unreadable for the first block of a weight (uint8 [rows, row_bytes]) whose scale (or
+    Q4_1's min; an F16 element) is infinite or NaN; one pass over the scales' bytes only."""
+    if wtype == F16:
+        h = np.ascontiguousarray(raw).view(np.uint16)
+        bad, what, unit = (h & 0x7C00) == 0x7C00, "an infinite or NaN f16 weight", "element"
+    else:
+        dt = _SCALED[wtype]
+        b = np.ascontiguousarray(raw).view(dt)
+        bad = (b["d"].view(np.uint16) & 0x7C00) == 0x7C00
+        if "m" in dt.names:
+            bad = bad | ((b["m"].view(np.uint16) & 0x7C00) == 0x7C00)
+        what, unit = "an infinite or NaN scale", "block"
+    if bad.any():
+        r, j = np.argwhere(bad)[0]
+        raise Unreadable(int(r), int(j), what, unit)
 
 
 class WeightInts(NamedTuple):
@@ -152,6 +225,37 @@ def group_dot(w: WeightInts, a: ActBlocks) -> np.ndarray:
         r = np.where(bad, F32(np.nan), r).astype(F32)
         y = r if y is None else add(y, r)
     return canon(y)
+
+
+def block_dot(raw: np.ndarray, wtype: int, a: ActBlocks) -> np.ndarray:
+    """The PerBlock dot, y [T, rows]: each weight block's terms (its scale times the block's
+    integer sum; Q4_1's min times the codes' sum) summed exactly and rounded to f32 once, the
+    blocks' pieces added in order. a: quantize_blocks(x, the weight's block) ([T, K]). F16 has
+    no block and is refused."""
+    if wtype == F16:
+        raise ValueError("portable profile: PerBlock scaling needs a block format, not F16")
+    T, K = a.q.shape
+    block = WEIGHT_TYPES[wtype].block
+    per = block // QK                                     # 32-element sub-blocks of one weight block
+    sub32 = ActBlocks(a.q, np.repeat(a.m, per, -1), np.repeat(a.e, per, -1), np.repeat(a.bad, per, -1))
+    w = weight_ints(raw, wtype, K)
+    p, x = terms(w, sub32)                                # [T, rows, K/32, 1 or 2]
+    rows, nblk = len(raw), K // block
+    pieces = round_exact(p.reshape(T, rows, nblk, -1), x.reshape(T, rows, nblk, -1))
+    bad = a.bad[:, None, :] | w.bad.reshape(rows, nblk, per).any(-1)[None]
+    pieces = np.where(bad, F32(np.nan), pieces).astype(F32)
+    y = pieces[..., 0]
+    for j in range(1, nblk):
+        y = add(y, pieces[..., j])
+    return canon(y)
+
+
+def dot(raw: np.ndarray, wtype: int, x: np.ndarray, scaling: ActScaling = ActScaling.SUB32) -> np.ndarray:
+    """The f32 the engine produces for row · act: weight rows (uint8 [rows, row_bytes]) times f32
+    activation rows x [T, K] under the given ActScaling -> [T, rows]."""
+    if scaling is ActScaling.PER_BLOCK:
+        return block_dot(raw, wtype, quantize_blocks(x, WEIGHT_TYPES[wtype].block))
+    return mul_mat(raw, wtype, quantize_act(x))
 
 
 def mul_mat(raw: np.ndarray, wtype: int, a: ActBlocks, rows_per_chunk: int | None = None) -> np.ndarray:

@@ -123,21 +123,23 @@ def ln_tables() -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 @functools.lru_cache(maxsize=None)
 def rsqrt_table() -> np.ndarray:
-    """Seeds 1/sqrt(c) at the centre c of each of 64 intervals: [1,2) and [2,4) in 32 each.
-    Index = 32 * (exponent odd) + top 5 fraction bits."""
-    out = np.zeros(64, F32)
+    """Seeds 1/sqrt(c) at the centre c of each of 128 intervals: [1,2) and [2,4) in 64 each.
+    Index = 64 * (exponent odd) + top 6 fraction bits (the document: "the seed from the
+    exponent's parity and the top six mantissa bits")."""
+    out = np.zeros(128, F32)
     with localcontext() as ctx:
         ctx.prec = _PREC
-        for i in range(64):
-            c = (1 + (Decimal(i % 32) + Decimal("0.5")) / 32) * (2 if i >= 32 else 1)
+        for i in range(128):
+            c = (1 + (Decimal(i % 64) + Decimal("0.5")) / 64) * (2 if i >= 64 else 1)
             out[i] = to_f32(1 / c.sqrt())
     return out
 
 
 @functools.lru_cache(maxsize=None)
 def recip_table() -> np.ndarray:
-    """Seeds 1/c at the centre of each of 64 intervals of [1, 2) (index: top 6 fraction bits)."""
-    return np.array([to_f32(1 / (1 + (Fraction(i) + Fraction(1, 2)) / 64)) for i in range(64)], F32)
+    """Seeds 1/c at the centre of each of 128 intervals of [1, 2) (index: top 7 fraction bits;
+    the document: "the seed from the top seven mantissa bits")."""
+    return np.array([to_f32(1 / (1 + (Fraction(i) + Fraction(1, 2)) / 128)) for i in range(128)], F32)
 
 
 SINCOS_N = 256                   # table points per turn

@@ -253,15 +253,18 @@ def test_set_rows_bits_equal_spec(hkv, d):
     vals[3, 0] = vals[3, 0] * np.float32(1e5)                   # f16 scale overflows: codes 0
     vals[4, 1] = vals[4, 1] * np.float32(1e-9)                  # f16 scale denormal in f16
     vals[5, 0, :7] = _values(7, 1)[:7]
+    s = np.float32(np.float16(0.0137))                          # x = s·(k + 1/2): r(x·recip(s)) by
+    vals[6, 0] = s * (rng.integers(0, 126, d) + np.float32(0.5))  # either side of the tie
+    vals[6, 0, 0] = s * np.float32(127)
     pos = np.array([0, 5, 17, 255, 100, 101, 3, 4, 2], np.int32)
     cache = np.zeros((kv, hkv), attention.cache_dtype(d))
-    cache[:] = attention.quantize_rows(rng.standard_normal((kv, hkv, d)).astype(np.float32))
+    cache[:] = attention.cache_row(rng.standard_normal((kv, hkv, d)).astype(np.float32))
     g = _pgraph(Node(0, Op.CACHE, (), (kv, hkv, d), po.CACHE_TYPE, None, None, {"layer": 0, "kind": "k"}),
                  _inp(1, (T, hkv, d)), _inp(2, (T,), "i32"))
     n = g.add(Node(3, Op.SET_ROWS, (0, 1, 2), (kv, hkv, d), po.CACHE_TYPE, "cache_k_l0", po.SET_ROWS))
     want = cache.copy()
     with np.errstate(all="ignore"):
-        want[pos] = attention.quantize_rows(vals)
+        want[pos] = attention.cache_row(vals)
     kern = compile_kernel(g, n)
     for nth in (1, 2, 3):
         c = cache.copy()
@@ -282,8 +285,8 @@ def _attn_case(seed, m, n_past, model, n_kv=None):
     q = (rng.standard_normal((m, h, d)) * 2.5).astype(np.float32)
     k = np.zeros((n_kv, hkv), attention.cache_dtype(d))
     v = np.zeros((n_kv, hkv), attention.cache_dtype(d))
-    k[:used] = attention.quantize_rows((rng.standard_normal((used, hkv, d)) * 2.5).astype(np.float32))
-    v[:used] = attention.quantize_rows(rng.standard_normal((used, hkv, d)).astype(np.float32))
+    k[:used] = attention.cache_row((rng.standard_normal((used, hkv, d)) * 2.5).astype(np.float32))
+    v[:used] = attention.cache_row(rng.standard_normal((used, hkv, d)).astype(np.float32))
     pos = n_past + np.arange(m)
     cell = np.arange(n_kv)
     mask = np.where((cell[None, :] < used) & (cell[None, :] <= pos[:, None]), 0.0, -np.inf).astype(np.float16)

@@ -332,6 +332,30 @@ def test_rmsnorm(kern, n):
         assert _same(got, want), (eps, _diff(got, want))
 
 
+@pytest.mark.parametrize("n", [4, 64, 2048])
+def test_rmsnorm_quotient_at_the_flush_edge(kern, n):
+    """Σx²/n is IEEE division, then ftz. With n = 2^L and Σx² = (2^24 - 1)·2^(L-150) the quotient is
+    the tie (2^24 - 1)·2^-150 between two f32 steps of 2^-149, so it rounds up to 2^-126 (kept); one
+    step of Σx² less and it is a denormal (flushed). The kernel divides by integers and rounds at
+    24 bits first: it must agree (eps 0 shows the quotient)."""
+    from bankml.profiles.portable import arith
+    # rows (a, b, 0, ...): b² a third to a half of the sum, a within 4 ulps of where a² + b² = n·2^-126
+    b = np.linspace(0.59, 0.7, 400) * np.sqrt(n) * 2.0 ** -63
+    a0 = np.sqrt(n * 2.0 ** -126 - b * b).astype(F32).view(np.uint32).astype(np.int64)
+    rows = np.zeros((b.size * 8, n), F32)
+    rows[:, 0] = (a0[:, None] + np.arange(-4, 4)).astype(np.uint32).view(F32).ravel()
+    rows[:, 1] = np.repeat(b.astype(F32), 8)
+    s = arith.fold_sum(arith.mul(rows, rows))
+    edge = F32(((1 << 24) - 1) * n * 2.0 ** -150)
+    up, below = s == edge, s == np.nextafter(edge, F32(0))
+    assert up.sum() >= 3 and below.sum() >= 3                         # both sides of the edge are here
+    want = funcs.rmsnorm(rows, None, 0.0)
+    assert np.all(want[up, 0] == arith.mul(rows[up, 0], F32(2.0 ** 63)))  # the quotient was 2^-126
+    assert np.all(np.isinf(want[below, 0]))                             # flushed: rsqrt(+0) = inf
+    got = kern.rmsnorm(rows, None, 0.0)
+    assert _same(got, want), _diff(got, want)
+
+
 @pytest.mark.parametrize("n", [576, 2048, 100, 7, 1])
 def test_softmax(kern, n):
     rng = np.random.default_rng(n + 1)
@@ -346,8 +370,8 @@ def test_softmax(kern, n):
 # ---- attention of one decode step
 def _attn_case(rng, H, Hkv, D, n_kv, visible, scale_q=1.0):
     q = (rng.standard_normal((H, D)) * scale_q).astype(F32)
-    k = A.quantize_rows(rng.standard_normal((n_kv, Hkv, D)).astype(F32))
-    v = A.quantize_rows(rng.standard_normal((n_kv, Hkv, D)).astype(F32))
+    k = A.cache_row(rng.standard_normal((n_kv, Hkv, D)).astype(F32))
+    v = A.cache_row(rng.standard_normal((n_kv, Hkv, D)).astype(F32))
     mask = np.where(np.arange(n_kv) < visible, F32(0), F32(-np.inf)).astype(F32)
     return q, k, v, mask
 
@@ -372,8 +396,8 @@ def test_attention_of_several_query_rows_in_one_dispatch(kern, H, Hkv, D, M, n_k
     rng = np.random.default_rng(M + D)
     q = (rng.standard_normal((M, H, D)) * 3).astype(F32)
     q[M // 2, 1, 5] = np.nan
-    k = A.quantize_rows(rng.standard_normal((n_kv, Hkv, D)).astype(F32))
-    v = A.quantize_rows(rng.standard_normal((n_kv, Hkv, D)).astype(F32))
+    k = A.cache_row(rng.standard_normal((n_kv, Hkv, D)).astype(F32))
+    v = A.cache_row(rng.standard_normal((n_kv, Hkv, D)).astype(F32))
     visible = np.arange(n_kv)[None, :] <= np.arange(n_kv - M, n_kv)[:, None]
     mask = np.where(visible, F32(0), F32(-np.inf)).astype(F32)
     got, want = kern.attention_rows(q, k, v, mask, 0.125), A.attention(q, k, v, mask, 0.125)
@@ -384,9 +408,9 @@ def test_attention_edges(kern):
     rng = np.random.default_rng(11)
     H, Hkv, D, n_kv = 6, 2, 64, 96
     q, k, v, mask = _attn_case(rng, H, Hkv, D, n_kv, 70)
-    v[:32, 0] = A.quantize_rows(np.zeros((32, D), F32))                 # zero V rows (scale 0)
-    v[40, 1] = A.quantize_rows(np.full(D, 1e-3, F32))                    # one tiny row
-    k[5, 1] = A.quantize_rows(rng.standard_normal(D).astype(F32) * F32(1e4))  # one dominating score
+    v[:32, 0] = A.cache_row(np.zeros((32, D), F32))                 # zero V rows (scale 0)
+    v[40, 1] = A.cache_row(np.full(D, 1e-3, F32))                    # one tiny row
+    k[5, 1] = A.cache_row(rng.standard_normal(D).astype(F32) * F32(1e4))  # one dominating score
     _check_attention(kern, q, k, v, mask, 0.125)
     qn = q.copy()
     qn[1, 3] = np.nan                                                    # a bad q block: that head NaN

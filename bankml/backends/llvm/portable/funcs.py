@@ -76,10 +76,6 @@ def fabs(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     return _vcall(b, "fabs", x)
 
 
-def fabs64(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
-    return b.call(intrinsic(b.module, "llvm.fabs.f64", f64, [f64]), [x])
-
-
 def roundeven(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     """Nearest integer, ties to even (np.rint), f32 or f64 scalars and f32 vectors."""
     if x.type == f64:
@@ -135,6 +131,11 @@ def sub(b: ir.IRBuilder, x, y) -> ir.Value:
 
 def mul(b: ir.IRBuilder, x, y) -> ir.Value:
     return canon(b, b.fmul(x, y))
+
+
+def div(b: ir.IRBuilder, x, y) -> ir.Value:
+    """arith.div: fdiv is IEEE division (no reciprocal without fast-math flags)."""
+    return canon(b, b.fdiv(x, y))
 
 
 def is_nan(b: ir.IRBuilder, x) -> ir.Value:
@@ -230,7 +231,7 @@ def recip(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     t, it = x.type, int_type(x.type)
     s, e, frac = _fields(b, x)
     m = _mantissa(b, frac, t)
-    y = lookup(b, table(b.module, "portable_recip_table", tables.recip_table()), b.lshr(frac, const(it, 17)))
+    y = lookup(b, table(b.module, "portable_recip_table", tables.recip_table()), b.lshr(frac, const(it, 16)))
     for _ in range(2):
         y = b.fmul(y, b.fsub(fconst(t, 2.0), b.fmul(m, y)))
     out = bits(b, scale2(b, y, b.sub(const(it, 127), e)))
@@ -250,10 +251,10 @@ def rsqrt(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     j = b.ashr(b.sub(k, odd), const(it, 1))
     m = _mantissa(b, frac, t)
     m = b.select(b.icmp_signed("==", odd, const(it, 1)), b.fmul(m, fconst(t, 2.0)), m)     # exact
-    idx = b.add(b.mul(odd, const(it, 32)), b.lshr(frac, const(it, 18)))
+    idx = b.add(b.mul(odd, const(it, 64)), b.lshr(frac, const(it, 17)))
     y = lookup(b, table(b.module, "portable_rsqrt_table", tables.rsqrt_table()), idx)
     for _ in range(2):
-        y = mul(b, y, sub(b, fconst(t, 1.5), mul(b, fconst(t, 0.5), mul(b, mul(b, y, y), m))))
+        y = mul(b, y, sub(b, fconst(t, 1.5), mul(b, fconst(t, 0.5), mul(b, mul(b, m, y), y))))
     out = bits(b, scale2(b, y, b.sub(const(it, 0), j)))
     out = b.select(b.fcmp_ordered("==", x, const(t, 0.0)), b.or_(s, const(it, EXPO)), out)
     out = b.select(b.fcmp_ordered("==", x, const(t, float("inf"))), const(it, 0), out)

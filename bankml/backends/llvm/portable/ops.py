@@ -4,12 +4,12 @@ attention (FLASH_ATTN: backends/llvm/portable/attention.py). Each repeats the nu
 bankml/profiles/portable/ step for step with the emitters of backends/llvm/portable/funcs.py, so its bits are the
 reference backend's (backends/reference/portable.py) for every thread count:
 
-- RMS_NORM  funcs.rmsnorm without w: x * rsqrt(fold_sum(x*x) * r(1/n) + eps) (the weight is a MUL)
+- RMS_NORM  funcs.rmsnorm without w: x * rsqrt(fold_sum(x*x) / n + eps) (the weight is a MUL)
 - ADD, MUL  arith.add / arith.mul, an operand of fewer dims broadcast over the leading ones
 - SWIGLU    mul(silu(gate), up)
 - ROPE      rope.rope_table (the fraction of a turn from integer arithmetic on t_i's bits) and
             rope.rope, pairs (2i, 2i+1) in mode norm, (i, i + n/2) in mode neox; YaRN refused
-- SET_ROWS  attention.quantize_rows into the int8 cache rows (f16 scale, then int8 codes)
+- SET_ROWS  attention.cache_row into the int8 cache rows (f16 scale, then int8 codes)
 
 Vector width: ADD and MUL 8 lanes (a broadcast operand's index carried from chunk to chunk,
 wrapping at its period); SWIGLU 32 lanes a pass where the row length allows (four independent
@@ -33,7 +33,7 @@ import numpy as np
 from llvmlite import ir
 
 from bankml.backends.llvm.portable import funcs as pm
-from bankml.backends.llvm.emit.core import (dim, f16, f32, f64, for_range, i1, i8, i32, i64, intrinsic, new_function,
+from bankml.backends.llvm.emit.core import (dim, f16, f32, f64, for_range, i1, i8, i32, i64, new_function,
     size, thread_range, typed, v8f32)
 from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
 from bankml.errors import LoweringError
@@ -77,7 +77,7 @@ def define_rms_norm(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     k = n.shape[-1]
     body = k - k % 8
     rows = size(b, dims, n.shape[:-1])
-    inv_n, eps = f32(float(np.float32(1.0 / k))), f32(float(np.float32(n.params["eps"])))
+    n_f, eps = f32(float(k)), f32(float(np.float32(n.params["eps"])))
     acc = b.alloca(v8f32, name="lanes")
     lo, hi = thread_range(b, rows, ith, nth)
     with for_range(b, lo, hi, name="row") as r:
@@ -91,7 +91,7 @@ def define_rms_norm(m: ir.Module, g: Graph, n: Node) -> ir.Function:
             x = _load(b, px, b.add(base, i64(body + t)))
             lane = b.extract_element(lanes, i32(t))
             lanes = b.insert_element(lanes, pm.add(b, lane, pm.mul(b, x, x)), i32(t))
-        v = pm.add(b, pm.mul(b, pm.tree(b, lanes), inv_n), eps)
+        v = pm.add(b, pm.div(b, pm.tree(b, lanes), n_f), eps)
         s = pm.rsqrt(b, v)
         sv = pm.splat(b, s, v8f32)
         with for_range(b, 0, body, 8, name="j") as j:
@@ -307,46 +307,39 @@ def define_rope(m: ir.Module, g: Graph, n: Node) -> ir.Function:
 # ---------------------------------------------------------------- SET_ROWS
 
 def _quantize_row(b: ir.IRBuilder, px, src_at, row: ir.Value, D: int) -> None:
-    """attention.quantize_rows of D values at px[src_at:] into the cache row at byte pointer row:
-    8 lanes at a time where D allows (the max of |x| in any order, one f64 division per value
-    either way), else one value at a time."""
+    """attention.cache_row of D values at px[src_at:] into the cache row at byte pointer row:
+    8 lanes at a time where D allows (absmax's maximum in any order), else one value at a time.
+    absmax: `a > m` is false for a NaN a, which is passed over; codes: int8_codes, r(x * inv)
+    rounded to even and clamped, a NaN product or an infinite inv giving 0."""
     lanes = 8 if D % 8 == 0 else 1
     t = v8f32 if lanes == 8 else f32
-    t64 = ir.VectorType(f64, 8) if lanes == 8 else f64
     ti1, ti8 = (ir.VectorType(i1, 8), ir.VectorType(i8, 8)) if lanes == 8 else (i1, i8)
     with_amax = b.alloca(t)
-    with_nan = b.alloca(ti1)
     b.store(pm.const(t, 0.0), with_amax)
-    b.store(pm.const(ti1, 0), with_nan)
     with for_range(b, 0, D, lanes, name="a") as i:
-        x = _load(b, px, b.add(src_at, i), t)
-        a = pm.fabs(b, x)
+        a = pm.fabs(b, _load(b, px, b.add(src_at, i), t))
         cur = b.load(with_amax)
         b.store(b.select(b.fcmp_ordered(">", a, cur), a, cur), with_amax)
-        b.store(b.or_(b.load(with_nan), pm.is_nan(b, x)), with_nan)
-    amax, nan = b.load(with_amax), b.load(with_nan)
+    amax = b.load(with_amax)
     if lanes == 8:
         m = b.extract_element(amax, i32(0))
         for lane in range(1, 8):
             x = b.extract_element(amax, i32(lane))
             m = b.select(b.fcmp_ordered(">", x, m), x, m)
-        amax, nan = m, b.icmp_unsigned("!=", b.bitcast(nan, ir.IntType(8)), ir.IntType(8)(0))
-    amax = pm.with_bits(b, nan, pm.QNAN, amax)                              # np.max: NaN wins
+        amax = m
     s16 = b.fptrunc(pm.mul(b, amax, f32(float(tables.constants()["INV_127"]))), f16)
     b.store(s16, b.bitcast(row, f16.as_pointer()), align=1)
-    s = b.fpext(s16, f64)
-    ok = b.and_(b.fcmp_ordered("!=", s, f64(0.0)), b.fcmp_ordered("<", pm.fabs64(b, s), f64(float("inf"))))
-    div = pm.splat(b, b.select(ok, s, f64(1.0)), t64)
+    inv = pm.recip(b, b.fpext(s16, f32))
+    zero = b.fcmp_ordered("==", pm.fabs(b, inv), f32(float("inf")))            # s rounded to 0
+    inv_t, zero_t = pm.splat(b, inv, t), pm.splat(b, zero, ti1)
     codes = b.gep(row, [i64(2)])
-    rne = intrinsic(b.module, "llvm.roundeven.v8f64", t64, [t64]) if lanes == 8 else None
     with for_range(b, 0, D, lanes, name="q") as i:
-        y = b.fdiv(b.fpext(_load(b, px, b.add(src_at, i), t), t64), div)
-        r = b.call(rne, [y]) if rne else pm.roundeven(b, y)
-        fabs = intrinsic(b.module, f"llvm.fabs.{'v8f64' if rne else 'f64'}", t64, [t64])
-        fin = b.fcmp_ordered("<", b.call(fabs, [y]), pm.const(t64, float("inf")))
-        r = b.select(b.fcmp_ordered(">", r, pm.const(t64, 127.0)), pm.const(t64, 127.0), r)
-        r = b.select(b.fcmp_ordered("<", r, pm.const(t64, -127.0)), pm.const(t64, -127.0), r)
-        q = b.select(b.and_(pm.splat(b, ok, ti1), fin), b.fptosi(r, ti8), pm.const(ti8, 0))
+        p = pm.mul(b, _load(b, px, b.add(src_at, i), t), inv_t)
+        r = pm.roundeven(b, p)
+        r = b.select(b.fcmp_ordered(">", r, pm.const(t, 127.0)), pm.const(t, 127.0), r)
+        r = b.select(b.fcmp_ordered("<", r, pm.const(t, -127.0)), pm.const(t, -127.0), r)
+        r = b.select(pm.is_nan(b, r), pm.const(t, 0.0), r)
+        q = b.select(zero_t, pm.const(ti8, 0), b.fptosi(r, ti8))
         b.store(q, b.bitcast(b.gep(codes, [i]), ti8.as_pointer()), align=1)
 
 

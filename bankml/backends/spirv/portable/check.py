@@ -102,8 +102,8 @@ def cases() -> list[Case]:
     out.append(Case("softmax edge rows", lambda kern: kern.softmax(rows), lambda: funcs.softmax(rows)))
     H, Hkv, D, n_kv = 9, 3, 64, 96
     qa = rng.standard_normal((H, D)).astype(F32) * F32(3)
-    kc = attention.quantize_rows(rng.standard_normal((n_kv, Hkv, D)).astype(F32))
-    vc = attention.quantize_rows(rng.standard_normal((n_kv, Hkv, D)).astype(F32))
+    kc = attention.cache_row(rng.standard_normal((n_kv, Hkv, D)).astype(F32))
+    vc = attention.cache_row(rng.standard_normal((n_kv, Hkv, D)).astype(F32))
     mask = np.where(np.arange(n_kv) < 70, F32(0), F32(-np.inf)).astype(F32)
     out.append(Case("attention GQA decode step", lambda kern: kern.attention(qa, kc, vc, mask, 0.125),
                     lambda: attention.attention(qa[None], kc, vc, mask[None], 0.125)[0]))

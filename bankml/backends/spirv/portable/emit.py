@@ -37,7 +37,7 @@ WIDE_WORDS = 12                 # the wide accumulator: 384 bits
 MAX_TERMS = 16                  # terms of one round_terms (8 sub-blocks x 2 for Q4_1)
 FAST_BITS = 59                  # an aligned term of at most 59 bits: 16 of them fit an int64
 # the tables buffer: f32 words at these offsets (tables.py's values)
-EXP_T, RECIP_T, RSQRT_T = 0, 64, 128
+EXP_T, RECIP_T, RSQRT_T = 0, 64, 192
 
 
 def f32_bits(v: float) -> int:
@@ -240,7 +240,7 @@ class Emit:
         e = self.u("BitFieldUExtract", xb, self.c(23), self.c(8))
         k = self.u("ISub", e, self.c(127))
         m = self._mant(xb)
-        y = self.table(RECIP_T, self.u("BitFieldUExtract", xb, self.c(17), self.c(6)))
+        y = self.table(RECIP_T, self.u("BitFieldUExtract", xb, self.c(16), self.c(7)))
         for _ in range(2):
             y = self.fmul(y, self.fsub(self.fc(2.0), self.fmul(m, y)))
         out = self.bits(self.scale2(y, self.u("ISub", self.c(0), k)))
@@ -260,10 +260,10 @@ class Emit:
         odd = self.u("BitwiseAnd", k, self.c(1))
         j = self.u("ShiftRightArithmetic", self.u("ISub", k, odd), self.c(1))
         m = self.flt(self.u("IAdd", self.bits(self._mant(xb)), self.u("ShiftLeftLogical", odd, self.c(23))))
-        y = self.table(RSQRT_T, self.u("IAdd", self.u("ShiftLeftLogical", odd, self.c(5)),
-                                       self.u("BitFieldUExtract", xb, self.c(18), self.c(5))))
+        y = self.table(RSQRT_T, self.u("IAdd", self.u("ShiftLeftLogical", odd, self.c(6)),
+                                       self.u("BitFieldUExtract", xb, self.c(17), self.c(6))))
         for _ in range(2):
-            y = self.fmul(y, self.fsub(self.fc(1.5), self.fmul(self.fc(0.5), self.fmul(self.fmul(y, y), m))))
+            y = self.fmul(y, self.fsub(self.fc(1.5), self.fmul(self.fc(0.5), self.fmul(self.fmul(m, y), y))))
         out = self.bits(self.scale2(y, self.u("ISub", self.c(0), j)))
         sign = self.u("BitwiseAnd", xb, self.c(SIGN))
         mag = self.u("BitwiseAnd", xb, self.c(MAG))
@@ -313,6 +313,29 @@ class Emit:
         out = self.sel(self.b("SLessThan", biased, self.c(1)), self.c(0), out)
         out = self.sel(self.b("SGreaterThan", biased, self.c(254)), self.c(EXP), out)
         return self.u("BitwiseOr", out, sign)
+
+    def div_n(self, x, n):
+        """arith.div(x, n) for an i32 n >= 1, by integers (OpFDiv is not exact on Vulkan): x's
+        24-bit significand times 2^32 over n, the remainder as the sticky bit, rounded once. A
+        quotient under 2^-126 is flushed, but for one in [2^-126 - 2^-150, 2^-126): IEEE rounds
+        it at 2^-149, up to 2^-126 (round_u64 rounds at 24 bits first and would flush it)."""
+        xb = self.bits(x)
+        sign, mag = self.u("BitwiseAnd", xb, self.c(SIGN)), self.u("BitwiseAnd", xb, self.c(MAG))
+        e = self.u("BitFieldUExtract", xb, self.c(23), self.c(8))
+        sig = self.zext64(self.u("BitwiseOr", self.u("BitwiseAnd", xb, self.c(0x7FFFFF)), self.c(0x800000)))
+        num, n64 = self.w("ShiftLeftLogical", sig, self.c64(32)), self.zext64(n)
+        q = self.w("UDiv", num, n64)
+        rem = self.w("ISub", num, self.w("IMul", q, n64))
+        out = self.round_u64(q, self.u("ISub", e, self.c(182)), self.b("INotEqual", rem, self.c64(0)), sign)
+        shift = self.u("ISub", self.c(32), e)                        # q >= (2^24 - 1)·2^shift: up to 2^-126
+        low = self.b("LogicalAnd", self.b("IEqual", self.u("BitwiseAnd", out, self.c(MAG)), self.c(0)),
+                     self.b("ULessThan", shift, self.c(32)))                # 0 <= shift < 32
+        edge = self.w("ShiftLeftLogical", self.c64((1 << 24) - 1), self.zext64(self.u("BitwiseAnd", shift, self.c(31))))
+        up = self.b("LogicalAnd", low, self.b("UGreaterThanEqual", q, edge))
+        out = self.sel(up, self.u("BitwiseOr", sign, self.c(0x800000)), out)
+        out = self.sel(self.b("IEqual", e, self.c(0)), sign, out)
+        out = self.sel(self.b("IEqual", mag, self.c(EXP)), self.u("BitwiseOr", sign, self.c(EXP)), out)
+        return self.flt(self.sel(self.b("UGreaterThan", mag, self.c(EXP)), self.c(QNAN), out))
 
     def int_to_f32(self, s64, k):
         """An i64 (in a u64) times 2^k rounded once (arith.int_to_f32); 0 gives +0."""

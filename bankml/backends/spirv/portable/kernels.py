@@ -281,13 +281,13 @@ def emit_matvec(wtype: int, flushing: bool = False, rte: bool = True) -> tuple[i
 @functools.cache
 def emit_rmsnorm(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
     """funcs.rmsnorm over rows of n: one invocation per row.
-    Bindings: 0 x f32[rows*n], 1 w f32[n], 2 tables, 3 y. Push: rows, n, r(1/n) bits, eps bits."""
+    Bindings: 0 x f32[rows*n], 1 w f32[n], 2 tables, 3 y. Push: rows, n, eps bits."""
     k = _Module(flushing=flushing, rte=rte)
     m = k.m
     xbuf, wbuf = k.buffer("x", m.f32), k.buffer("w", m.f32)
     k.tables = k.buffer("tables", m.f32)
     obuf = k.buffer("y", m.f32, writable=True)
-    e, (rows, n, inv_n, eps), row = k.start(["rows", "n", "inv_n", "eps"])
+    e, (rows, n, eps), row = k.start(["rows", "n", "eps"])
     f = e.f
     valid = e.b("ULessThan", row, rows)
     nn = e.sel(valid, n, e.c(0))
@@ -297,7 +297,7 @@ def emit_rmsnorm(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
         x = _f32_at(e, xbuf, e.u("IAdd", base, i))
         return e.fmul(x, x)
     s = _fold(e, nn, sq, "sumsq")
-    r = e.rsqrt(e.fadd(e.fmul(s, e.flt(inv_n)), e.flt(eps)))
+    r = e.rsqrt(e.fadd(e.div_n(s, n), e.flt(eps)))
     with f.loop(nn, "out") as i:
         y = e.fmul(_f32_at(e, xbuf, e.u("IAdd", base, i)), r)
         _store(e, obuf, e.u("IAdd", base, i), e.fmul(y, _f32_at(e, wbuf, i)))
@@ -559,10 +559,9 @@ class PortableKernels:
         n = x.shape[-1]
         rows = x.size // n
         w = np.ones(n, _F32) if w is None else np.ascontiguousarray(w, _F32)
-        inv_n = int(np.float32(1.0 / n).view(np.uint32))
-        p = self.program("rmsnorm", emit_rmsnorm(self.flushing, self.rte), 4, 4)
+        p = self.program("rmsnorm", emit_rmsnorm(self.flushing, self.rte), 4, 3)
         out = p.run([x.tobytes(), w.tobytes(), self.tables, 4 * x.size],
-                    [rows, n, inv_n, int(np.float32(eps).view(np.uint32))], -(-rows // LOCAL), {3: (_F32, x.size)})
+                    [rows, n, int(np.float32(eps).view(np.uint32))], -(-rows // LOCAL), {3: (_F32, x.size)})
         return out[3].reshape(x.shape)
 
     def softmax(self, x: np.ndarray) -> np.ndarray:
