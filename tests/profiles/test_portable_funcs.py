@@ -142,7 +142,8 @@ def test_softmax_is_exp_of_the_shifted_row_times_one_reciprocal_of_the_tree_sum(
     x[:, 200:] = -INF
     e = funcs.exp(sub(x, x.max(-1, keepdims=True)))
     assert bits(funcs.softmax(x)) == bits(mul(e, funcs.recip(fold_sum(e))[:, None]))
-    assert bits(funcs.softmax(np.array([[-INF, -INF], [NAN, 1.0]], F32))) == [[0, 0], nbits(NAN, NAN)]
+    x = np.array([[-INF, -INF], [NAN, 1.0], [INF, 1.0], [-INF, 3.0]], F32)
+    assert bits(funcs.softmax(x)) == [nbits(NAN, NAN), nbits(NAN, NAN), nbits(NAN, NAN), bits(np.array([0, 1], F32))]
 
 
 def test_rmsnorm_order():

@@ -101,6 +101,9 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, sca
     s = mul(s, F32(scale))
     s = add(s, mask.astype(F32)[:, None, None, :])
     p = softmax(s)                                                   # [M, Hkv, g, n_kv]
+    # a row whose every score is -inf (every cell masked) attends over no positions: no weights
+    # (the softmax of a row of -inf is NaN), the output the sum of no blocks, -0.0
+    p = np.where(np.all(s == -np.inf, -1)[..., None], F32(0), p)
     # values: w_j = r(p_j * s_vj), a power-of-two block scale per 32 cells, exact block sums
     w = mul(p, v["d"].astype(F32).T[None, :, None, :])
     wb = w.reshape(M, Hkv, g, n_kv // QK, QK)

@@ -143,16 +143,15 @@ def softplus(u) -> np.ndarray:
     return canon(np.where(big, add(u, exp(-u)), ln1p(exp(np.where(big, F32(0), u)))))
 
 
-# softmax over the last axis: mx = max (a NaN anywhere makes the row NaN); e = exp(x - mx);
-# s = fold_sum(e); r = recip(s); y = e * r. A row whose max is -inf gives zeros.
+# softmax over the last axis: mx = fmax (a NaN passed over); e = exp(x - mx); s = fold_sum(e);
+# r = recip(s); y = e * r. So a NaN anywhere makes the row NaN (its e is NaN, so is s), and so
+# does a row of -inf (-inf - -inf is NaN) or with +inf (inf - inf).
 def softmax(x) -> np.ndarray:
+    """The softmax: the maximum (fmax), each exp(s − max), their sum in lanes (fsum), one
+    reciprocal, the products."""
     x = _f(x)
-    with np.errstate(invalid="ignore"):
-        mx = np.max(x, axis=-1, keepdims=True)
-    e = exp(sub(x, np.where(mx == -INF, F32(0), mx)))
-    y = mul(e, recip(fold_sum(e))[..., None])
-    y = np.where(mx == -INF, F32(0), y)
-    return canon(np.where(np.isnan(mx), NAN, y))
+    e = exp(sub(x, fmax(x)[..., None]))
+    return mul(e, recip(fold_sum(e))[..., None])
 
 
 # rmsnorm over the last axis: s = fold_sum(x * x); v = s / n + eps; y = (x * rsqrt(v)) * w.

@@ -360,7 +360,7 @@ def test_rmsnorm_quotient_at_the_flush_edge(kern, n):
 def test_softmax(kern, n):
     rng = np.random.default_rng(n + 1)
     x = np.concatenate([rng.standard_normal((4, n)).astype(F32) * F32(30), _edge_rows(n)])
-    extra = np.full((2, n), -np.inf, F32)                               # a row of -inf: zeros
+    extra = np.full((2, n), -np.inf, F32)                               # a row of -inf: NaN
     extra[1, 0] = 0.0                                                   # one finite value: 1 there
     x = np.concatenate([x, extra])
     got, want = kern.softmax(x), funcs.softmax(x)

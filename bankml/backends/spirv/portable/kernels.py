@@ -305,8 +305,10 @@ def emit_rmsnorm(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
     return tuple(m.words())
 
 
-def _softmax_row(e: Emit, n: int, read, write) -> int:
-    """funcs.softmax of read(i), i < n, into write(i, v); returns the row's NaN flag (bool)."""
+def _softmax_row(e: Emit, n: int, read, write, masked: bool = False) -> int:
+    """funcs.softmax of read(i), i < n, into write(i, v); returns the row's NaN flag (bool). A row
+    of -inf is NaN (-inf - -inf), but for the attention's masked scores (`masked`), where it means
+    no live cell: zeros (attention.attention)."""
     f, m = e.f, e.m
     ninf = e.flt(e.c(0xFF800000))
     mx = e.var(m.f32, "mx", ninf)
@@ -325,6 +327,8 @@ def _softmax_row(e: Emit, n: int, read, write) -> int:
         return v
     r = e.recip(_fold(e, n, ex, "sum"))
     isnan = e.b("INotEqual", f.load(m.u32, nan), e.c(0))
+    if not masked:
+        isnan = e.b("LogicalOr", isnan, allninf)
     with f.loop(n, "scale") as i:
         y = e.fmul(read(i, raw=True), r)
         y = e.sel(allninf, e.c(0), e.bits(y))
@@ -444,7 +448,7 @@ def emit_attention(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
     # 2. p = softmax(scores), in place
     def read(i, raw=False):
         return _f32_at(e, sbuf, e.u("IAdd", srow, i))
-    _softmax_row(e, ncell, read, lambda i, v: _store(e, sbuf, e.u("IAdd", srow, i), v))
+    _softmax_row(e, ncell, read, lambda i, v: _store(e, sbuf, e.u("IAdd", srow, i), v), masked=True)
 
     # 3. per block of 32 cells: w_j = r(p_j * s_vj), a power-of-two scale 2^E, codes W_j,
     #    out += r(2^E * Σ_j W_j v_j) (-0.0 for an exact zero); any NaN w: the head is NaN
