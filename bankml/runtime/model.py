@@ -219,7 +219,7 @@ class Model:
         """The portable profile reads no weight block with an infinite or NaN scale (the decode-
         arithmetic document's Unreadable): refused here, naming the first, before any graph runs."""
         for name, t in self.gguf.tensors.items():
-            if t.ggml_type != F32 and quant.reads(t.ggml_type):
+            if quant.reads(t.ggml_type):
                 try:
                     quant.check_readable(self.weight(name), t.ggml_type)
                 except quant.Unreadable as e:

@@ -1,6 +1,7 @@
 """The portable profile's f32 steps: flush to zero, one NaN, the lane+tree fold, exact sums rounded once."""
 from __future__ import annotations
 
+import math
 from fractions import Fraction
 
 import numpy as np
@@ -82,16 +83,49 @@ def test_int64_to_f32_rounds_once():
 
 
 def _exact(p, x) -> np.float32:
-    return to_f32(sum(Fraction(int(pi)) * Fraction(2) ** int(xi) for pi, xi in zip(p, x)))
+    """The document's exact_sum from its text, in Fractions: the largest term's least place L
+    (of equal terms the greatest), each term below L - 64 floored at it, then one rounding."""
+    terms = [(Fraction(int(pi)) * Fraction(2) ** int(xi), int(xi)) for pi, xi in zip(p, x) if pi]
+    if not terms:
+        return F32(0)
+    top = max(abs(v) for v, _ in terms)
+    edge = max(xi for v, xi in terms if abs(v) == top) - arith.SUM_WINDOW
+    unit = Fraction(2) ** edge
+    return to_f32(sum(v if xi >= edge else math.floor(v / unit) * unit for v, xi in terms))
 
 
-def test_round_exact_equals_the_exact_sum_rounded_once():
+def test_round_exact_equals_the_windowed_exact_sum_rounded_once():
     rng = np.random.default_rng(1)
-    for spread in (0, 10, 40, 200):                        # 200: Python's unbounded integers
+    for spread in (0, 10, 40, 200):                        # 200: Python's integers, and the window
         p = rng.integers(-(1 << 34), 1 << 34, (300, 8), dtype=np.int64)
         x = rng.integers(-60, -60 + spread + 1, (300, 8))
         out = arith.round_exact(p, x)
         assert all(o == _exact(pi, xi) for o, pi, xi in zip(out, p, x)), spread
+
+
+def test_exact_sum_floors_a_term_past_the_window_however_far_past_in_any_order():
+    """SUM_WINDOW places below the largest term's least place are kept; a term past them is
+    floored at the window's edge (toward -inf), so a negative term 1,000 places below still
+    takes one unit of the edge; the result does not depend on the terms' order."""
+    W = arith.SUM_WINDOW
+    one = lambda p, x: arith.round_exact(np.array([p]), np.array([x]))[0]         # noqa: E731
+    assert one([1, -1, 3], [100, 100, 100 - W]) == F32(3 * 2.0 ** (100 - W))   # at the edge: exact
+    assert one([1, -1, 3], [100, 100, 99 - W]) == F32(2.0 ** (100 - W))        # 1.5 units: 1
+    assert one([1, -1, -3], [100, 100, 99 - W]) == F32(-2 * 2.0 ** (100 - W))  # -1.5 units: -2
+    assert one([1, -1, 1], [100, 100, -1000]) == F32(0)
+    assert one([1, -1, -1], [100, 100, -1000]) == F32(-(2.0 ** (100 - W)))
+    # equal largest terms 2·2^99 and 1·2^100: the greater least place, 100, anchors the window
+    assert one([2, -1, 3], [99, 100, 99 - W]) == F32(2.0 ** (100 - W))
+    rng = np.random.default_rng(4)
+    p = rng.integers(-255, 256, (200, 8), dtype=np.int64)
+    x = rng.integers(120 - W, 200 - W, (200, 8))                        # every other term past the edge
+    p[:, 0], p[:, 1], x[:, :2] = 1 << 20, -(1 << 20), 200               # cancelling largest terms
+    out = arith.round_exact(p, x)
+    perm = rng.permutation(8)
+    assert np.array_equal(bits(out), bits(arith.round_exact(p[:, perm], x[:, perm])))
+    assert all(o == _exact(pi, xi) for o, pi, xi in zip(out, p, x))
+    unbounded = [to_f32(sum(Fraction(int(a)) * 2 ** int(b) for a, b in zip(pi, xi))) for pi, xi in zip(p, x)]
+    assert sum(o != u for o, u in zip(out, unbounded)) > 50                 # the window shows (103 of 200)
 
 
 def test_round_exact_of_cancelling_terms_is_plus_zero_and_ties_go_to_even():

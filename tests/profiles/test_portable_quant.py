@@ -7,7 +7,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from bankml.profiles.portable import arith, quant
+from bankml.profiles.portable import arith, coded, quant
 from bankml.profiles.portable.tables import to_f32
 from bankml.quants import F16, Q1_0, Q2_0, Q4_1, Q8_0, WEIGHT_TYPES, q1_0, q2_0, q4_1, q8_0
 
@@ -146,7 +146,7 @@ def test_per_block_dot_is_each_weight_block_exact_rounded_once_blocks_in_order(w
     raw = _random_raw(wtype, 4, k, rng)
     block = WEIGHT_TYPES[wtype].block
     x = (rng.standard_normal((2, k)) * np.exp2(rng.integers(-30, 30, (2, k // 32)).repeat(32, axis=1))).astype(F32)
-    got = quant.dot(raw, wtype, x, quant.ActScaling.PER_BLOCK)
+    got = coded.dot(raw, wtype, x, quant.ActScaling.PER_BLOCK)
     a = quant.quantize_blocks(x, block)
     w = _exact_weights(raw, wtype, k)
     want = np.zeros((2, 4), F32)
@@ -160,10 +160,10 @@ def test_per_block_dot_is_each_weight_block_exact_rounded_once_blocks_in_order(w
                 acc = part if acc is None else F32(arith.add(acc, part))
             want[t, r] = acc
     assert np.array_equal(got.view(np.uint32), want.view(np.uint32))
-    assert np.array_equal(quant.dot(raw, wtype, x).view(np.uint32),
+    assert np.array_equal(coded.dot(raw, wtype, x).view(np.uint32),
                           quant.mul_mat(raw, wtype, quant.quantize_act(x)).view(np.uint32))
     with pytest.raises(ValueError, match="F16"):
-        quant.dot(_random_raw(F16, 2, 64, rng), F16, x[:, :64], quant.ActScaling.PER_BLOCK)
+        coded.dot(_random_raw(F16, 2, 64, rng), F16, x[:, :64], quant.ActScaling.PER_BLOCK)
 
 
 @pytest.mark.parametrize("wtype", [F16, Q8_0, Q4_1, Q1_0, Q2_0], ids=lambda t: WEIGHT_TYPES[t].name)

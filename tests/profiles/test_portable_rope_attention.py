@@ -147,3 +147,84 @@ def test_attention_is_close_to_float64_softmax_of_the_cached_values():
             p = np.exp(s - s.max())
             ref[m, h] = (p / p.sum()) @ vd[:, h // 2]
     assert np.abs(out - ref).max() < 0.05                  # 8-bit q codes and 8-bit value weights
+
+
+def test_attention_is_attend_int8_over_each_rows_live_cells():
+    """attention.attention of a causal row is the document's attend_int8 over the row's positions
+    (its live cells), head by head, bit for bit; masked cells with NaN or infinite K/V scales
+    (a stale cell) change nothing."""
+    q, k, v, mask = _setup(M=4, D=64, n_kv=96, seed=5)
+    mask = np.where(np.arange(96)[None] <= np.array([0, 31, 32, 70])[:, None], 0, -np.inf).astype(np.float16)
+    k["d"][80:], v["d"][80:] = np.inf, np.nan                                   # never live
+    out = attention.attention(q, k, v, mask, 0.125)
+    for m, last in enumerate([0, 31, 32, 70]):
+        for h in range(4):
+            want = attention.attend_int8(q[m, h], k[:last + 1, h // 2], v[:last + 1, h // 2], 0.125)
+            assert out[m, h].view(np.uint32).tolist() == want.view(np.uint32).tolist(), (m, h)
+
+
+def test_quantize_head_pads_to_a_group_or_takes_the_head_as_one_block():
+    from bankml.profiles.portable.quant import ActScaling, quantize_act, quantize_blocks
+    x = np.random.default_rng(1).standard_normal(64).astype(F32)
+    a = attention.quantize_head(x)
+    assert a.q.shape == (256,) and not a.q[64:].any() and not a.m[2:].any()
+    assert np.array_equal(a.q[:64], quantize_act(x).q) and np.array_equal(a.m[:2], quantize_act(x).m)
+    b = attention.quantize_head(x, ActScaling.PER_BLOCK)
+    assert b.m.shape == (1,) and 128 <= b.m[0] <= 255
+    assert np.array_equal(b.q, quantize_blocks(x, 64).q)
+
+
+@pytest.mark.parametrize("scaling", ["SUB32", "PER_BLOCK"])
+def test_int8_score_is_the_exact_sum_of_block_terms_rounded_once(scaling):
+    from bankml.profiles.portable.quant import ActScaling
+    rng = np.random.default_rng(2)
+    x = (rng.standard_normal(128) * np.repeat([1e-3, 1.0, 30.0, 1e4], 32)).astype(F32)
+    row = attention.cache_row(rng.standard_normal(128).astype(F32))
+    qh = attention.quantize_head(x, ActScaling[scaling])
+    blk = 128 // len(qh.m) if scaling == "PER_BLOCK" else 32
+    kd = Fraction(float(row["d"]))
+    exact = sum(Fraction(int(qh.m[b])) * Fraction(2) ** int(qh.e[b]) * kd *
+                sum(int(qh.q[i]) * int(row["qs"][i]) for i in range(b * blk, min(b * blk + blk, 128)))
+                for b in range(len(qh.m)))
+    assert attention.int8_score(qh, row) == F32(float(exact))          # f32(f64(exact)): no double rounding here
+    bad = row.copy()
+    bad["d"] = np.inf
+    assert np.isnan(attention.int8_score(qh, bad))
+
+
+def test_weighted_int8_blocks_round_once_zeros_are_positive_and_blocks_add_in_order():
+    rng = np.random.default_rng(3)
+    v = attention.cache_row(rng.standard_normal((70, 64)).astype(F32))
+    v["qs"][:, 5] = 0                                    # an element every row holds as 0: +0, not -0
+    p = rng.random(70).astype(F32)
+    got = attention.weighted_int8(p, v)
+    assert got[5].view(np.uint32) == 0
+    want = None
+    for b0 in range(0, 70, attention.VALUE_BLOCK):
+        w = [Fraction(float(mul(p[j], F32(v["d"][j])))) for j in range(b0, min(b0 + 32, 70))]
+        amax = max(abs(x) for x in w)
+        E = -200
+        while 127 * Fraction(2) ** E < amax:
+            E += 1
+        W = [round(x / Fraction(2) ** E) for x in w]                     # exact quotients: no ties arise
+        r = np.array([float(Fraction(2) ** E * sum(Wj * int(v["qs"][b0 + j][d]) for j, Wj in enumerate(W)))
+                      for d in range(64)]).astype(F32)
+        want = r if want is None else add(want, r)
+    assert got.view(np.uint32).tolist() == want.view(np.uint32).tolist()
+    assert attention.weighted_int8(np.zeros(0, F32), v[:0]).view(np.uint32).tolist() == [0x80000000] * 64
+    big = v.copy()
+    big["d"][40] = np.inf                                # w infinite: no power of two holds it
+    assert np.isneginf(attention.weighted_int8(p, big)).all()
+
+
+def test_attention_row_with_no_live_cell_is_negative_zero_and_a_live_row_of_minus_inf_is_nan():
+    q, k, v, mask = _setup(M=2, n_kv=64)
+    mask[0] = -np.inf
+    out = attention.attention(q, k, v, mask, 0.125)
+    assert (out[0].view(np.uint32) == 0x80000000).all()
+    q2 = q.copy()
+    q2[1] = np.float32(3e38)
+    k2 = k.copy()
+    k2["d"][:] = np.float16(60000.0)
+    k2["qs"][:] = -127                                   # every live score overflows to -inf
+    assert np.isnan(attention.attention(q2, k2, v, mask, 1.0)[1]).all()

@@ -8,14 +8,18 @@ conformance table against the decode-arithmetic document, ../shared/specs/decode
                 argmax, hadamard
   gdn.py        Gated-DeltaNet: conv, gdn_update, gdn_row, gdn_read, gdn_flush, gdn_fold(_trailing), Logged
   quant.py      activation blocks (m*2^e scales: Sub32 and PerBlock), weight types as integers
-                (reads, Unreadable), the exact group dot and the per-block dot
+                (reads, Unreadable), the exact group dot
+  coded.py      coded rows (Scale, Segment, CodedRow, COEF_BOUND; K-quants too) and `dot` under
+                either ActScaling
   rope.py       the rotation table (angles in turns, exact) and the rotation
-  attention.py  the int8 K/V cache (int8_codes, cache_row) and the attention over it
+  attention.py  the int8 K/V cache (int8_codes, cache_row) and the attention over it (quantize_head,
+                int8_score, weighted_int8, attend_int8; attend_vector over f32 rows)
   orders.py     the profile's float orders as IR data
 
 The document's names are importable from here where bankml has them (fadd is arith.add, ...).
 """
-from bankml.profiles.portable.arith import LANES, fdot, tree
+from bankml.profiles.portable.arith import LANES, SUM_WINDOW, fdot, tree
+from bankml.profiles.portable.arith import round_exact as exact_sum
 from bankml.profiles.portable.arith import add as fadd
 from bankml.profiles.portable.arith import fold_sum as fsum
 from bankml.profiles.portable.arith import mul as fmul
@@ -26,15 +30,20 @@ from bankml.profiles.portable.funcs import (absmax, argmax, exp, fmax, hadamard,
                                             rsqrt, sigmoid, silu, softmax, softplus)
 from bankml.profiles.portable.gdn import (Logged, conv, gdn_flush, gdn_fold, gdn_fold_trailing, gdn_read, gdn_row,
                                           gdn_update)
-from bankml.profiles.portable.attention import attend_vector, cache_row, int8_codes
-from bankml.profiles.portable.quant import (GROUP, WIDE_BITS, ActScaling, Unreadable, dot, quantize_blocks, reads,
+from bankml.profiles.portable.attention import (VALUE_BLOCK, attend_int8, attend_vector, cache_row, int8_codes,
+                                                int8_score, quantize_head, weighted_int8)
+from bankml.profiles.portable.coded import COEF_BOUND, CodedRow, Scale, Segment, dot
+from bankml.profiles.portable.quant import (GROUP, WIDE_BITS, ActScaling, Unreadable, quantize_blocks, reads,
                                             wide_scale)
 from bankml.profiles.portable.quant import QK as ACT_BLOCK
 from bankml.profiles.portable.quant import act_scale as block_scale
 from bankml.profiles.portable.quant import quantize_act as quantize
 
-__all__ = ["LANES", "GROUP", "fadd", "fsub", "fmul", "fsum", "fdot", "tree", "ldexp", "scaled_to_f32", "fmax",
-           "absmax", "exp", "ln", "ln1p", "recip", "rsqrt", "sigmoid", "silu", "softplus", "softmax", "rmsnorm", "l2norm", "argmax", "hadamard", "Logged", "conv",
-           "gdn_update", "gdn_row", "gdn_read", "gdn_flush", "gdn_fold", "gdn_fold_trailing", "int8_codes",
-           "cache_row", "attend_vector", "reads", "Unreadable", "ACT_BLOCK", "WIDE_BITS", "ActScaling", "block_scale",
-           "wide_scale", "quantize", "quantize_blocks", "dot"]
+__all__ = ["LANES", "GROUP", "SUM_WINDOW", "exact_sum", "fadd", "fsub", "fmul", "fsum", "fdot", "tree", "ldexp",
+           "scaled_to_f32", "fmax",
+           "absmax", "exp", "ln", "ln1p", "recip", "rsqrt", "sigmoid", "silu", "softplus", "softmax",
+           "rmsnorm", "l2norm", "argmax", "hadamard", "Logged", "conv", "gdn_update", "gdn_row", "gdn_read",
+           "gdn_flush", "gdn_fold", "gdn_fold_trailing", "int8_codes", "cache_row", "attend_vector",
+           "quantize_head", "int8_score", "weighted_int8", "attend_int8", "VALUE_BLOCK", "reads", "Unreadable",
+           "ACT_BLOCK", "WIDE_BITS", "ActScaling", "block_scale", "wide_scale", "quantize", "quantize_blocks",
+           "dot", "Scale", "Segment", "CodedRow", "COEF_BOUND"]

@@ -21,6 +21,7 @@ import numpy as np
 
 F32, U32 = np.float32, np.uint32
 LANES = 8
+SUM_WINDOW = 64       # binary places an exact sum keeps below its largest term's least place (docs/PORTABLE.md)
 QNAN = U32(0x7FC00000)
 _SIGN, _EXP = U32(0x80000000), U32(0x7F800000)
 
@@ -119,11 +120,15 @@ def bitlen(n) -> np.ndarray:
 
 
 def round_exact(p, x) -> np.ndarray:
-    """Σ_k p[..., k] * 2^x[..., k] (int64 p, integer x) exactly, rounded once to f32.
+    """exact_sum: Σ v·2^e over terms, rounded once to f32: exact while every term lies within
+    SUM_WINDOW places of the largest term's least place, a term past the window floored at it,
+    however far past; no terms is +0. (p int64 [..., k], x integer [..., k]; a zero p is no term.)
 
+    The largest term is the one of greatest |p|·2^x, of those equal the one of greatest x.
     Terms are aligned to the least exponent of the nonzero ones and added as one integer:
-    int64 when every shifted term has at most 58 bits (at most 32 terms), otherwise Python's
-    unbounded integers. An exact zero is +0.
+    int64 when every shifted term has at most 58 bits (at most 32 terms: a spread of at most
+    58 places, inside the window), otherwise Python's integers after `windowed`. An exact zero
+    is +0.
     """
     p = np.asarray(p, np.int64)
     x = np.asarray(x, np.int64)
@@ -143,9 +148,22 @@ def round_exact(p, x) -> np.ndarray:
     shifted = np.where(nz & fits[..., None], p << np.where(fits[..., None], sh, 0), 0)
     out = int_to_f32(shifted.sum(axis=-1), xmin)
     for idx in zip(*np.nonzero(~fits)):
-        total = sum(int(pi) << int(si) for pi, si in zip(p[idx], sh[idx]))
-        out[idx] = _big_to_f32(total, int(xmin[idx]))
+        out[idx] = _big_to_f32(*windowed(p[idx].tolist(), x[idx].tolist()))
     return out
+
+
+def windowed(p: list[int], x: list[int]) -> tuple[int, int]:
+    """(n, k) with n·2^k the terms' sum under SUM_WINDOW: the largest term's least place L
+    (greatest |p|·2^x, then greatest x), each term below B = L - SUM_WINDOW floored at B
+    (toward -inf: a negative term however far below is -2^B), the rest exact. Order-free."""
+    terms = [(pi, xi) for pi, xi in zip(p, x) if pi != 0]
+    if not terms:
+        return 0, 0
+    xmin = min(xi for _, xi in terms)
+    size = [abs(pi) << (xi - xmin) for pi, xi in terms]                # |term| / 2^xmin
+    low = max(xi for (_, xi), si in zip(terms, size) if si == max(size))
+    k = max(low - SUM_WINDOW, xmin)
+    return sum(pi << (xi - k) if xi >= k else pi >> (k - xi) for pi, xi in terms), k
 
 
 def _big_to_f32(n: int, k: int) -> np.float32:

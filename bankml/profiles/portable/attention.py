@@ -5,17 +5,21 @@ s = f16(r(absmax * r(1/127))) (absmax passes a NaN over) and D int8 codes under 
 (int8_codes: the nearest integer of r(x * inv), ties to even, within +-127, a NaN product 0;
 every code 0 when inv is infinite, i.e. s rounded to 0). `cache_dtype(D)` is one such row.
 
-Attention of query rows q [M, H, D] over n_kv cells (head h reads K/V head h // (H/Hkv)):
-  1. q is quantized in blocks of 32 (quant.quantize_act);
-  2. score[j] = the exact q.k_j (codes times scales) rounded once, then r(score * scale),
-     then r(score + mask[j]) (mask 0 or -inf);
-  3. p = softmax(scores) (funcs.softmax: max, exp, fold_sum, recip, products);
-  4. w_j = r(p_j * s_vj) (the V row's scale), and per block of 32 cells a power-of-two
-     scale 2^E, the least with 127 * 2^E >= max |w_j| (E = 0 for an all-zero block);
-     codes W_j = rint(w_j / 2^E) (exact);
+Attention of query rows q [M, H, D] over n_kv cells (head h reads K/V head h // (H/Hkv)), the
+document's attend_int8 over each row's live cells (mask 0; a cell under -inf is not a position):
+  1. q is quantized in blocks of 32 (quant.quantize_act; quantize_head for D <= 256);
+  2. score[j] = the exact q.k_j (codes times scales) rounded once, then r(score * scale)
+     (int8_score); a masked cell's score -inf, whatever its K row holds;
+  3. p = softmax(scores) (funcs.softmax: max, exp, fold_sum, recip, products); a row with no
+     live cell has no positions (weights 0, the output -0.0, the sum of no blocks);
+  4. w_j = r(p_j * s_vj) (the V row's scale; 0 for a masked cell), and per block of VALUE_BLOCK
+     cells a power-of-two scale 2^E, the least with 127 * 2^E >= max |w_j| (E = 0 for an
+     all-zero block); codes W_j = rint(w_j / 2^E) (exact);
   5. out = Σ over blocks in cell order (f32 adds, from the first block) of
-     r(2^E * Σ_j W_j * v_codes_j): each block's integer sum (|.| < 2^19) exact; a sum of
-     exactly 0 is -0.0, so blocks of masked cells (and the padding of n_kv) change no bit.
+     r(2^E * Σ_j W_j * v_codes_j) (weighted_int8): each block's integer sum (|.| < 2^19) exact,
+     0 rounding to +0; a block with no live cell is no block of the document's: -0.0, which
+     changes no bit. For a causal row (its live cells the first ones) the blocks of cells are
+     the document's blocks of positions.
 """
 from __future__ import annotations
 
@@ -23,7 +27,7 @@ import numpy as np
 
 from bankml.profiles.portable.arith import F32, add, canon, fdot, fields, int_to_f32, mul, round_exact
 from bankml.profiles.portable.funcs import absmax, recip, softmax
-from bankml.profiles.portable.quant import QK, f16_parts, quantize_act
+from bankml.profiles.portable.quant import GROUP, QK, ActBlocks, ActScaling, f16_parts, quantize_act, quantize_blocks
 from bankml.profiles.portable.tables import constants
 from bankml.quants.kv_cache import i8_row
 
@@ -65,6 +69,66 @@ def attend_vector(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> 
     return fdot(np.swapaxes(v, 0, 1), p)                              # [D]: lanes by position
 
 
+VALUE_BLOCK = 32          # positions a block of the weighted sum spans (docs/PORTABLE.md)
+
+
+def quantize_head(x: np.ndarray, scaling: ActScaling = ActScaling.SUB32) -> ActBlocks:
+    """A query head as the array reads it: per 32 elements (the head padded with zeros to a whole
+    group), or the whole head one block. x f32 [..., D]."""
+    x = canon(np.asarray(x, F32))
+    if scaling is ActScaling.PER_BLOCK:
+        return quantize_blocks(x, x.shape[-1])
+    pad = np.zeros((*x.shape[:-1], -x.shape[-1] % GROUP), F32)
+    return quantize_act(np.concatenate([x, pad], -1))
+
+
+def int8_score(qh: ActBlocks, row: np.ndarray) -> np.float32:
+    """A score as the array computes it against a cached int8 key row (its f16 scale's bits and its
+    codes): per activation block of the query, its scale's m times the integer dot of its codes
+    and the key's codes, times the key's scale, summed exactly and rounded once.
+    qh: quantize_head of one head; row: one cache row (cache_dtype(D))."""
+    codes = np.zeros(qh.q.shape[-1], np.int64)
+    codes[:row["qs"].shape[-1]] = row["qs"]
+    ks, kx, kbad = f16_parts(row["d"])
+    dots = (qh.q.astype(np.int64) * codes).reshape(len(qh.m), -1).sum(-1)
+    if kbad or qh.bad.any():
+        return F32(np.nan)
+    return round_exact(qh.m * dots * ks, qh.e + kx)[()]
+
+
+def weighted_int8(p: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """The weighted sum on the array over cached int8 value rows (each its f16 scale's bits and its
+    codes): each position's probability times its row's scale, quantized per block of VALUE_BLOCK
+    positions to 8-bit codes at a power-of-two scale; per value element the block's exact integer
+    sum against the value codes, rounded once a block; the blocks added in order.
+    p f32 [n]; rows [n] cache rows of D -> f32 [D] (no positions: -0.0, the sum of no blocks)."""
+    D = rows["qs"].shape[-1]
+    out = np.full(D, F32(-0.0))
+    for b0 in range(0, len(p), VALUE_BLOCK):
+        w = mul(p[b0:b0 + VALUE_BLOCK], rows["d"][b0:b0 + VALUE_BLOCK].astype(F32))
+        amax = np.max(np.abs(w))
+        if np.isnan(amax):
+            return np.full(D, F32(np.nan))
+        if np.isinf(amax):           # no scale holds it: every sum int64's least value (as attention)
+            r = np.full(D, F32(-np.inf))
+        else:
+            E = int(_pow2_scale(amax[None].astype(F32))[0])
+            W = np.rint(np.ldexp(w.astype(np.float64), -E)).astype(np.int64)       # exact, |W| <= 127
+            r = int_to_f32(W @ rows["qs"][b0:b0 + VALUE_BLOCK].astype(np.int64), E)  # 0 -> +0
+        out = r if b0 == 0 else add(out, r)
+    return canon(out)
+
+
+def attend_int8(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
+                scaling: ActScaling = ActScaling.SUB32) -> np.ndarray:
+    """One query head's attention over its cached int8 rows on the array: the query quantized as
+    scaling names (quantize_head), each position's int8_score times scale, the softmax, the
+    weighted_int8 sum. q f32 [D]; k, v cache rows [n] -> f32 [D]."""
+    qh = quantize_head(q, scaling)
+    s = np.array([int8_score(qh, row) for row in k], F32)
+    return weighted_int8(softmax(mul(s, F32(scale))), v)
+
+
 def dequantize_rows(rows: np.ndarray) -> np.ndarray:
     """The exact values s * q as f32 (what a cache row stands for; for tests and diffs)."""
     return (rows["qs"].astype(np.float64) * rows["d"].astype(np.float64)[..., None]).astype(F32)
@@ -98,25 +162,27 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, sca
     s = round_exact(am * ksb * dots, np.broadcast_to(ae + kxb, dots.shape))    # [M, Hkv, g, n_kv]
     bad = a.bad.reshape(M, Hkv, g, 1, nsub).any(-1) | kbad.T[None, :, None, :]
     s = np.where(bad, F32(np.nan), s).astype(F32)
-    s = mul(s, F32(scale))
-    s = add(s, mask.astype(F32)[:, None, None, :])
+    live = (np.asarray(mask) != -np.inf)[:, None, None, :]           # [M, 1, 1, n_kv]
+    s = np.where(live, mul(s, F32(scale)), F32(-np.inf))
     p = softmax(s)                                                   # [M, Hkv, g, n_kv]
-    # a row whose every score is -inf (every cell masked) attends over no positions: no weights
-    # (the softmax of a row of -inf is NaN), the output the sum of no blocks, -0.0
-    p = np.where(np.all(s == -np.inf, -1)[..., None], F32(0), p)
+    # a row with no live cell attends over no positions: no weights (the softmax of a row of
+    # -inf is NaN), the output the sum of no blocks, -0.0
+    p = np.where(live.any(-1, keepdims=True), p, F32(0))
     # values: w_j = r(p_j * s_vj), a power-of-two block scale per 32 cells, exact block sums
-    w = mul(p, v["d"].astype(F32).T[None, :, None, :])
-    wb = w.reshape(M, Hkv, g, n_kv // QK, QK)
+    w = np.where(live, mul(p, v["d"].astype(F32).T[None, :, None, :]), F32(0))
+    wb = w.reshape(M, Hkv, g, n_kv // VALUE_BLOCK, VALUE_BLOCK)
     with np.errstate(invalid="ignore"):
         amax = np.max(np.abs(wb), axis=-1)
     E = _pow2_scale(np.nan_to_num(amax, nan=0.0).astype(F32))
     W = np.rint(np.ldexp(wb.astype(np.float64), -E[..., None])).astype(np.float32)  # exact, |W| <= 127
-    vq = v["qs"].astype(np.float32).reshape(n_kv // QK, QK, Hkv, D)
-    sums = np.rint(np.einsum("mhgbj,bjhd->mhgbd", W, vq)).astype(np.int64)       # exact (< 2^19)
-    r = int_to_f32(sums, E[..., None])
-    r = np.where(sums == 0, F32(-0.0), r)             # -0: a block of masked cells changes nothing
+    vq = v["qs"].astype(np.float32).reshape(n_kv // VALUE_BLOCK, VALUE_BLOCK, Hkv, D)
+    with np.errstate(invalid="ignore"):           # an infinite w: int64's least value
+        sums = np.rint(np.einsum("mhgbj,bjhd->mhgbd", W, vq)).astype(np.int64)   # exact (< 2^19)
+    r = int_to_f32(sums, E[..., None])                                            # 0 -> +0
+    blive = live.reshape(M, 1, 1, n_kv // VALUE_BLOCK, VALUE_BLOCK).any(-1)
+    r = np.where(blive[..., None], r, F32(-0.0))      # no live cell: no block, -0.0 changes nothing
     out = r[..., 0, :]
-    for b in range(1, n_kv // QK):
+    for b in range(1, n_kv // VALUE_BLOCK):
         out = add(out, r[..., b, :])
     nan = np.isnan(amax).any(-1)[..., None]
     out = np.where(nan, F32(np.nan), out)

@@ -139,15 +139,14 @@ def reads(wtype: int) -> bool:
 def check_readable(raw: np.ndarray, wtype: int) -> None:
     """Raise Unreadable for the first block of a weight (uint8 [rows, row_bytes]) whose scale (or
     Q4_1's min; an F16 element) is infinite or NaN; one pass over the scales' bytes only."""
+    def nonfinite(h: np.ndarray) -> np.ndarray:          # f16 bits with the exponent all ones
+        return (h.view(np.uint16) & 0x7C00) == 0x7C00
     if wtype == F16:
-        h = np.ascontiguousarray(raw).view(np.uint16)
-        bad, what, unit = (h & 0x7C00) == 0x7C00, "an infinite or NaN f16 weight", "element"
+        bad, what, unit = nonfinite(np.ascontiguousarray(raw)), "an infinite or NaN f16 weight", "element"
     else:
         dt = _SCALED[wtype]
         b = np.ascontiguousarray(raw).view(dt)
-        bad = (b["d"].view(np.uint16) & 0x7C00) == 0x7C00
-        if "m" in dt.names:
-            bad = bad | ((b["m"].view(np.uint16) & 0x7C00) == 0x7C00)
+        bad = nonfinite(b["d"]) | (nonfinite(b["m"]) if "m" in dt.names else False)
         what, unit = "an infinite or NaN scale", "block"
     if bad.any():
         r, j = np.argwhere(bad)[0]
@@ -225,37 +224,6 @@ def group_dot(w: WeightInts, a: ActBlocks) -> np.ndarray:
         r = np.where(bad, F32(np.nan), r).astype(F32)
         y = r if y is None else add(y, r)
     return canon(y)
-
-
-def block_dot(raw: np.ndarray, wtype: int, a: ActBlocks) -> np.ndarray:
-    """The PerBlock dot, y [T, rows]: each weight block's terms (its scale times the block's
-    integer sum; Q4_1's min times the codes' sum) summed exactly and rounded to f32 once, the
-    blocks' pieces added in order. a: quantize_blocks(x, the weight's block) ([T, K]). F16 has
-    no block and is refused."""
-    if wtype == F16:
-        raise ValueError("portable profile: PerBlock scaling needs a block format, not F16")
-    T, K = a.q.shape
-    block = WEIGHT_TYPES[wtype].block
-    per = block // QK                                     # 32-element sub-blocks of one weight block
-    sub32 = ActBlocks(a.q, np.repeat(a.m, per, -1), np.repeat(a.e, per, -1), np.repeat(a.bad, per, -1))
-    w = weight_ints(raw, wtype, K)
-    p, x = terms(w, sub32)                                # [T, rows, K/32, 1 or 2]
-    rows, nblk = len(raw), K // block
-    pieces = round_exact(p.reshape(T, rows, nblk, -1), x.reshape(T, rows, nblk, -1))
-    bad = a.bad[:, None, :] | w.bad.reshape(rows, nblk, per).any(-1)[None]
-    pieces = np.where(bad, F32(np.nan), pieces).astype(F32)
-    y = pieces[..., 0]
-    for j in range(1, nblk):
-        y = add(y, pieces[..., j])
-    return canon(y)
-
-
-def dot(raw: np.ndarray, wtype: int, x: np.ndarray, scaling: ActScaling = ActScaling.SUB32) -> np.ndarray:
-    """The f32 the engine produces for row · act: weight rows (uint8 [rows, row_bytes]) times f32
-    activation rows x [T, K] under the given ActScaling -> [T, rows]."""
-    if scaling is ActScaling.PER_BLOCK:
-        return block_dot(raw, wtype, quantize_blocks(x, WEIGHT_TYPES[wtype].block))
-    return mul_mat(raw, wtype, quantize_act(x))
 
 
 def mul_mat(raw: np.ndarray, wtype: int, a: ActBlocks, rows_per_chunk: int | None = None) -> np.ndarray:

@@ -356,14 +356,21 @@ def test_round_terms_equal_round_exact():
 
 
 def test_round_terms_sticky_and_ties():
-    """Wide sums whose rounding is decided by a far-away low bit (above the half), or a tie."""
-    p = np.zeros((6, 16), np.int64)
-    x = np.zeros((6, 16), np.int64)
-    p[:, :3] = [[1, 1, 1], [1, 1, 0], [3, 1, -1], [-1, -1, -1], [1, -1, 1], [1, 1, 1]]
-    x[:, :3] = [[100, 76, 0], [100, 76, 0], [100, 77, -150], [100, 76, -160], [100, 76, -160], [123, 99, -160]]
+    """Wide sums whose rounding is decided by a far-away low bit (above the half), or a tie; the
+    low bit at the window's edge (SUM_WINDOW = 64 places below 2^100's least place) counts, one
+    place past it is floored away (a tie again), and a negative one however far past takes
+    one unit of the edge."""
+    p = np.zeros((7, 16), np.int64)
+    x = np.zeros((7, 16), np.int64)
+    p[:, :3] = [[1, 1, 1], [1, 1, 0], [3, 1, -1], [-1, -1, -1], [1, -1, 1], [1, 1, 1], [1, 1, 1]]
+    x[:, :3] = [[100, 76, 36], [100, 76, 0], [100, 77, -150], [100, 76, -160], [100, 76, -160], [123, 99, -160],
+                [100, 76, 35]]
     want = np.array([round_exact(p[i:i + 1], x[i:i + 1])[0] for i in range(len(p))], np.float32)
-    assert bits(want)[0] == bits(np.float32(2.0 ** 100))[0] + 1           # above the half: up
-    assert bits(want)[1] == bits(np.float32(2.0 ** 100))[0]               # a tie: even
+    up = bits(np.float32(2.0 ** 100))[0] + 1
+    assert bits(want)[0] == up                                            # above the half: up
+    assert bits(want)[1] == up - 1                                        # a tie: even
+    assert bits(want)[6] == up - 1                                        # past the window: a tie
+    assert bits(want)[3] == up | 0x80000000                               # -2^100 - 2^76 - 2^36: up
     assert np.array_equal(bits(run_round("rt", p, x)), bits(want))
 
 

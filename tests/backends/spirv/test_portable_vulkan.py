@@ -167,9 +167,10 @@ def _one_hot_act(m, e, nb=8):
 
 def test_matvec_ties_sticky_cancellation_overflow_and_flush(kern):
     """Rows built so each group's exact value is a chosen number: 2^24 + 1 (a tie, to even),
-    2^24 + 3 (a tie, up), a tie plus a term 157 binades below (sticky: up) or minus it (down),
-    an exact cancellation (fast and wide: +0), overflow (inf) and results below 2^-126 (zero of
-    their sign)."""
+    2^24 + 3 (a tie, up), a tie plus or minus a term 157 binades below (past SUM_WINDOW: floored
+    to 0, the tie to even, or to one unit of the window's edge, down), an exact cancellation
+    (fast and wide: +0), overflow (inf) and results below 2^-126 (zero of their sign); then the
+    window's edge itself (below)."""
     nb = 8
     cases = [  # (weight codes at element 0 of each block (d = 1), act m, act e)
         ([1, 1, 0, 0, 0, 0, 0, 0], [8, 8, 0, 0, 0, 0, 0, 0], [21, -3, 0, 0, 0, 0, 0, 0]),     # 2^24 + 1
@@ -194,6 +195,17 @@ def test_matvec_ties_sticky_cancellation_overflow_and_flush(kern):
     got = kern.matvec(_q8_rows(np.ones((1, nb), np.float16), np.tile([1] + [0] * 31, (1, nb))),
                       Q8_0, _one_hot_act([8, 8, 0, 0, 0, 0, 0, 0], [21, -3, 0, 0, 0, 0, 0, 0]))
     assert got[0] == F32(2 ** 24)                     # the tie went to even
+    # The largest term, 2^24, is 8192 (m 8 times d's significand 1024) at 2^11: the window keeps
+    # places down to 2^(11 - 64) = 2^-53. A term of 2^-53 is kept, one of 2^-54 floored.
+    for wq, e3, want in [([1, 1, 1], -56, 2 ** 24 + 2),     # 2^24 + 1 + 2^-53: above the tie, up
+                         ([1, 1, 1], -57, 2 ** 24),         # + 2^-54, floored to 0: the tie, even
+                         ([1, 3, 1], -57, 2 ** 24 + 4),     # 2^24 + 3 + 0: the tie, even (up)
+                         ([1, 3, -1], -57, 2 ** 24 + 2)]:   # 2^24 + 3 - 2^-54 floored to - 2^-53: down
+        q = np.zeros((1, 32 * nb), np.int8)
+        q[0, :96:32] = wq
+        got = _check_matvec(kern, _q8_rows(np.ones((1, nb), np.float16), q), Q8_0,
+                            _one_hot_act([8, 8, 8, 0, 0, 0, 0, 0], [21, -3, e3, 0, 0, 0, 0, 0]))
+        assert got[0] == F32(want), (wq, e3)
 
 
 def test_matvec_terms_at_the_int64_limit(kern):
@@ -419,6 +431,13 @@ def test_attention_edges(kern):
     qi = q * F32(1e30)                                                   # scores overflow
     _check_attention(kern, qi, k, v, mask, 0.125)
     _check_attention(kern, q, k, v, np.zeros(n_kv, F32), 1.0)           # nothing masked
+    ks, vs = k.copy(), v.copy()
+    ks[80, 0]["d"], vs[90, 1]["d"] = np.nan, np.inf                      # stale bad rows, masked: no effect
+    vs["qs"][:, :, 7] = 0                                                # every block's sum 0: +0
+    _check_attention(kern, q, ks, vs, mask, 0.125)
+    assert not np.isnan(kern.attention(q, ks, vs, mask, 0.125)).any()
+    assert not kern.attention(q, ks, vs, mask, 0.125)[:, 7].view(np.uint32).any()
+    _check_attention(kern, q, ks, vs, np.full(n_kv, -np.inf, F32), 0.125)   # no live cell: -0.0
 
 
 # ---- the ops of a real decode step

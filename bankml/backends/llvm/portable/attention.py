@@ -8,16 +8,17 @@ emitters of backends/llvm/portable/funcs.py, so its bits are the reference backe
      eight cells at a time in f64 (_scores8: vpmaddubsw dots, exact products and sums while the
      q blocks' exponent spread is within portable.f64.limit, one f64 -> f32 conversion), else
      (spread past the limit, a nonzero score below 2^-126 or from 2^127 up) per cell
-     portable.exact.round_shifted (_exact_score); scale and mask on 8 lanes (_score8); their
-     max and any NaN;
-  3. _softmax over the n_kv cells in a stack buffer (eight -inf scores, masked cells, skip the
-     exp: each is +0, and the sum's lanes add +0), then one recip of the tree8 sum;
-  4. _values, per block of 32 cells: w = r(p * s_v) and the power-of-two scale (_block_weights);
-     a block whose 32 softmax values are all +0 (masked cells) reads only its V scales
-     (_zero_block): w = +0 * s_v is +-0, or NaN (the row NaN) where s_v is inf or NaN;
-  5. _add_block: the block's exact int32 sums and one rounding (_value_block), blocks added in
-     cell order into the output row (-0.0 at first: _clear_out; a block whose weights are all 0
-     adds -0.0: skipped); _nan_row: a NaN score or weight makes the row NaN.
+     portable.exact.round_shifted (_exact_score); the scale on 8 lanes, a masked cell -inf
+     without a dot (_score8); their max, any NaN, any live cell;
+  3. _softmax over the n_kv cells in a stack buffer (eight -inf scores skip the exp: each is
+     +0, and the sum's lanes add +0), then one recip of the tree8 sum; a row with live cells
+     whose max is -inf is NaN (the softmax of -inf), one with none has no blocks;
+  4. _values, per block of 32 cells with a live one (a block of none is not the document's
+     block: skipped, it would add -0.0): w = r(p * s_v), 0 for a masked cell, and the
+     power-of-two scale (_block_weights);
+  5. _add_block: the block's exact int32 sums and one rounding (_value_block; 0 is +0, and a
+     block of zero weights adds +0), blocks added in cell order into the output row (-0.0 at
+     first, the sum of no blocks: _clear_out); _nan_row: a NaN score or weight makes the row NaN.
 
 Threads split (query row, head) pairs; no result depends on the split. The K/V cache rows are
 SET_ROWS's (backends/llvm/portable/ops.py): per (cell, K/V head) 2 bytes of f16 scale, then D int8 codes.
@@ -127,7 +128,6 @@ class _Attn:
     b: ir.IRBuilder
     entry: ir.IRBuilder            # _Var's allocas
     scale: ir.Constant             # n.params["scale"] as f32
-    scale_e: int                   # its exponent
     H: int
     D: int
     nsub: int                      # q blocks of 32 per row
@@ -182,8 +182,6 @@ class _QRow(NamedTuple):
 
 class _Cells(NamedTuple):
     """The task's values that every eight cells' scores read (_score8)."""
-    mask_row: ir.Value             # the task's first mask element
-    bounded: ir.Value              # a masked cell's score is -inf (see _cells)
     qf: list                       # each q block's m * 2^e in f64
     f64_row: ir.Value              # the q blocks' spread within portable.f64.limit
     qb: list                       # the q codes, <32 x i8> per block
@@ -199,11 +197,12 @@ def define_flash_attn(m: ir.Module, g: Graph, n: Node) -> ir.Function:
         mrow, h = b.sdiv(task, i64(a.H)), b.srem(task, i64(a.H))
         t = _Task(mrow, b.sdiv(h, i64(a.grp)), b.mul(task, i64(a.D)))
         q = _alignment(a, *_quantize_q(a, t))                      # 1.
-        mx, anynan = _scores(a, t, q)                               # 2.
-        rownan = _clear_out(a, t, anynan)
-        with b.if_then(b.not_(anynan.get())):
-            r, minf = _softmax(a, mx)                               # 3.
-            _values(a, t, r, minf, rownan)                          # 4. and 5.
+        mx, anynan, anylive = _scores(a, t, q)                      # 2.
+        minf = b.fcmp_ordered("==", mx.get(), f32(float("-inf")))
+        rownan = _clear_out(a, t, b.or_(anynan.get(), b.and_(minf, anylive)))
+        with b.if_then(b.and_(anylive, b.not_(b.or_(rownan.get(), minf)))):
+            r = _softmax(a, mx)                                     # 3.
+            _values(a, t, r, rownan)                                # 4. and 5.
         _nan_row(a, t, rownan)
     b.ret_void()
     return a.fn
@@ -230,7 +229,7 @@ def _setup(m: ir.Module, g: Graph, n: Node) -> tuple[_Attn, ir.Value, ir.Value]:
     sums = b.alloca(i32, size=D, name="sums")
     raw_slot = b.alloca(ir.ArrayType(f32, 8), name="raw8")
     need_slot = b.alloca(ir.ArrayType(i8, 8), name="need8")
-    a = _Attn(fn, b, entry, f32(float(scale)), int(np.frexp(scale)[1]) - 1, H, D, D // QK, 2 + D, Hkv, H // Hkv,
+    a = _Attn(fn, b, entry, f32(float(scale)), H, D, D // QK, 2 + D, Hkv, H // Hkv,
               k, v, pq, pout, pmask, nkv, qcodes, scores, sums, raw_slot, need_slot)
     lo, hi = thread_range(b, b.mul(dim(b, dims, M), i64(H)), ith, nth)
     return a, lo, hi
@@ -298,55 +297,53 @@ def _alignment(a: _Attn, badq, ms: list, es: list) -> _QRow:
     return _QRow(badq, ms, es, emin, spread, fits, sh_v, ae_v, emin32, qv, red)
 
 
-def _scores(a: _Attn, t: _Task, q: _QRow) -> tuple[_Var, _Var]:
-    """2. The scores r(r(q.k * scale) + mask) into a.scores (attention.attention); their max, any NaN."""
+def _scores(a: _Attn, t: _Task, q: _QRow) -> tuple[_Var, _Var, ir.Value]:
+    """2. The scores r(q.k * scale), -inf for a masked cell, into a.scores (attention.attention);
+    their max, any NaN, any live cell (i1)."""
     b = a.b
     # eight cells at a time: lane-wise running max (a tie of +-0 picks either: no bit
-    # depends on the max's zero sign) and any NaN, folded after the cells
+    # depends on the max's zero sign), any NaN and any live cell, folded after the cells
     v8i1 = ir.VectorType(i1, 8)
     vmx, vnan = _Var(b, v8f32, pm.const(v8f32, float("-inf")), a.entry), _Var(b, v8i1, pm.const(v8i1, 0), a.entry)
+    vlive = _Var(b, v8i1, pm.const(v8i1, 0), a.entry)
     cells = _cells(a, t, q)
     with for_range(b, 0, a.nkv, 8, name="j8") as j8:
-        sc = _score8(a, t, q, cells, j8)
+        sc, masked = _score8(a, t, q, cells, j8)
         _vstore(b, sc, a.scores, j8)
         cur = vmx.get()
         vmx.set(b.select(b.fcmp_ordered(">", sc, cur), sc, cur))
         vnan.set(b.or_(vnan.get(), pm.is_nan(b, sc)))
+        vlive.set(b.or_(vlive.get(), b.not_(masked)))
     lanes = vmx.get()
     mx_all = b.extract_element(lanes, i32(0))
     for lane in range(1, 8):
         x = b.extract_element(lanes, i32(lane))
         mx_all = b.select(b.fcmp_ordered(">", x, mx_all), x, mx_all)
-    return _Var(b, f32, mx_all, a.entry), _Var(b, i1, _any8(b, vnan.get()), a.entry)
+    return _Var(b, f32, mx_all, a.entry), _Var(b, i1, _any8(b, vnan.get()), a.entry), _any8(b, vlive.get())
 
 
 def _cells(a: _Attn, t: _Task, q: _QRow) -> _Cells:
-    """2. (once per task) the q scales and codes of _scores8, and the masked-cell bound."""
+    """2. (once per task) the q scales and codes of _scores8."""
     b = a.b
-    kv_mask_row = b.mul(t.mrow, a.nkv)
-    # a masked cell's score is -inf (NaN with a bad scale) whenever r(score * scale) is
-    # finite, which holds for every K row when |score| < 2^(emax + 42) (|dot| < 2^19,
-    # m < 2^4, |k| < 2^16, nsub <= 8) and |scale| < 2^(scale_e + 1) stay below 2^128
-    bounded = b.icmp_signed("<", b.add(q.emin, q.spread), i64(128 - 43 - a.scale_e - 1))
     qf = [b.fmul(b.sitofp(mq, f64), _pow2(b, eq)) for mq, eq in zip(q.ms, q.es)]    # m * 2^e, 0 for m = 0
     f64_row = b.icmp_signed("<=", q.spread, i64(pf.limit(TERM_BITS, a.nsub)))
     qb = [b.load(_codes_at(b, a.qcodes, sb), align=1) for sb in range(a.nsub)]
-    return _Cells(kv_mask_row, bounded, qf, f64_row, qb, pm.splat(b, a.scale, v8f32))
+    return _Cells(qf, f64_row, qb, pm.splat(b, a.scale, v8f32))
 
 
-def _score8(a: _Attn, t: _Task, q: _QRow, cells: _Cells, j8) -> ir.Value:
-    """2. Eight cells' scores from j8: _scores8, else _exact_cells; then r(r(s * scale) + mask)."""
-    # NaN for a bad q block or K scale, -inf for a masked cell (no dots when all eight are)
+def _score8(a: _Attn, t: _Task, q: _QRow, cells: _Cells, j8) -> tuple:
+    """2. Eight cells' scores from j8: _scores8, else _exact_cells; then r(s * scale), NaN for a
+    bad q block or K scale, -inf for a masked cell whatever its K row (no dots when all eight
+    are). Returns the scores and which cells are masked."""
     b = a.b
     v8i1, ninf8 = ir.VectorType(i1, 8), pm.const(v8f32, float("-inf"))
     rows = [a.row(a.k, b.add(j8, i64(c)), t.hk) for c in range(8)]
     words = ir.Constant(pf.v8i16, [0] * 8)                     # the eight K scales' f16 bits
     for c, row in enumerate(rows):
         words = b.insert_element(words, b.load(b.bitcast(row, i16.as_pointer()), align=1), i32(c))
-    mk = pm.canon(b, b.fpext(_vload(b, a.pmask, b.add(cells.mask_row, j8), ir.VectorType(f16, 8)), v8f32))
     kbad = b.icmp_unsigned("==", b.and_(words, pm.const(pf.v8i16, 0x7C00)), pm.const(pf.v8i16, 0x7C00))
     bad = b.or_(pm.splat(b, q.bad, v8i1), kbad)
-    masked = b.and_(pm.splat(b, cells.bounded, v8i1), b.fcmp_ordered("==", mk, ninf8))
+    masked = _masked8(a, t, j8)
     with b.if_then(b.not_(_all8(b, masked))):                  # eight masked cells: no dots
         raw8, need8 = _scores8(b, rows, words, cells.qb, cells.qf, cells.f64_row, a.nsub)
         need8 = b.and_(need8, b.not_(masked))
@@ -354,8 +351,8 @@ def _score8(a: _Attn, t: _Task, q: _QRow, cells: _Cells, j8) -> ir.Value:
         with b.if_then(_any8(b, need8), likely=False):
             _exact_cells(a, t, q, j8, need8)
     score = b.load(b.bitcast(a.raw_slot, v8f32.as_pointer()), align=4)
-    sc = pm.add(b, pm.mul(b, pm.with_bits(b, bad, pm.QNAN, score), cells.scale8), mk)
-    return b.select(masked, pm.with_bits(b, bad, pm.QNAN, ninf8), sc)
+    sc = pm.mul(b, pm.with_bits(b, bad, pm.QNAN, score), cells.scale8)
+    return b.select(masked, ninf8, sc), masked
 
 
 def _exact_cells(a: _Attn, t: _Task, q: _QRow, j8, need8) -> None:
@@ -370,28 +367,27 @@ def _exact_cells(a: _Attn, t: _Task, q: _QRow, j8, need8) -> None:
             b.store(_exact_score(b, krow, q, ks, kx), b.gep(a.raw_slot, [i32(0), jc]))
 
 
-def _clear_out(a: _Attn, t: _Task, anynan: _Var) -> _Var:
-    """5. The output row to -0.0 (the spec's sum of no blocks); returns rownan: so far, a NaN score."""
+def _clear_out(a: _Attn, t: _Task, nan) -> _Var:
+    """5. The output row to -0.0 (the sum of no blocks); returns rownan: so far, nan (i1)."""
     b = a.b
-    rownan = _Var(b, i1, anynan.get(), a.entry)
+    rownan = _Var(b, i1, nan, a.entry)
     neg0 = pm.const(v8f32, NEG0)
     with for_range(b, 0, a.D, 8, name="o") as o:
         _vstore(b, neg0, a.pout, b.add(t.qbase, o))
     return rownan
 
 
-def _softmax(a: _Attn, mx: _Var) -> tuple:
-    """3. funcs.softmax: exp(x - max) in place in a.scores; returns r(1/tree8 sum) and max == -inf."""
+def _softmax(a: _Attn, mx: _Var) -> ir.Value:
+    """3. funcs.softmax of a row whose max is finite: exp(x - max) in place in a.scores; returns
+    r(1/tree8 sum)."""
     b = a.b
     ninf8 = pm.const(v8f32, float("-inf"))
-    minf = b.fcmp_ordered("==", mx.get(), f32(float("-inf")))
-    mxs = pm.splat(b, b.select(minf, f32(0.0), mx.get()), v8f32)
+    mxs = pm.splat(b, mx.get(), v8f32)
     lanes = _Var(b, v8f32, pm.const(v8f32, NEG0), a.entry)
     zero8 = pm.const(v8f32, 0.0)
     with for_range(b, 0, a.nkv, 8, name="e") as j:
         x = _vload(b, a.scores, j)
-        # eight -inf scores (masked cells): exp(-inf - max) is +0 (x - max is -inf for
-        # any max but NaN, and a NaN max skips the softmax), so no exp is needed
+        # eight -inf scores (masked cells): exp(-inf - max) is +0 for the finite max
         with b.if_else(_all8(b, b.fcmp_ordered("==", x, ninf8))) as (masked8, live8):
             with masked8:
                 _vstore(b, zero8, a.scores, j)
@@ -400,43 +396,29 @@ def _softmax(a: _Attn, mx: _Var) -> tuple:
                 e = pm.exp(b, pm.sub(b, x, mxs))
                 _vstore(b, e, a.scores, j)
                 lanes.set(pm.add(b, lanes.get(), e))
-    return pm.recip(b, pm.tree(b, lanes.get())), minf
+    return pm.recip(b, pm.tree(b, lanes.get()))
 
 
-def _values(a: _Attn, t: _Task, r, minf, rownan: _Var) -> None:
-    """4. and 5. Per block of 32 cells in order: w = r(p * s_v), the block added into the output row."""
+def _masked8(a: _Attn, t: _Task, j) -> ir.Value:
+    """<8 x i1>: cells j..j+7 are masked (their mask -inf) for the task's row."""
+    b = a.b
+    mk = _vload(b, a.pmask, b.add(b.mul(t.mrow, a.nkv), j), ir.VectorType(f16, 8))
+    return b.fcmp_ordered("==", b.fpext(mk, v8f32), pm.const(v8f32, float("-inf")))
+
+
+def _values(a: _Attn, t: _Task, r, rownan: _Var) -> None:
+    """4. and 5. Per block of 32 cells with a live one, in order: w = r(p * s_v), the block added
+    into the output row."""
     b = a.b
     with for_range(b, 0, b.sdiv(a.nkv, i64(QK)), name="blk") as blk:
-        # a block of 32 zero weights p (masked cells, or none live): w = +0 * s_v is +-0
-        # (no block sum) or NaN where s_v is inf or NaN, so only the V scales are read
-        zero8f = pm.const(v8f32, 0.0)
-        zeros = [_all8(b, b.fcmp_ordered("==", _vload(b, a.scores, b.add(b.mul(blk, i64(QK)), i64(c8))), zero8f))
-                 for c8 in range(0, QK, 8)]
-        with b.if_else(b.or_(minf, b.and_(b.and_(zeros[0], zeros[1]), b.and_(zeros[2], zeros[3])))) \
-                as (zero_blk, live_blk):
-            with zero_blk:
-                _zero_block(a, t, blk, rownan)
-            with live_blk:
-                _add_block(a, t, blk, *_block_weights(a, t, blk, r, minf), rownan)
+        dead = [_all8(b, _masked8(a, t, b.add(b.mul(blk, i64(QK)), i64(c8)))) for c8 in range(0, QK, 8)]
+        with b.if_then(b.not_(b.and_(b.and_(dead[0], dead[1]), b.and_(dead[2], dead[3])))):
+            _add_block(a, t, blk, *_block_weights(a, t, blk, r), rownan)
 
 
-def _zero_block(a: _Attn, t: _Task, blk, rownan: _Var) -> None:
-    """4. A block of 32 zero p: w = +0 * s_v adds nothing, or is NaN (the row NaN) for an inf or NaN s_v."""
-    b = a.b
-    bad = pm.const(ir.VectorType(i1, 8), 0)
-    for c8 in range(0, QK, 8):
-        words = ir.Constant(pf.v8i16, [0] * 8)
-        for c in range(8):
-            vrow = a.row(a.v, b.add(b.mul(blk, i64(QK)), i64(c8 + c)), t.hk)
-            words = b.insert_element(words, b.load(b.bitcast(vrow, i16.as_pointer()), align=1), i32(c))
-        exps = b.and_(words, pm.const(pf.v8i16, 0x7C00))
-        bad = b.or_(bad, b.icmp_unsigned("==", exps, pm.const(pf.v8i16, 0x7C00)))
-    with b.if_then(_any8(b, bad)):
-        rownan.set(i1(1))
-
-
-def _block_weights(a: _Attn, t: _Task, blk, r, minf) -> tuple:
-    """4. w = r(p * s_v) of the block's cells in place of p (attention.attention): max |w|, any NaN, any inf."""
+def _block_weights(a: _Attn, t: _Task, blk, r) -> tuple:
+    """4. w = r(p * s_v) of the block's cells in place of p, 0 for a masked cell
+    (attention.attention): max |w|, any NaN, any inf."""
     b = a.b
     v8i1, zero8f = ir.VectorType(i1, 8), pm.const(v8f32, 0.0)
     vamax = _Var(b, v8f32, pm.const(v8f32, 0.0), a.entry)  # |w| lane-wise: max in any order
@@ -448,8 +430,8 @@ def _block_weights(a: _Attn, t: _Task, blk, r, minf) -> tuple:
         for c in range(8):
             sv = b.load(b.bitcast(a.row(a.v, b.add(j, i64(c)), t.hk), f16.as_pointer()), align=1)
             svw = b.insert_element(svw, sv, i32(c))
-        p = b.select(pm.splat(b, minf, v8i1), zero8f, pm.mul(b, _vload(b, a.scores, j), r8))
-        w = pm.mul(b, p, pm.canon(b, b.fpext(svw, v8f32)))
+        w = pm.mul(b, pm.mul(b, _vload(b, a.scores, j), r8), pm.canon(b, b.fpext(svw, v8f32)))
+        w = b.select(_masked8(a, t, j), zero8f, w)
         _vstore(b, w, a.scores, j)
         aw = pm.fabs(b, w)
         cur = vamax.get()
@@ -465,7 +447,8 @@ def _block_weights(a: _Attn, t: _Task, blk, r, minf) -> tuple:
 
 
 def _add_block(a: _Attn, t: _Task, blk, amax: _Var, wnan, winf, rownan: _Var) -> None:
-    """5. The block's r(2^E * Σ W_j v_j) into the output row (_value_block); NaN w: the row NaN, inf: -inf."""
+    """5. The block's r(2^E * Σ W_j v_j) into the output row (_value_block; all w zero: +0 added);
+    NaN w: the row NaN, inf: -inf."""
     b = a.b
     with b.if_then(wnan):
         rownan.set(i1(1))
@@ -477,8 +460,15 @@ def _add_block(a: _Attn, t: _Task, blk, amax: _Var, wnan, winf, rownan: _Var) ->
                 at = b.add(t.qbase, o)
                 _vstore(b, pm.add(b, _vload(b, a.pout, at), ninf), a.pout, at)
         with otherwise:
-            with b.if_then(b.and_(nonzero, b.not_(wnan))):
-                _value_block(a, t, blk, amax.get())
+            with b.if_else(nonzero) as (some, none):
+                with some:
+                    with b.if_then(b.not_(wnan)):
+                        _value_block(a, t, blk, amax.get())
+                with none:         # every sum 0: +0 added (a -0.0 so far becomes +0)
+                    zero8 = pm.const(v8f32, 0.0)
+                    with for_range(b, 0, a.D, 8, name="oz") as o:
+                        at = b.add(t.qbase, o)
+                        _vstore(b, pm.add(b, _vload(b, a.pout, at), zero8), a.pout, at)
 
 
 def _nan_row(a: _Attn, t: _Task, rownan: _Var) -> None:
@@ -535,7 +525,7 @@ def _exact_score(b, krow, q: _QRow, ks, kx):
 
 def _value_block(a: _Attn, t: _Task, blk, amax) -> None:
     """5. One block of 32 cells with max |w| = amax > 0 (finite): E (attention._pow2_scale),
-    W_j = rint(w_j / 2^E), the exact sums Σ W_j v_j (int32), r(2^E * sum) (-0.0 for 0) added
+    W_j = rint(w_j / 2^E), the exact sums Σ W_j v_j (int32), r(2^E * sum) (+0 for 0) added
     into the output row."""
     b = a.b
     v8i8 = ir.VectorType(i8, 8)
@@ -558,10 +548,7 @@ def _value_block(a: _Attn, t: _Task, blk, amax) -> None:
                 vc = b.sext(_vload(b, vcodes, o, v8i8), v8i32)
                 _vstore(b, b.add(_vload(b, a.sums, o, v8i32), b.mul(Wv, vc)), a.sums, o)
     E8 = pm.splat(b, b.trunc(E, i32), v8i32)
-    neg0 = pm.const(v8f32, NEG0)
     with for_range(b, 0, a.D, 8, name="r") as o:
-        s = _vload(b, a.sums, o, v8i32)
-        r = pm.scale2(b, b.sitofp(s, v8f32), E8)
-        r = b.select(b.icmp_signed("==", s, zero8), neg0, r)
+        r = pm.scale2(b, b.sitofp(_vload(b, a.sums, o, v8i32), v8f32), E8)
         at = b.add(t.qbase, o)
         _vstore(b, pm.add(b, _vload(b, a.pout, at), r), a.pout, at)

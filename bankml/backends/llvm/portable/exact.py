@@ -14,15 +14,19 @@ at most 440 (their aligned sum fits the i512), which every group of the profile 
 scale exponents -136..118, f16 exponents -24..6: a span below 300):
 - fast path: every nonzero term shifted to the least exponent of the nonzero terms has at most
   58 bits (the spec's rule), so the sum of up to 32 of them is an exact i64: one round_i64;
-- wide path (a call, rare): the same alignment in an i512, whose top 62 bits (the bits below
-  them ORed into the last, a sticky bit, which rounds to 24 bits as the whole would) go
-  through round_i64 at the exponent they stand at.
+- wide path (a call, rare): the window first (arith.windowed: the largest term's least place
+  L, of equal terms the greatest; every term below L - SUM_WINDOW floored there by an
+  arithmetic shift), the terms aligned at max(L - SUM_WINDOW, least exponent) in an i512, whose
+  top 62 bits (the bits below them ORed into the last, a sticky bit, which rounds to 24 bits as
+  the whole would) go through round_i64 at the exponent they stand at. (A fast path's spread
+  is at most 58 places, inside the window: no term there is past it.)
 """
 from __future__ import annotations
 
 from llvmlite import ir
 
 from bankml.backends.llvm.emit.core import f32, for_range, i1, i32, i64, intrinsic, new_function
+from bankml.profiles.portable.arith import SUM_WINDOW
 
 i512 = ir.IntType(512)
 WIDE = "bankml.portable.round_wide"
@@ -130,7 +134,8 @@ def _call_wide(b: ir.IRBuilder, p, x):
 
 
 def define_round_wide(m: ir.Module) -> ir.Function:
-    """float round_wide(i64* p, i64* x, i64 n): sum p[k] * 2^x[k] in an i512, rounded once."""
+    """float round_wide(i64* p, i64* x, i64 n): sum p[k] * 2^x[k] under SUM_WINDOW in an i512,
+    rounded once."""
     if WIDE in m.globals:
         return m.globals[WIDE]
     fn, b = new_function(m, WIDE, ir.FunctionType(f32, [i64.as_pointer(), i64.as_pointer(), i64]))
@@ -149,12 +154,32 @@ def define_round_wide(m: ir.Module) -> ir.Function:
         b.store(b.select(less, xk, xm), xm_slot)
     xm = b.load(xm_slot)
     xm = b.select(b.icmp_signed("==", xm, i64(_BIG)), i64(0), xm)
+    # the largest term's least place: |p| aligned at xm compared whole, ties to the greater x
+    size_slot, low_slot = b.alloca(i512, name="size"), b.alloca(i64, name="low")
+    b.store(i512(0), size_slot)
+    b.store(xm, low_slot)
+    with for_range(b, 0, n, name="w") as k:
+        pk, xk = b.load(b.gep(pp, [k])), b.load(b.gep(xp, [k]))
+        ap = b.sext(b.select(b.icmp_signed("<", pk, i64(0)), b.sub(i64(0), pk), pk), i512)
+        sh = b.select(b.icmp_signed("!=", pk, i64(0)), b.sub(xk, xm), i64(0))
+        size = b.shl(ap, b.zext(b.select(b.icmp_unsigned("<", sh, i64(448)), sh, i64(448)), i512))
+        best = b.load(size_slot)
+        more = b.or_(b.icmp_unsigned(">", size, best),
+                     b.and_(b.icmp_unsigned("==", size, best), b.icmp_signed(">", xk, b.load(low_slot))))
+        more = b.and_(more, b.icmp_signed("!=", pk, i64(0)))
+        b.store(b.select(more, size, best), size_slot)
+        b.store(b.select(more, xk, b.load(low_slot)), low_slot)
+    edge = b.sub(b.load(low_slot), i64(SUM_WINDOW))
+    xm = b.select(b.icmp_signed(">", edge, xm), edge, xm)             # where the sum is aligned
     with for_range(b, 0, n, name="t") as k:
         pk, xk = b.load(b.gep(pp, [k])), b.load(b.gep(xp, [k]))
         nz = b.icmp_signed("!=", pk, i64(0))
         sh = b.select(nz, b.sub(xk, xm), i64(0))
-        sh = b.select(b.icmp_unsigned("<", sh, i64(448)), sh, i64(448))   # never past the bound above
-        term = b.shl(b.sext(pk, i512), b.zext(sh, i512))
+        up = b.select(b.icmp_signed("<", sh, i64(448)), sh, i64(448))   # never past the bound above
+        down = b.select(b.icmp_signed(">", sh, i64(-100)), b.sub(i64(0), sh), i64(100))
+        wide = b.sext(pk, i512)
+        term = b.select(b.icmp_signed(">=", sh, i64(0)), b.shl(wide, b.zext(up, i512)),
+                        b.ashr(wide, b.zext(down, i512)))                # past the window: floored
         b.store(b.add(b.load(acc_slot), term), acc_slot)
     acc = b.load(acc_slot)
     neg = b.icmp_signed("<", acc, i512(0))

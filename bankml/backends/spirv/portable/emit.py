@@ -16,9 +16,11 @@
 - `exp`, `recip`, `rsqrt`: funcs.py's steps; the tables are a storage buffer (tables.py's
   values, uploaded by the host); scale2 is integer exponent arithmetic.
 - `round_terms`: the exact value of Σ P_t·2^X_t (int64 P, int32 X, at most 16 terms) rounded
-  once to f32 (arith.round_exact): an int64 sum when every aligned term has at most 59 bits,
-  else a 384-bit two's-complement accumulator of 12 u32 words (enough for every term a
-  portable kernel makes: exponents within 300 of each other, |P| < 2^59; see docs/spirv.md).
+  once to f32 (arith.round_exact): an int64 sum when every aligned term has at most 59 bits
+  (a spread inside SUM_WINDOW), else the window (`window_edge`: a term past SUM_WINDOW places
+  below the largest term's least place floored there) and a 384-bit two's-complement
+  accumulator of 12 u32 words (enough for every term a portable kernel makes: exponents within
+  300 of each other, |P| < 2^59; see docs/spirv.md).
   Both end in `round_u64`, the correctly rounded u64 -> f32 conversion (leading bit, 24
   bits, nearest even with a sticky bit, exponent, overflow to inf, flush below 2^-126).
 
@@ -31,6 +33,7 @@ from __future__ import annotations
 import struct
 
 from bankml.backends.spirv import builder as B
+from bankml.profiles.portable.arith import SUM_WINDOW
 
 SIGN, EXP, QNAN, MAG = 0x80000000, 0x7F800000, 0x7FC00000, 0x7FFFFFFF
 WIDE_WORDS = 12                 # the wide accumulator: 384 bits
@@ -396,11 +399,42 @@ class Emit:
         zero = self.b("IEqual", f.load(u32, nz_any), self.c(0))
         return self.sel(zero, self.c(0), f.load(u32, out))
 
-    def wide_sum(self, P, X, n, xm):
-        """The wide path: 12 u32 words, two's complement; each term P·2^(X - xm) added word by
-        word with carries (sign-extended to the top), then |sum|'s top 64 bits and a sticky bit."""
+    def window_edge(self, P, X, n):
+        """arith.windowed's edge: the largest term's least place (|P|·2^X compared exactly, of
+        equal terms the greatest X) minus SUM_WINDOW. Terms of equal top place (bit length + X)
+        are compared with the one of greater X shifted up by the difference (below 63 places)."""
         f, m = self.f, self.m
         u32, u64 = m.u32, self.u64
+        bmag, bx = self.var(u64, "bmag", self.c64(0)), self.var(u32, "bx", self.c(0))
+        btop = self.var(u32, "btop", self.c(0x80000000))                 # below every top place
+        with f.loop(n, self.name("largest")) as t:
+            p = f.load(u64, f.chain(B.SC_FUNCTION, u64, P, t))
+            x = f.load(u32, f.chain(B.SC_FUNCTION, u32, X, t))
+            mag = self.sel64(self.b("SLessThan", p, self.c64(0)), self.w("ISub", self.c64(0), p), p)
+            top = self.u("IAdd", self.bitlen64(mag), x)
+            ob, ox = f.load(u64, bmag), f.load(u32, bx)
+            up = self.b("SGreaterThan", x, ox)                       # this term's x above the best's
+            d = self.zext64(self.sel(up, self.u("ISub", x, ox), self.u("ISub", ox, x)))
+            a = self.sel64(up, self.w("ShiftLeftLogical", mag, d), mag)
+            c = self.sel64(up, ob, self.w("ShiftLeftLogical", ob, d))
+            same = self.b("IEqual", top, f.load(u32, btop))
+            more = self.b("LogicalOr", self.b("SGreaterThan", top, f.load(u32, btop)),
+                          self.b("LogicalAnd", same, self.b("LogicalOr", self.b("UGreaterThan", a, c),
+                                                            self.b("LogicalAnd", self.b("IEqual", a, c), up))))
+            more = self.b("LogicalAnd", more, self.b("INotEqual", p, self.c64(0)))
+            f.store(bmag, self.sel64(more, mag, ob))
+            f.store(bx, self.sel(more, x, ox))
+            f.store(btop, self.sel(more, top, f.load(u32, btop)))
+        return self.u("ISub", f.load(u32, bx), self.c(SUM_WINDOW))
+
+    def wide_sum(self, P, X, n, xm):
+        """The wide path: the terms aligned at max(window_edge, xm), one past the window floored
+        there (an arithmetic shift); 12 u32 words, two's complement; each term added word by word
+        with carries (sign-extended to the top), then |sum|'s top 64 bits and a sticky bit."""
+        f, m = self.f, self.m
+        u32, u64 = m.u32, self.u64
+        edge = self.window_edge(P, X, n)
+        xm = self.sel(self.b("SGreaterThan", edge, xm), edge, xm)
         arr = m.type("TypeArray", u32, self.c(WIDE_WORDS))
         acc = self.var(arr, "acc")
         with f.loop(self.c(WIDE_WORDS), self.name("zero")) as i:
@@ -408,6 +442,11 @@ class Emit:
         with f.loop(n, self.name("wadd")) as t:
             p = f.load(u64, f.chain(B.SC_FUNCTION, u64, P, t))
             x = f.load(u32, f.chain(B.SC_FUNCTION, u32, X, t))
+            past = self.b("SLessThan", x, xm)
+            down = self.u("ISub", xm, x)
+            down = self.zext64(self.sel(self.b("UGreaterThan", down, self.c(63)), self.c(63), down))
+            p = self.sel64(past, self.w("ShiftRightArithmetic", p, down), p)     # floored at the edge
+            x = self.sel(past, xm, x)
             with f.if_then(self.b("INotEqual", p, self.c64(0)), self.name("wterm")):
                 sh = self.u("ISub", x, xm)
                 wo, bo = self.u("ShiftRightLogical", sh, self.c(5)), self.u("BitwiseAnd", sh, self.c(31))

@@ -305,10 +305,10 @@ def emit_rmsnorm(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
     return tuple(m.words())
 
 
-def _softmax_row(e: Emit, n: int, read, write, masked: bool = False) -> int:
+def _softmax_row(e: Emit, n: int, read, write, live=None) -> int:
     """funcs.softmax of read(i), i < n, into write(i, v); returns the row's NaN flag (bool). A row
-    of -inf is NaN (-inf - -inf), but for the attention's masked scores (`masked`), where it means
-    no live cell: zeros (attention.attention)."""
+    of -inf is NaN (-inf - -inf), but for the attention's scores with no live cell (`live`, a
+    bool, false): zeros (attention.attention)."""
     f, m = e.f, e.m
     ninf = e.flt(e.c(0xFF800000))
     mx = e.var(m.f32, "mx", ninf)
@@ -327,8 +327,7 @@ def _softmax_row(e: Emit, n: int, read, write, masked: bool = False) -> int:
         return v
     r = e.recip(_fold(e, n, ex, "sum"))
     isnan = e.b("INotEqual", f.load(m.u32, nan), e.c(0))
-    if not masked:
-        isnan = e.b("LogicalOr", isnan, allninf)
+    isnan = e.b("LogicalOr", isnan, allninf if live is None else e.b("LogicalAnd", allninf, live))
     with f.loop(n, "scale") as i:
         y = e.fmul(read(i, raw=True), r)
         y = e.sel(allninf, e.c(0), e.bits(y))
@@ -421,7 +420,11 @@ def emit_attention(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
     mrow = e.u("IMul", k.gid_y, n_kv, name="mask_row")
     srow = e.u("IMul", hq, n_kv)
     P, X = e.terms()
-    # 1. scores
+
+    def dead(j):                                       # cell j masked for this row: no position
+        return e.b("IEqual", e.bits(_f32_at(e, mbuf, e.u("IAdd", mrow, j))), e.c(0xFF800000))
+    # 1. scores; a masked cell's -inf, whatever its K row
+    anylive = e.var(u32, "anylive", e.c(0))
     with f.loop(ncell, "cell") as j:
         kr = row_at(j)
         ks, kx, kbad = _f16_parts(e, _u16(e, kbuf, kr))
@@ -442,27 +445,32 @@ def emit_attention(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
             qbad = e.b("INotEqual", e.u("ShiftRightLogical", info0, e.c(8)), e.c(0))
             f.store(bad, e.sel(qbad, e.c(1), f.load(u32, bad)))
         sc = e.flt(e.sel(e.b("INotEqual", f.load(u32, bad), e.c(0)), e.c(QNAN), e.round_terms(P, X, nsub)))
-        sc = e.fadd(e.fmul(sc, e.flt(scale)), _f32_at(e, mbuf, e.u("IAdd", mrow, j)))
+        sc = f.select(f32, dead(j), e.flt(e.c(0xFF800000)), e.fmul(sc, e.flt(scale)))
+        f.store(anylive, e.sel(dead(j), f.load(u32, anylive), e.c(1)))
         _store(e, sbuf, e.u("IAdd", srow, j), sc)
 
     # 2. p = softmax(scores), in place
     def read(i, raw=False):
         return _f32_at(e, sbuf, e.u("IAdd", srow, i))
-    _softmax_row(e, ncell, read, lambda i, v: _store(e, sbuf, e.u("IAdd", srow, i), v), masked=True)
+    live = e.b("INotEqual", f.load(u32, anylive), e.c(0))
+    _softmax_row(e, ncell, read, lambda i, v: _store(e, sbuf, e.u("IAdd", srow, i), v), live)
 
-    # 3. per block of 32 cells: w_j = r(p_j * s_vj), a power-of-two scale 2^E, codes W_j,
-    #    out += r(2^E * Σ_j W_j v_j) (-0.0 for an exact zero); any NaN w: the head is NaN
+    # 3. per block of 32 cells: w_j = r(p_j * s_vj) (0 for a masked cell), a power-of-two scale
+    #    2^E, codes W_j, out += r(2^E * Σ_j W_j v_j) (+0 for an exact zero; a block with no live
+    #    cell is none of the document's: -0.0); any NaN w: the head is NaN
     wa = e.var(m.type("TypeArray", u32, e.c(32)), "W")
     nan = e.var(u32, "wnan", e.c(0))
     obase = e.u("IMul", hq, D)
     with f.loop(e.u("ShiftRightLogical", ncell, e.c(5)), "vb") as b:
         amax = e.var(u32, "amax", e.c(0))
+        blive = e.var(u32, "blive", e.c(0))
 
         def w_of(i):
             j = e.u("IAdd", e.u("ShiftLeftLogical", b, e.c(5)), i)
             sv = _f16_to_f32(e, _u16(e, vbuf, row_at(j)))
-            return e.fmul(read(j), sv)
+            return f.select(f32, dead(j), e.fc(0.0), e.fmul(read(j), sv))
         with f.loop(e.c(32), "wmax") as i:
+            f.store(blive, e.sel(dead(e.u("IAdd", e.u("ShiftLeftLogical", b, e.c(5)), i)), f.load(u32, blive), e.c(1)))
             wb = e.bits(w_of(i))
             mag = e.u("BitwiseAnd", wb, e.c(0x7FFFFFFF))
             f.store(nan, e.sel(e.b("UGreaterThan", mag, e.c(EXP)), e.c(1), f.load(u32, nan)))
@@ -491,7 +499,7 @@ def emit_attention(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
                 W = f.load(u32, f.chain(B.SC_FUNCTION, u32, wa, i))
                 f.store(s, e.u("IAdd", f.load(u32, s), e.u("IMul", W, v)))
             sv = f.load(u32, s)
-            r = e.sel(e.b("IEqual", sv, e.c(0)), e.c(SIGN), e.int_to_f32(e.sext64(sv), E))
+            r = e.sel(e.b("IEqual", f.load(u32, blive), e.c(0)), e.c(SIGN), e.int_to_f32(e.sext64(sv), E))
             oi = e.u("IAdd", obase, d)
             prev = f.load(f32, f.chain(B.SC_STORAGE_BUFFER, f32, obuf, e.c(0), oi))
             _store(e, obuf, oi, f.select(f32, e.b("IEqual", b, e.c(0)), e.flt(r), e.fadd(prev, e.flt(r))))
