@@ -167,7 +167,8 @@ class LlvmBackend:
             if id(g) in self.compiled:
                 return 0.0
             cg = compile_graph(g)
-            _release_freed_heap()
+            if cg.emitted:                      # loaded from the cache, it left little to free
+                _release_freed_heap()
             bufs = _Buffers(g, cg)
             self.compiled[id(g)] = (g, cg, bufs)
             if bufs.size + ALIGN > self.arena.nbytes:        # a larger arena for every graph

@@ -129,6 +129,7 @@ class CompiledGraph:
     part: object                       # ctypes function (bufs, ith, nth, barrier, dims, lo, hi): kernels [lo, hi)
     n_functions: int
     compile_s: dict = field(default_factory=dict)
+    emitted: int = 0                   # kernel modules whose IR was emitted (not loaded from the cache)
 
 
 SERIAL_ELEMS = 8192        # kernels touching at most this many f32 values run on thread 0 alone
@@ -285,8 +286,8 @@ def plan(g: Graph) -> tuple[ir.Module, list[Node], list[Node], list[Node], dict[
     barriers = plan_barriers(g, kernels, serial)
     index: dict[tuple, int] = {}
     reps: list[Node] = []
-    for n in kernels:
-        key = kernel_key(g, n)
+    keys = [kernel_key(g, n) for n in kernels]
+    for n, key in zip(kernels, keys):
         if key not in index:
             index[key] = len(reps)
             reps.append(n)
@@ -295,8 +296,8 @@ def plan(g: Graph) -> tuple[ir.Module, list[Node], list[Node], list[Node], dict[
     table = ir.GlobalVariable(m, ir.ArrayType(i8p, len(reps)), name=KERNEL_TABLE)
     table.initializer = ir.Constant(table.type.pointee, None)     # external: LLVM may not fold the loads
     width = 4 + max(1 + len(n.inputs) for n in kernels)
-    rows = [[index[kernel_key(g, n)], int(need) | 2 * int(ser), 1 + len(n.inputs), registry.kernel_arg(g, n)]
-            + [slot[i] for i in (n.id, *n.inputs)] for n, need, ser in zip(kernels, barriers, serial)]
+    rows = [[index[key], int(need) | 2 * int(ser), 1 + len(n.inputs), registry.kernel_arg(g, n)]
+            + [slot[i] for i in (n.id, *n.inputs)] for n, key, need, ser in zip(kernels, keys, barriers, serial)]
     # the plan as one byte-string constant of little-endian i64 records (an IR constant per
     # field made 12,500 llvmlite objects for SmolLM2's glue: time to build and print, and a
     # cyclic-GC pass over them when the module is dropped)
@@ -387,4 +388,4 @@ def compile_graph(g: Graph) -> CompiledGraph:
          f"{n_fns} functions, {sum(barriers)} barriers, emit {emit_s:.2f}s, jit {t2 - t0 - emit_s:.2f}s "
          f"({', '.join(f'{cache.count(c)} {c}' for c in sorted(set(cache)))})")
     return CompiledGraph(order, slot, kernels, barriers, engines, part, n_fns,
-                         {"emit": emit_s, "jit": t2 - t0 - emit_s})
+                         {"emit": emit_s, "jit": t2 - t0 - emit_s}, sum(len(u) for u in by_text.values()))
