@@ -180,9 +180,9 @@ def diff(model: str, prompt: str, threads: int, outputs: str, cache_type_k: str,
     """The first named tensor that differs from llama.cpp (with the same cache types), or "identical"."""
     import bankml
     from bankml.diff import diff as run_diff
-    m = bankml.load(model, threads=threads, cache_type_k=cache_type_k, cache_type_v=cache_type_v)
-    ids = m.tokenize(prompt, add_special=True, parse_special=True)
-    r = run_diff(m, ids, outputs=outputs)
+    with bankml.load(model, threads=threads, cache_type_k=cache_type_k, cache_type_v=cache_type_v) as m:
+        ids = m.tokenize(prompt, add_special=True, parse_special=True)
+        r = run_diff(m, ids, outputs=outputs)
     click.echo(r.summary())
     if r.first_difference is not None:
         sys.exit(1)
@@ -243,6 +243,7 @@ def run(model, prompt, system, raw, interactive, multiline, history, n_predict, 
         raise click.BadParameter(f"{gpu!r}: want auto, off or a Vulkan device index", param_hint="--gpu")
     m = bankml.load(_model_or_default(model, model_name), backend=backend, threads=threads, gpu=gpu, n_ctx=n_ctx,
                     cache_type_k=cache_type_k, cache_type_v=cache_type_v, profile=profile)
+    click.get_current_context().call_on_close(m.close)         # its threads and code end with the command
     _freeze_loaded()
     if m.kv.quantized:
         click.echo(f"bankml: {cache_line(m.kv, m.hparams, m.n_ctx)}", err=True)

@@ -28,6 +28,7 @@ from pathlib import Path
 import llvmlite
 import numpy as np
 from llvmlite import binding as llvm
+from llvmlite.binding import ffi
 from llvmlite import ir
 
 from bankml._version import __version__
@@ -95,12 +96,11 @@ def compile_text(text: str, also: Sequence[str] = ()) -> llvm.ExecutionEngine:
     tm = _new_target_machine()
     if opt and cached is None:
         run_o3(mod, tm)
-    eng = llvm.create_mcjit_compiler(mod, tm)
+    eng = _engine(mod, tm, ctx)
     if use_cache:
         # getbuffer: MCJIT loads these bytes instead of running codegen; notify: the object it made
         eng.set_object_cache(lambda _mod, obj: [jit_cache.put(k, obj) for k in keys], lambda _mod: cached)
     eng.finalize_object()
-    eng._bankml_module, eng._bankml_context = mod, ctx     # alive as long as the engine
     eng._bankml_cache = "off" if not use_cache else "hit" if cached is not None else "miss"
     return eng
 
@@ -115,10 +115,29 @@ def load_cached(spec: str) -> llvm.ExecutionEngine | None:
         return None
     ctx = llvm.create_context()
     mod = llvm.parse_assembly(module_text(ir.Module(name="bankml_object")), context=ctx)
-    eng = llvm.create_mcjit_compiler(mod, _new_target_machine())
+    eng = _engine(mod, _new_target_machine(), ctx)
     eng.add_object_file(llvm.ObjectFileRef.from_data(obj))
     eng.finalize_object()
-    eng._bankml_module, eng._bankml_context, eng._bankml_cache = mod, ctx, "hit"
+    eng._bankml_cache = "hit"
+    return eng
+
+
+class _Engine(llvm.ExecutionEngine):
+    """An MCJIT engine that disposes its module's LLVM context after itself."""
+
+    def _dispose(self) -> None:
+        super()._dispose()
+        ffi.lib.LLVMPY_ContextDispose(self._bankml_context)
+
+
+def _engine(mod: llvm.ModuleRef, tm: llvm.TargetMachine, ctx: llvm.ContextRef) -> _Engine:
+    """The MCJIT engine of mod (parsed in ctx), owning ctx. ctx's own ref is detached: a cyclic
+    garbage collection finalizes its objects in any order, and a context disposed before the
+    engine deletes the engine's module, which the engine then deletes again (a segfault)."""
+    eng = llvm.create_mcjit_compiler(mod, tm)
+    eng.__class__ = _Engine
+    eng._bankml_module, eng._bankml_context = mod, ctx._ptr
+    ctx.detach()
     return eng
 
 

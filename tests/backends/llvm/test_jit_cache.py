@@ -3,6 +3,8 @@ skips O3 and codegen and gives the same bits; a bad entry is recompiled, never a
 from __future__ import annotations
 
 import gc
+import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -182,6 +184,36 @@ def test_engines_from_cache_each_own_a_target_machine(cache):
     assert bits(run_dot(engines[0])) == want
     assert bits(run_dot(jit.compile_module(dot_module()))) == want
     assert jit.asm(dot_module(), optimize=True)           # the shared target machine is still alive
+
+
+def test_engines_in_cyclic_garbage_are_collected_without_a_crash(tmp_path):
+    """A cyclic collection finalizes its garbage in any order: an engine's LLVM context must not
+    be disposed before the engine (its module deleted twice: a segfault). In a child process, so
+    a crash fails this test; with the disk cache (loaded engines) and without."""
+    prog = """
+import gc
+from llvmlite import ir
+from bankml.backends.llvm import jit
+m = ir.Module(name="seven")
+b = ir.IRBuilder(ir.Function(m, ir.FunctionType(ir.IntType(32), []), "seven").append_basic_block())
+b.ret(ir.IntType(32)(7))
+text = jit.module_text(m)
+class Holder: pass
+for i in range(40):
+    h = Holder()
+    h.eng = jit.compile_text(text, also=["seven"]) if i % 2 else jit.load_cached("seven") or jit.compile_text(text)
+    h.me = h
+    del h
+    if i % 5 == 4: gc.collect()
+print("collected")
+"""
+    import subprocess
+    import sys
+    root = Path(__file__).resolve().parents[3]
+    for env in ({}, {"BANKML_JIT_CACHE": "0"}):
+        r = subprocess.run([sys.executable, "-c", prog], cwd=root, capture_output=True, text=True, timeout=300,
+                           env={**os.environ, "BANKML_CACHE": str(tmp_path), **env})
+        assert r.returncode == 0 and r.stdout.strip() == "collected", (env, r.returncode, r.stderr[-2000:])
 
 
 @pytest.fixture(scope="module")
