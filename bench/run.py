@@ -48,7 +48,7 @@ Peak memory: each process's max RSS, bankml's with the cache llama-bench gives t
 portable: tg128 of the portable profile (issue #15) against the ggml profile's, both bankml on
 --backend, each in its own child process, alternated --reps times (A then B, back to back: a
 busy machine slows both alike); best of each, ratio portable/ggml tokens/s (the bar is 0.8), for
---portable-models of --models (the portable profile builds llama and qwen3 graphs only).
+--portable-models of --models (the portable profile builds llama, qwen3 and qwen35 graphs; not K-quants).
 
 gen, serve: what a user runs, `bankml run` against `llama-completion` (greedy and the default
 chain, each --gen-tokens, cold and warm JIT cache) with the sampler's share of a token, and
@@ -95,7 +95,7 @@ DEFAULT_MODELS = ["smollm2-q4_1", "smollm2-f16", "smollm2-q8_0", "smollm2-q2_0",
 ROWS = ("pp", "tg", "fresh", "long", "depth", "portable", "gen", "serve")
 DEPTH_MODELS = ["smollm2-q4_1", "bonsai-1.7b-q1_0"]
 PORTABLE_MODELS = ["smollm2-q4_1", "smollm2-f16", "smollm2-q8_0", "smollm2-q2_0", "bonsai-1.7b-q1_0",
-                   "bonsai-1.7b-q2_0"]       # the llama / qwen3 graphs the portable profile builds
+                   "bonsai-1.7b-q2_0", "qwen35-0.8b-q8_0"]   # the llama / qwen3 / qwen35 graphs it builds
 DOC = Path(__file__).resolve().parent.parent / "docs" / "PERFORMANCE.md"
 KEEP = "<!-- bench/run.py --write-docs rewrites everything above this line and keeps what follows -->"
 FRESH_MIN, FRESH_MAX = 20, 400

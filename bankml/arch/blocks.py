@@ -232,9 +232,11 @@ class Builder:
 
     def gdn_l2_norm(self, x: Node, eps: float) -> Node:
         """build_gdn_l2_norm (src/models/models.h): rms_norm with eps/n, then times 1/sqrtf(n), for
-        rows of n (f32 arithmetic, as the C computes both constants)."""
+        rows of n (f32 arithmetic, as the C computes both constants). The scale carries eps as
+        l2_eps: the portable profile makes the pair its l2norm (passes/choose_portable_orders.py)."""
         n = np.float32(x.shape[-1])
-        return self.scale(self.rms_norm(x, float(np.float32(eps) / n)), inv_sqrtf(n))
+        rms = self.rms_norm(x, float(np.float32(eps) / n))
+        return self.node(Op.SCALE, (rms,), x.shape, order=fo.SCALE, scale=inv_sqrtf(n), l2_eps=eps)
 
     def mm(self, w: Weight, x: Node) -> Node:
         """build_lora_mm: a plain mul_mat; the pass choose_matmul_kernel gives its order."""

@@ -110,7 +110,7 @@ def qwen35_tensors(hp) -> dict:
 
 
 @architecture("qwen35", rope_type="imrope", partial_rope=True, keys=KEYS, tensors=qwen35_tensors,
-              refuse=REFUSE, derive=derive)
+              refuse=REFUSE, derive=derive, portable=True)
 def build_qwen35(b: Builder) -> None:
     hp, model = b.hp, b.model
     x = hp.extra

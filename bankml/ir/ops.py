@@ -32,6 +32,8 @@ class Op(Enum):
                                # [ch, d_conv-1]: [T, ch]; the cache is left holding the last d_conv-1 columns
     GATED_DELTA_NET = "gated_delta_net"  # q, k [T, Hk, S], v [T, Hv, S], g, beta [T, Hv], state cache
                                # [Hv, S, S] (transposed): the outputs [T, Hv, S]; the cache left at the new state
+    L2_NORM = "l2_norm"        # x / sqrt(sum(x^2) + eps) per row: params eps (the portable profile's
+                               # l2norm; the ggml graph builds build_gdn_l2_norm of rms_norm and scale)
 
 
 VIEWS = frozenset({Op.RESHAPE})
@@ -44,5 +46,5 @@ ARITY = {
     Op.INPUT: 0, Op.WEIGHT: 0, Op.CACHE: 0, Op.GET_ROWS: 2, Op.RMS_NORM: 1, Op.MUL: 2, Op.ADD: 2,
     Op.QUANTIZE: 1, Op.MUL_MAT: 2, Op.RESHAPE: 1, Op.ROPE: 2, Op.SET_ROWS: 3, Op.FLASH_ATTN: 4,
     Op.SWIGLU: 2, Op.GEGLU: 2, Op.SCALE: 1, Op.HADAMARD: 1,
-    Op.SLICE: 1, Op.SILU: 1, Op.SIGMOID: 1, Op.SOFTPLUS: 1, Op.SSM_CONV: 3, Op.GATED_DELTA_NET: 6,
+    Op.SLICE: 1, Op.SILU: 1, Op.SIGMOID: 1, Op.SOFTPLUS: 1, Op.SSM_CONV: 3, Op.GATED_DELTA_NET: 6, Op.L2_NORM: 1,
 }

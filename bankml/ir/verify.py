@@ -234,7 +234,7 @@ def _get_rows(g: Graph, n: Node, t: Types) -> None:
         raise Broken(f"not {ids.shape[0]} rows of [{_s(x.shape)}]")
 
 
-@rule(Op.RMS_NORM, Op.SCALE, Op.SILU, Op.SIGMOID, Op.SOFTPLUS)
+@rule(Op.RMS_NORM, Op.L2_NORM, Op.SCALE, Op.SILU, Op.SIGMOID, Op.SOFTPLUS)
 def _unary(g: Graph, n: Node, t: Types) -> None:
     x = g[n.inputs[0]]
     _f32(x, "src0")

@@ -28,7 +28,7 @@ from bankml.ir.graph import Graph
 from bankml.passes.pipeline import run_passes
 from bankml.passes.variants import Variant, choose_variant, variants
 from bankml.profiles.portable import quant
-from bankml.quants import F32
+from bankml.quants import F32, WEIGHT_TYPES
 from bankml.quants.kv_cache import KvCacheTypes
 from bankml.runtime.options import ModelOptions
 from bankml.backends.llvm import jit_cache
@@ -58,7 +58,8 @@ class Model:
         self.arch = o.arch or self.plan.arch        # a registered builder may stand in for the file's
         self.architecture = registry.get(self.arch)
         if o.profile == "portable" and (self.kv.quantized or not self.architecture.portable):
-            raise BankmlError(f"profile 'portable' runs {' and '.join(registry.portable())} graphs with its own int8 "
+            *some, last = registry.portable()
+            raise BankmlError(f"profile 'portable' runs {', '.join(some)} and {last} graphs with its own int8 "
                               f"cache (cache_type f16); not {self.arch} with a {self.cache_type} cache")
         self._weights: dict[str, np.ndarray] = {}
         if o.profile == "portable":
@@ -217,7 +218,13 @@ class Model:
 
     def _refuse_unreadable(self) -> None:
         """The portable profile reads no weight block with an infinite or NaN scale (the decode-
-        arithmetic document's Unreadable): refused here, naming the first, before any graph runs."""
+        arithmetic document's Unreadable): refused here, naming the first, before any graph runs.
+        A weight type without an integer form (the K-quants: numpy coded rows only) is refused from
+        the header first, before any weight is read."""
+        for name, t in self.gguf.tensors.items():
+            if t.ggml_type != F32 and not quant.reads(t.ggml_type):
+                raise BankmlError(f"{self.path.name}: tensor {name} is {WEIGHT_TYPES[t.ggml_type].name}: the portable "
+                                  f"profile's graphs read F16, Q8_0, Q4_1, Q1_0 and Q2_0 matrices (docs/PORTABLE.md)")
         for name, t in self.gguf.tensors.items():
             if quant.reads(t.ggml_type):
                 try:

@@ -65,13 +65,14 @@ def test_inputs_are_made_when_asked_and_once(tmp_path):
 def test_architecture_facts_are_fields_of_the_registered_architecture():
     llama, qwen3, gemma3 = (registry.lookup(n) for n in ("llama", "qwen3", "gemma3"))
     assert (llama.ggml_layout, qwen3.ggml_layout, gemma3.ggml_layout) == ((5, 3), (7, 5), None)
-    assert llama.portable and qwen3.portable and not gemma3.portable
-    assert registry.portable() == ["llama", "qwen3"]
+    assert llama.portable is True and qwen3.portable is True and not gemma3.portable
+    assert registry.lookup("qwen35").portable is True
+    assert registry.portable() == ["llama", "qwen3", "qwen35"]
 
 
 def test_portable_profile_refuses_an_architecture_not_registered_portable(tmp_path):
     path = write_model(tmp_path / "g.gguf", arch="gemma3", tied=True)
-    with pytest.raises(bankml.BankmlError, match="profile 'portable' runs llama and qwen3 graphs .*not gemma3"):
+    with pytest.raises(bankml.BankmlError, match="profile 'portable' runs llama, qwen3 and qwen35 graphs .*not gemma3"):
         bankml.load(path, backend="reference", threads=1, profile="portable")
     bankml.load(write_model(tmp_path / "q.gguf", arch="qwen3", tied=True), backend="reference", threads=1,
                 profile="portable").close()

@@ -21,14 +21,14 @@ from bankml.testing import models
 VOCAB_ONLY = {"gemma3-vocab-prefix", "smollm2-vocab-specials"}
 RUNNABLE = [m for m in models.MODELS if m not in models.ON_REQUEST and m not in VOCAB_ONLY]
 # (profile, K cache, V cache): ggml with an f16 cache, quantized K and V (both Hadamard rotations),
-# a quantized K alone, and the portable profile (llama and qwen3)
+# a quantized K alone, and the portable profile (llama, qwen3 and qwen35)
 CONFIGS = [("ggml", "f16", "f16"), ("ggml", "q8_0", "q4_0"), ("ggml", "q4_0", "f16"), ("portable", "f16", "f16")]
 # every model with the f16 cache (every weight type); the other configurations on one model per
 # architecture and shape (the weight types change nothing there)
 CASES = [(m, *CONFIGS[0]) for m in RUNNABLE] + [
     (m, *c) for m in ("smollm2-q4_1", "llama-gqa-f16", "qwen3-small-q1_0", "gemma3-tiny-w48-q8_0",
                       "gemma3-270m-q4_k_m", "qwen35-small-q4_k_m") for c in CONFIGS[1:]
-    if not (c[0] == "portable" and m.startswith(("gemma3", "qwen35")))]
+    if not (c[0] == "portable" and m.startswith(("gemma3", "qwen35")))] + [("qwen35-small-q1_0", *CONFIGS[3])]
 
 
 def _steps(g):

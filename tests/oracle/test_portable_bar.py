@@ -1,6 +1,6 @@
 """The portable profile's measured bar against llama.cpp, kept as bounds (docs/PORTABLE.md).
 
-bankml.testing.portable_bar.measure on the llvm backend for the three models of the doc's
+bankml.testing.portable_bar.measure on the llvm backend for the models of the doc's
 table, at a reduced size: 250 positions and 5 prompts x 64 greedy tokens (the issue's full bar,
 1,000 positions and 20 prompts x 64 tokens, is in the doc). Why reduced: the full bar of the
 three took 4.3 to 9.3 minutes in total on the shared 2-core machine (SmolLM2 F16 alone 2 to 8
@@ -29,6 +29,9 @@ MEASURED = {
     "smollm2-q4_1": (4.275716781616211, 0.956, 0.33125, 0),
     "smollm2-f16": (2.5945205688476562, 0.96, 0.11538461538461539, 0),
     "qwen3-small-q1_0": (1.1002073287963867, 1.0, 1.0, 5),
+    # measured 2026-12-05 14:13-14:18 UTC, the same command (Qwen3.5: Gated-DeltaNet layers, partial rope)
+    "qwen35-small-q1_0": (1.9934930801391602, 1.0, 1.0, 5),
+    "qwen35-small-f16": (3.307009696960449, 0.964, 0.525, 2),
 }
 
 

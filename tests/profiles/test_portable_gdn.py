@@ -146,3 +146,25 @@ def test_a_trailing_fold_is_the_fold_of_the_newer_tokens_then_of_all_bit_for_bit
 def test_logged_decay_is_exp_of_its_exponent():
     tok = gdn.Logged(np.zeros(4, F32), np.zeros(4, F32), F32(-0.37), F32(0.5))
     assert bits(tok.decay) == bits(funcs.exp(F32(-0.37)))
+
+
+def test_stacked_rows_are_each_updated_and_read_as_alone():
+    """gdn_update and gdn_row over a stack of rows (the state's value rows at once) give each row,
+    coef and read-out the bits of the row alone."""
+    rng = np.random.default_rng(7)
+    rows = rng.standard_normal((6, 16)).astype(F32)
+    k, q = rng.standard_normal(16).astype(F32), rng.standard_normal(16).astype(F32)
+    v = rng.standard_normal(6).astype(F32)
+    decay, beta, kq, scale = F32(0.8), F32(0.4), F32(fdot(k, q)), F32(0.25)
+    alone = rows.copy()
+    want = [gdn.gdn_row(alone[r], k, q, v[r], decay, beta, kq, scale) for r in range(6)]
+    stacked = rows.copy()
+    assert bits(gdn.gdn_row(stacked, k, q, v, decay, beta, kq, scale)) == bits(want)
+    assert bits(stacked) == bits(alone)
+
+
+def test_conv_is_silu_of_conv_sum():
+    rng = np.random.default_rng(8)
+    ring, x, kern = rng.standard_normal((3, 12)).astype(F32), rng.standard_normal(12).astype(F32), \
+        rng.standard_normal((12, 4)).astype(F32)
+    assert bits(gdn.conv(ring, x, kern)) == bits(funcs.silu(gdn.conv_sum(ring, x, kern)))

@@ -1,7 +1,8 @@
 """The portable profile on the llvm backend gives the numpy spec's bits (the reference backend)
-for every logits row, with 1, 2 and 3 threads, on SmolLM2 in four weight types and the Qwen3
-test models, for prompts across the micro-batch variants' edges (1 token: decode; 2..63:
-small; 64..512: large; "all" and "last" outputs) and a decode to 1,100 cells.
+for every logits row, with 1, 2 and 3 threads, on SmolLM2 in four weight types, the Qwen3
+test models and the Qwen3.5 ones (Gated-DeltaNet layers, partial rope), for prompts across the
+micro-batch variants' edges (1 token: decode; 2..63: small; 64..512: large; "all" and "last"
+outputs) and a decode to 1,100 cells.
 
 The reference backend is numpy and slow, so it runs one prefill per model; its rows stand for
 every cut of the same tokens (a portable row does not depend on the cut: tests/runtime/
@@ -23,7 +24,7 @@ from bankml.testing import models
 # model -> tokens of the reference prefill (the llvm prompts are its prefixes)
 MODELS = {"smollm2-q4_1": 65, "smollm2-f16": 9, "smollm2-q8_0": 9, "smollm2-q2_0": 9,
           "qwen3-small-q1_0": 65, "qwen3-small-f16": 9, "qwen3-small-q2_0": 9,
-          "qwen3-small-untied-q1_0": 9, "qwen3-small-untied-f16": 9}
+          "qwen3-small-untied-q1_0": 9, "qwen3-small-untied-f16": 9, "qwen35-small-q1_0": 65, "qwen35-small-f16": 9}
 CUTS = (1, 7, 64, 65)
 
 

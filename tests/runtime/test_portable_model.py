@@ -13,7 +13,8 @@ import bankml
 from bankml.testing import models
 
 MODELS = ["smollm2-q4_1", "smollm2-f16", "smollm2-q8_0", "smollm2-q2_0", "qwen3-small-f16", "qwen3-small-q1_0",
-          "qwen3-small-q2_0", "qwen3-small-untied-q1_0", "llama-gqa-f16"]
+          "qwen3-small-q2_0", "qwen3-small-untied-q1_0", "llama-gqa-f16", "qwen35-small-f16", "qwen35-small-q8_0",
+          "qwen35-small-q1_0", "qwen35-small-q2_0"]
 
 
 def _tokens(n: int, seed: int) -> list[int]:
@@ -44,6 +45,21 @@ def test_smollm2_portable_logits_pick_llama_cpps_next_tokens():
         got = p.session().prefill(ids, outputs="all")
     agree = np.mean(np.argmax(got, -1) == np.argmax(want, -1))
     assert agree >= 0.8 and np.abs(got - want).max() < 3.0, (agree, np.abs(got - want).max())
+
+
+def test_qwen35_portable_logits_pick_llama_cpps_next_tokens():
+    """A sanity check of the Gated-DeltaNet graph in the portable profile: its rows pick the ggml
+    profile's (llama.cpp's) next tokens on a random-weight Qwen3.5 (ggml's rows checked against
+    llama.cpp in tests/oracle)."""
+    toks = _tokens(24, 5)
+    with bankml.load(models.path("qwen35-small-f16"), backend="reference", n_ctx=256) as g:
+        want = g.session().prefill(toks, outputs="all")
+    with bankml.load(models.path("qwen35-small-f16"), backend="reference", profile="portable", n_ctx=256) as p:
+        got = p.session().prefill(toks, outputs="all")
+        assert [n.op.value for n in p.graph(len(toks), 256, len(toks)).nodes.values() if n.name == "q_conv_predelta-0"] \
+            == ["l2_norm"]
+    agree = np.mean(np.argmax(got, -1) == np.argmax(want, -1))
+    assert agree >= 0.8 and np.abs(got - want).max() < 0.1 * np.abs(want).max(), (agree, np.abs(got - want).max())
 
 
 def test_decodes_across_256_and_512_cells_equal_one_prefills_rows():
@@ -87,3 +103,15 @@ def test_a_weight_block_with_an_infinite_or_nan_scale_is_refused_by_the_portable
         bankml.load(bad, backend="reference", profile="portable", n_ctx=256)
     assert "\n" not in str(e.value)
     bankml.load(bad, backend="reference", n_ctx=256).close()
+
+
+def test_a_k_quant_model_is_refused_from_the_header_by_the_portable_profile(monkeypatch):
+    """No graph of the portable profile reads a K-quant matrix: refused in one line naming the
+    first such tensor, before any weight is read."""
+    from bankml.runtime.model import Model
+
+    def no_read(self, name):
+        raise AssertionError(f"read {name}")
+    monkeypatch.setattr(Model, "weight", no_read)
+    with pytest.raises(bankml.BankmlError, match=r"tensor token_embd.weight is Q6_K: the portable profile's graphs"):
+        bankml.load(models.path("qwen35-small-q4_k_m"), backend="reference", profile="portable")

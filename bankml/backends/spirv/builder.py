@@ -36,7 +36,7 @@ OP = dict(Name=5, MemberName=6, Extension=10, MemoryModel=14, EntryPoint=15, Exe
           ControlBarrier=224, LoopMerge=246, SelectionMerge=247, Label=248, Branch=249,
           BranchConditional=250, Return=253,
           # used by the portable kernels (portable_*.py)
-          ConvertFToS=110, UConvert=113, UDiv=134, ShiftRightArithmetic=195, LogicalOr=166,
+          ConvertFToS=110, UConvert=113, UDiv=134, UMod=137, ShiftRightArithmetic=195, LogicalOr=166,
           LogicalNot=168, UGreaterThan=172, SGreaterThan=173, SLessThan=177, ULessThanEqual=178,
           FOrdLessThan=184, FOrdGreaterThan=186)
 # enums

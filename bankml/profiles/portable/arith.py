@@ -161,7 +161,8 @@ def windowed(p: list[int], x: list[int]) -> tuple[int, int]:
         return 0, 0
     xmin = min(xi for _, xi in terms)
     size = [abs(pi) << (xi - xmin) for pi, xi in terms]                # |term| / 2^xmin
-    low = max(xi for (_, xi), si in zip(terms, size) if si == max(size))
+    top = max(size)
+    low = max(xi for (_, xi), si in zip(terms, size) if si == top)
     k = max(low - SUM_WINDOW, xmin)
     return sum(pi << (xi - k) if xi >= k else pi >> (k - xi) for pi, xi in terms), k
 

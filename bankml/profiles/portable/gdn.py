@@ -32,6 +32,12 @@ def conv(ring, x, kernel) -> np.ndarray:
 
     ring [taps - 1, channels] (oldest first), x [channels], kernel [channels, taps] -> [channels].
     """
+    return silu(conv_sum(ring, x, kernel))
+
+
+def conv_sum(ring, x, kernel) -> np.ndarray:
+    """conv's sum before the SiLU (the graph's SSM_CONV; its SILU node applies funcs.silu): the
+    products of the ring's rows and then x with the taps, added in tap order from +0."""
     ring, x, kernel = canon(ring), canon(x), canon(kernel)
     taps = kernel.shape[-1]
     if ring.shape[0] != taps - 1:
@@ -39,7 +45,7 @@ def conv(ring, x, kernel) -> np.ndarray:
     acc = np.zeros(x.shape, F32)
     for t in range(taps - 1):
         acc = add(acc, mul(ring[t], kernel[:, t]))
-    return silu(add(acc, mul(x, kernel[:, taps - 1])))
+    return add(acc, mul(x, kernel[:, taps - 1]))
 
 
 def gdn_update(row: np.ndarray, k, v, decay, beta, store: Store | None = None) -> np.float32:
@@ -48,12 +54,13 @@ def gdn_update(row: np.ndarray, k, v, decay, beta, store: Store | None = None) -
     returns coef.
 
     `row` (f32, updated in place) is the row, `v` its value element of the token; `store` rounds
-    what is written (default: the f32 itself)."""
+    what is written (default: the f32 itself). Rows stacked on leading axes (row [..., S_k], v
+    [...]) are each updated as alone; coef has v's shape."""
     k = canon(k)
     coef = mul(beta, sub(v, mul(decay, fdot(row, k))))
-    new = add(mul(decay, row), mul(coef, k))
+    new = add(mul(decay, row), mul(np.asarray(coef)[..., None], k))
     row[...] = new if store is None else store(new)
-    return F32(coef)
+    return F32(coef) if np.ndim(coef) == 0 else coef
 
 
 def gdn_row(row: np.ndarray, k, q, v, decay, beta, kq, scale, store: Store | None = None) -> np.float32:
@@ -61,10 +68,11 @@ def gdn_row(row: np.ndarray, k, q, v, decay, beta, kq, scale, store: Store | Non
     with the token's key and query, the rank-one update (gdn_update), and the row's read-out
     (decay·(row·q) + coef·(k·q))·scale of the row as it was. kq is the head's k·q.
 
-    `row` is updated in place; returns the read-out."""
+    `row` is updated in place; returns the read-out (rows stacked as gdn_update's: one each)."""
     rq = fdot(row, canon(q))
     coef = gdn_update(row, k, v, decay, beta, store)
-    return F32(mul(add(mul(decay, rq), mul(coef, kq)), scale))
+    out = mul(add(mul(decay, rq), mul(coef, kq)), scale)
+    return F32(out) if np.ndim(out) == 0 else out
 
 
 def gdn_read(row, y, carried, scale) -> np.float32:
@@ -141,3 +149,28 @@ def _walk(log, q, width, stops):
         carried = add(carried, mul(coef, canon(tok.values)[:width]))
         y = mul(tok.decay, sub(y, mul(coef, key)))
     return out
+
+
+def log_arrays(log: list[Logged], s_k: int, s_v: int) -> tuple[np.ndarray, ...]:
+    """A non-empty log as a backend's buffers: keys [L, S_k], values [L, S_v], g [L], beta [L] (f32);
+    ValueError naming what does not fit."""
+    if not log or any(np.shape(t.key) != (s_k,) or np.shape(t.values) != (s_v,) for t in log):
+        raise ValueError(f"a log of {len(log)} tokens does not fit keys of {s_k} and values of {s_v}")
+    return (np.ascontiguousarray([t.key for t in log], F32), np.ascontiguousarray([t.values for t in log], F32),
+            np.array([t.g for t in log], F32), np.array([t.beta for t in log], F32))
+
+
+def check_fold(log: list[Logged], q, width: int, older: int) -> tuple[int, int]:
+    """(S_k, S_v) of a fold's arguments (gdn_fold_trailing's), or ValueError."""
+    s_k, s_v = np.shape(q)[0], (np.shape(log[0].values)[0] if log else 0)
+    if not log or not 0 <= older <= len(log) or not 0 < width <= s_v:
+        raise ValueError(f"a fold of {len(log)} tokens, {older} older, width {width} of {s_v} values")
+    return s_k, s_v
+
+
+def check_read(rows, y, carried) -> None:
+    """gdn_read's arguments for rows [R, S_k] at once: y [S_k], carried [R]; or ValueError."""
+    R, s_k = np.shape(rows)
+    if np.shape(y) != (s_k,) or np.shape(carried) != (R,):
+        raise ValueError(f"a read of rows {list(np.shape(rows))} through y {list(np.shape(y))} and carried "
+                         f"{list(np.shape(carried))}")

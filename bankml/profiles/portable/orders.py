@@ -33,3 +33,13 @@ SWIGLU = FloatOrder("portable.swiglu", expf="portable")
 SET_ROWS = FloatOrder("portable.set_rows_i8", f16_at=("row_scale",))
 # attention.attention: exact scores, softmax (tree8 sum, one recip), 8-bit V weights per 32 cells
 FLASH_ATTN = FloatOrder("portable.attention_i8", lanes=8, fold="tree8", expf="portable")
+# funcs.silu / funcs.sigmoid / funcs.softplus per element
+SILU = FloatOrder("portable.silu", expf="portable")
+SIGMOID = FloatOrder("portable.sigmoid", expf="portable")
+SOFTPLUS = FloatOrder("portable.softplus", expf="portable")
+# funcs.l2norm: x * rsqrt(fold_sum(x*x) + eps) (the ggml graph's rms_norm(eps/n) then scale(1/sqrt n))
+L2_NORM = FloatOrder("portable.l2norm", lanes=8, fold="tree8")
+# gdn.conv_sum per token: the ring's rows then the token against the taps, from +0 in tap order
+SSM_CONV = FloatOrder("portable.conv_sum")
+# gdn.gdn_row per token, v-head and value row: the state f32, decay funcs.exp(g), fdot in 8 lanes
+GATED_DELTA_NET = FloatOrder("portable.gdn_row", lanes=8, fold="tree8", expf="portable")

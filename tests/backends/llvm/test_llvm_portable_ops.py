@@ -83,7 +83,10 @@ def _function_module(name: str, emit):
 
 
 FUNCS = {"exp": (pm.exp, funcs.exp), "recip": (pm.recip, funcs.recip), "rsqrt": (pm.rsqrt, funcs.rsqrt),
-         "sigmoid": (pm.sigmoid, funcs.sigmoid), "silu": (pm.silu, funcs.silu),
+         "sigmoid": (pm.sigmoid, funcs.sigmoid), "silu": (pm.silu, funcs.silu), "ln": (pm.ln, funcs.ln),
+         "softplus": (pm.softplus, funcs.softplus),
+         # ln1p is defined for t >= 0 (softplus calls it there): of |x|
+         "ln1p": (lambda b, x: pm.ln1p(b, pm.fabs(b, x)), lambda x: funcs.ln1p(np.abs(x))),
          "tree8": (lambda b, x: pm.splat(b, pm.tree(b, x), x.type) if isinstance(x.type, ir.VectorType) else x, None)}
 
 
@@ -113,7 +116,7 @@ def test_functions_bits_equal_spec_scalar_and_8_lanes(name):
         _same(out, want, f"{name} {'8 lanes' if vec else 'scalar'}")
 
 
-@pytest.mark.parametrize("name", ["exp", "recip", "sigmoid", "silu"])
+@pytest.mark.parametrize("name", ["exp", "recip", "sigmoid", "silu", "ln", "ln1p", "softplus"])
 def test_functions_on_a_sweep_of_bit_patterns(name):
     """Every 4099th f32 bit pattern (every binade, both signs, NaNs and denormals): exp, recip
     and sigmoid skip the canon of steps that cannot need it; the bits stay the spec's."""

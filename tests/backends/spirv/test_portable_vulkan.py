@@ -1,8 +1,11 @@
 """The portable profile's SPIR-V kernels on Vulkan (lavapipe in CI) equal the numpy spec bit for bit:
 matvec of every weight type (fast int64 and wide sums), RMSNorm, softmax, exp/recip/rsqrt, the
-int8-cache attention of a decode step, and the same ops of a real SmolLM2/Qwen3 decode step.
-Then whole sessions with every mul_mat, RMSNorm and attention on the device, on SmolLM2 in four
-weight types and the six Qwen3 test models: prompts of 1, 7, 9, 64 and 65 tokens (every row, or
+int8-cache attention of a decode step, Qwen3.5's conv and Gated-DeltaNet step (gdn.conv,
+gdn.gdn_row over several tokens, the state carried), and the same ops of a real SmolLM2/Qwen3
+decode step.
+Then whole sessions with every mul_mat, RMSNorm and attention (and Qwen3.5's conv and
+Gated-DeltaNet) on the device, on SmolLM2 in four weight types, the six Qwen3 test models and
+two Qwen3.5 ones: prompts of 1, 7, 9, 64 and 65 tokens (every row, or
 the last) and decodes, and decodes at the 1,024th to 1,100th cell, give every op's output and
 every logits row of the numpy spec, bit for bit."""
 from __future__ import annotations
@@ -21,7 +24,7 @@ from bankml.backends.spirv.portable import kernels as PK
 from bankml.gguf.reader import read_gguf
 from bankml.ir.ops import Op
 from bankml.profiles.portable import attention as A
-from bankml.profiles.portable import funcs, quant
+from bankml.profiles.portable import arith, funcs, quant
 from bankml.profiles.portable import orders as po
 from bankml.quants import F16, Q1_0, Q2_0, Q4_1, Q8_0, WEIGHT_TYPES
 from bankml.testing import models
@@ -62,6 +65,8 @@ MODULES = {f"matvec-{n}": (lambda t=t: PK.emit_matvec(t)) for n, t in TYPES.item
 MODULES |= {"rmsnorm": PK.emit_rmsnorm, "softmax": PK.emit_softmax, "attention": PK.emit_attention}
 MODULES |= {f"unary-{fn}": (lambda fn=fn: PK.emit_unary(fn)) for fn in ("exp", "recip", "rsqrt")}
 MODULES |= {f"binary-{op}": (lambda op=op: PK.emit_binary(op)) for op in ("add", "sub", "mul")}
+MODULES |= {"conv": lambda: PK.emit_conv(True), "conv-sum": lambda: PK.emit_conv(False), "gdn": PK.emit_gdn,
+            "gdn-flush": PK.emit_gdn_flush, "gdn-fold": PK.emit_gdn_fold, "gdn-read": PK.emit_gdn_read}
 MODULES |= {"attention-flushing": lambda: PK.emit_attention(True),
             "matvec-Q4_1-no-rte": lambda: PK.emit_matvec(Q4_1, rte=False)}
 
@@ -534,8 +539,9 @@ def test_activation_exponents_beyond_quantize_acts_are_refused(device_kern):
 
 
 # ---- whole sessions with the kernels in place of the spec's ops
-DEVICE_OPS = (Op.MUL_MAT, Op.RMS_NORM, Op.FLASH_ATTN)
-PORTABLE_ORDERS = {Op.MUL_MAT: po.MUL_MAT, Op.RMS_NORM: po.RMS_NORM, Op.FLASH_ATTN: po.FLASH_ATTN}
+DEVICE_OPS = (Op.MUL_MAT, Op.RMS_NORM, Op.FLASH_ATTN, Op.SSM_CONV, Op.GATED_DELTA_NET)
+PORTABLE_ORDERS = {Op.MUL_MAT: po.MUL_MAT, Op.RMS_NORM: po.RMS_NORM, Op.FLASH_ATTN: po.FLASH_ATTN,
+                   Op.SSM_CONV: po.SSM_CONV, Op.GATED_DELTA_NET: po.GATED_DELTA_NET}
 
 
 def _portable_key(op: Op) -> tuple:
@@ -544,8 +550,9 @@ def _portable_key(op: Op) -> tuple:
 
 
 def _spirv_lowerings(kern, calls: dict, outputs: list | None = None, flip: str | None = None) -> dict:
-    """mul_mat, rms_norm and flash_attn of the reference backend's portable table, run by the
-    SPIR-V kernels (one dispatch each).
+    """mul_mat, rms_norm, flash_attn, ssm_conv and gated_delta_net of the reference backend's
+    portable table, run by the SPIR-V kernels (one dispatch each; the recurrent states written
+    back in place, as the reference lowerings leave them).
     outputs: gets (op, node, value) of every call. flip: the first call of that op (or the
     logits' mul_mat, "logits") flips the low bit of its first value (a device one bit off)."""
     def done(g, n, y):
@@ -565,7 +572,16 @@ def _spirv_lowerings(kern, calls: dict, outputs: list | None = None, flip: str |
 
     def flash_attn(env, g, n, q, k, v, mask):
         return done(g, n, kern.attention_rows(q, k, v, np.asarray(mask, F32), n.params["scale"]))
-    return {Op.MUL_MAT: mul_mat, Op.RMS_NORM: rms_norm, Op.FLASH_ATTN: flash_attn}
+
+    def ssm_conv(env, g, n, x, w, state):
+        y, state[...] = kern.conv(x, w, state, silu=False)
+        return done(g, n, y)
+
+    def gated_delta_net(env, g, n, q, k, v, gate, beta, state):
+        y, state[...] = kern.gated_delta_net(q, k, v, gate, beta, state, n.params["scale"])
+        return done(g, n, y)
+    return {Op.MUL_MAT: mul_mat, Op.RMS_NORM: rms_norm, Op.FLASH_ATTN: flash_attn, Op.SSM_CONV: ssm_conv,
+            Op.GATED_DELTA_NET: gated_delta_net}
 
 
 @contextlib.contextmanager
@@ -613,7 +629,8 @@ def _first_op_differing(got: list, want: list) -> str | None:
 
 
 def _all_on_device(calls: dict, in_graphs: dict) -> bool:
-    return calls == in_graphs and all(calls.values())
+    """Every node of the device ops ran there; mul_mat, rms_norm and flash_attn in every model."""
+    return calls == in_graphs and all(calls[op] for op in DEVICE_OPS[:3])
 
 
 def _load(name: str, n_ctx: int = 256):
@@ -624,13 +641,15 @@ def _load(name: str, n_ctx: int = 256):
 # prefill of 64, on the Qwen3 model: SmolLM2's 30 layers cost the numpy spec over a minute)
 SESSION_MODELS = {"smollm2-q4_1": 9, "smollm2-f16": 9, "smollm2-q8_0": 9, "smollm2-q2_0": 9,
                   "qwen3-small-q1_0": 65, "qwen3-small-f16": 9, "qwen3-small-q2_0": 9,
-                  "qwen3-small-untied-q1_0": 9, "qwen3-small-untied-f16": 9, "qwen3-small-untied-q2_0": 9}
+                  "qwen3-small-untied-q1_0": 9, "qwen3-small-untied-f16": 9, "qwen3-small-untied-q2_0": 9,
+                  "qwen35-small-q1_0": 65, "qwen35-small-f16": 9}
 CUTS = ((1, "all"), (7, "last"), (64, "last"))     # prefills of the first tokens, then a decode
 
 
 @pytest.mark.parametrize("name", list(SESSION_MODELS))
 def test_logits_rows_with_the_spirv_kernels_equal_the_specs(device_kern, name):
-    """Every mul_mat, rms_norm and flash_attn on lavapipe: the prefill of the whole prompt gives
+    """Every mul_mat, rms_norm and flash_attn (and a Qwen3.5's ssm_conv and gated_delta_net) on
+    lavapipe: the prefill of the whole prompt gives
     every op's output and every row of the reference's prefill bit for bit; prefills of its
     first 1, 7 and 64 tokens (all rows, or the last), each followed by a decode, give the same
     rows (a portable row does not depend on the cut: tests/runtime/test_portable_model.py)."""
@@ -652,6 +671,7 @@ def test_logits_rows_with_the_spirv_kernels_equal_the_specs(device_kern, name):
             row = s.decode(toks[cut])
             assert _same(row, want[cut]), f"decode after {cut}: {_diff(row, want[cut])}"
     assert _all_on_device(calls, in_graphs), (calls, in_graphs)
+    assert bool(calls[Op.GATED_DELTA_NET] and calls[Op.SSM_CONV]) == name.startswith("qwen35"), calls
 
 
 @pytest.mark.parametrize("flip", ["logits", "mul_mat", "rms_norm", "flash_attn"])
@@ -718,3 +738,79 @@ def test_decodes_past_1024_cells_with_the_spirv_kernels_equal_the_spec_and_llvm(
     assert _first_op_differing(device_ops, spec_ops) is None, _first_op_differing(device_ops, spec_ops)
     assert _same(got, want), _diff(got, want)
     assert _all_on_device(calls, in_graphs), (calls, in_graphs)
+
+
+# ---- Qwen3.5's recurrence
+@pytest.mark.parametrize("silu", [True, False], ids=["conv", "conv_sum"])
+@pytest.mark.parametrize("T,ch,taps", [(5, 70, 4), (1, 9, 4), (2, 3, 2)])
+def test_conv_token_by_token_over_the_ring(kern, silu, T, ch, taps):
+    from bankml.profiles.portable import gdn
+    rng = np.random.default_rng(T * ch + taps)
+    x = (rng.standard_normal((T, ch)) * 4).astype(F32)
+    x[0, :3] = [np.nan, np.inf, 1e-40]
+    w, state = rng.standard_normal((ch, taps)).astype(F32), rng.standard_normal((ch, taps - 1)).astype(F32)
+    got, got_state = kern.conv(x, w, state, silu)
+    ring, want = arith.canon(state.T), []
+    with np.errstate(all="ignore"):
+        for t in range(T):
+            want.append((gdn.conv if silu else gdn.conv_sum)(ring, x[t], w))
+            ring = np.concatenate([ring[1:], arith.canon(x[t])[None]])
+    assert _same(got, np.stack(want)), _diff(got, np.stack(want))
+    assert _same(got_state, ring.T), _diff(got_state, ring.T)
+
+
+@pytest.mark.parametrize("T,Hk,Hv,S", [(3, 2, 4, 16), (1, 4, 8, 32), (2, 1, 3, 12)])
+def test_gated_delta_net_is_gdn_row_per_token_head_and_row(kern, T, Hk, Hv, S):
+    from bankml.backends.reference import portable as reference
+    from bankml.ir.node import Node
+    rng = np.random.default_rng(T + Hv + S)
+    q, k = (rng.standard_normal((T, Hk, S)).astype(F32) * F32(0.3) for _ in range(2))
+    v = rng.standard_normal((T, Hv, S)).astype(F32)
+    v[0, 0, :2] = [np.nan, np.inf]
+    g = (-np.abs(rng.standard_normal((T, Hv))) * 2).astype(F32)
+    g[0, -1] = -200.0
+    beta = rng.uniform(0, 1, (T, Hv)).astype(F32)
+    state = (rng.standard_normal((Hv, S, S)) * 0.2).astype(F32)
+    scale = float(F32(1) / np.sqrt(F32(S)))
+    want_state = state.copy()
+    n = Node(0, Op.GATED_DELTA_NET, (), (T, Hv, S), "f32", None, po.GATED_DELTA_NET, {"scale": scale})
+    with np.errstate(all="ignore"):
+        want = reference._gated_delta_net(None, None, n, q, k, v, g, beta, want_state)
+    got, got_state = kern.gated_delta_net(q, k, v, g, beta, state, scale)
+    assert _same(got, want), _diff(got, want)
+    assert _same(got_state, want_state), _diff(got_state, want_state)
+
+
+def _log(rng, n, s_k, s_v):
+    from bankml.profiles.portable import gdn
+    return [gdn.Logged(rng.standard_normal(s_k).astype(F32) * F32(0.25), rng.standard_normal(s_v).astype(F32),
+                       F32(-abs(rng.standard_normal()) * 0.3), F32(rng.uniform(0.05, 0.9))) for _ in range(n)]
+
+
+@pytest.mark.parametrize("L,s_k,s_v", [(5, 16, 8), (1, 12, 3), (9, 32, 32)])
+def test_lazily_flushed_head_flush_fold_and_read(kern, L, s_k, s_v):
+    """gdn_flush (every row), gdn_fold and gdn_fold_trailing (every split of the log) and
+    gdn_read on the device: the numpy spec's bits."""
+    from bankml.profiles.portable import gdn
+    rng = np.random.default_rng(L * s_k + s_v)
+    log = _log(rng, L, s_k, s_v)
+    log[0] = gdn.Logged(log[0].key, log[0].values, F32(-200.0), log[0].beta)      # a decay of 0
+    rows = rng.standard_normal((s_v, s_k)).astype(F32)
+    want = rows.copy()
+    for r in range(s_v):
+        gdn.gdn_flush(want[r], log, r)
+    got = kern.gdn_flush(rows, log)
+    assert _same(got, want), _diff(got, want)
+    q = rng.standard_normal(s_k).astype(F32)
+    width = max(1, s_v - 1)
+    for older in range(L + 1):
+        (yn, cn), (yw, cw) = kern.gdn_fold_trailing(log, q, width, older)
+        (wyn, wcn), (wyw, wcw) = gdn.gdn_fold_trailing(log, q, width, older)
+        for g_, w_ in ((yn, wyn), (cn, wcn), (yw, wyw), (cw, wcw)):
+            assert _same(g_, w_), (older, _diff(g_, w_))
+    y, carried = gdn.gdn_fold(log, q, s_v)
+    gy, gc = kern.gdn_fold(log, q, s_v)
+    assert _same(gy, y) and _same(gc, carried)
+    want_read = np.array([gdn.gdn_read(rows[r], y, carried[r], F32(0.125)) for r in range(s_v)])
+    got_read = kern.gdn_read(rows, y, carried, 0.125)
+    assert _same(got_read, want_read), _diff(got_read, want_read)

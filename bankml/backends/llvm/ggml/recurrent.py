@@ -15,6 +15,10 @@ cache in place, as SET_ROWS writes the K/V cache.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import NamedTuple
+
 from llvmlite import ir
 
 from bankml.backends.llvm.emit.core import f32, fma, for_range, i32, i64, intrinsic, new_function, size, smin, \
@@ -48,7 +52,7 @@ def _gcc_sum(b: ir.IRBuilder, cols: list, w: list, zero) -> ir.Value:
     return acc
 
 
-def _gather8(b: ir.IRBuilder, p: ir.Value, stride: int) -> ir.Value:
+def gather8(b: ir.IRBuilder, p: ir.Value, stride: int) -> ir.Value:
     """<p[0], p[stride], ..., p[7 * stride]>."""
     v = ir.Constant(v8f32, ir.Undefined)
     for i in range(8):
@@ -73,14 +77,14 @@ def define_ssm_conv(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     with for_range(b, 0, n_vec, name="v") as v:
         c = b.add(lo, b.mul(v, i64(8)))
         srow, wrow = b.gep(ss, [b.mul(c, i64(keep))]), b.gep(ws, [b.mul(c, i64(nc))])
-        w = [_gather8(b, b.gep(wrow, [i64(k)]), nc) for k in range(nc)]
+        w = [gather8(b, b.gep(wrow, [i64(k)]), nc) for k in range(nc)]
 
         def column(j: ir.Value, x_only: bool) -> ir.Value:      # [state | x^T][c..c+8][j]
             xi = b.sub(j, i64(keep))
             if x_only:
                 return b.load(_vec(b, xs, b.add(b.mul(xi, i64(ch)), c)), align=4)
             from_state = b.icmp_signed("<", j, i64(keep))
-            st = _gather8(b, b.gep(srow, [smin(b, j, i64(keep - 1))]), keep)
+            st = gather8(b, b.gep(srow, [smin(b, j, i64(keep - 1))]), keep)
             x = b.load(_vec(b, xs, b.add(b.mul(b.select(from_state, i64(0), xi), i64(ch)), c)), align=4)
             return b.select(from_state, st, x)
 
@@ -124,42 +128,64 @@ def _dot_rows(b: ir.IRBuilder, a: list[ir.Value], x: ir.Value) -> ir.Value:
     return f32x8_reduce(b, accs)
 
 
-@kernel(Op.GATED_DELTA_NET, order=GATED_DELTA_NET)
-def define_gated_delta_net(m: ir.Module, g: Graph, n: Node) -> ir.Function:
-    if n.order != GATED_DELTA_NET:
-        raise LoweringError(f"llvm backend: gated_delta_net lowers only {GATED_DELTA_NET.describe()!r} "
-                            f"({n.name or n.id})")
+class Step(NamedTuple):
+    """One (v-head, token) step of a GATED_DELTA_NET kernel: the head's state M [S, S] (row j:
+    value j's key-sized weights), the token's q and k rows (its q/k head h % Hk), v and out
+    rows, the g and beta buffers and their index th."""
+    M: ir.Value
+    q: ir.Value
+    k: ir.Value
+    v: ir.Value
+    out: ir.Value
+    g: ir.Value
+    beta: ir.Value
+    th: ir.Value
+
+
+@contextmanager
+def head_token_steps(b: ir.IRBuilder, g: Graph, n: Node, fn: ir.Function) -> Iterator[Step]:
+    """The loops of a GATED_DELTA_NET kernel (either profile): threads split the v-heads, each
+    head takes its tokens in order; the body is emitted once, inside both."""
     hk = g[n.inputs[0]].shape[1]
     _, hv, S = n.shape
-    if S % 32:
-        raise LoweringError(f"gated_delta_net {n.name or n.id}: heads of {S}, not a multiple of 32")
-    scale = f32(inv_sqrtf(S))
-    fn, b = new_function(m, kernel_name(n), kernel_type(n))
     out, pq, pk, pv, pg, pb, pst, ith, nth, dims = fn.args
     ys, qs, ks, vs, gs, bs, ss = (typed(b, p, f32) for p in (out, pq, pk, pv, pg, pb, pst))
     T = size(b, dims, n.shape[:1])
-    expf = intrinsic(m, "expf", f32, [f32])
     lo, hi = thread_range(b, i64(hv), ith, nth)
     with for_range(b, lo, hi, name="h") as h:
         hq = b.urem(h, i64(hk))
         M = b.gep(ss, [b.mul(h, i64(S * S))])
         with for_range(b, 0, T, name="t") as t:
-            qd = b.gep(qs, [b.mul(b.add(b.mul(t, i64(hk)), hq), i64(S))])
-            kd = b.gep(ks, [b.mul(b.add(b.mul(t, i64(hk)), hq), i64(S))])
+            qk = b.mul(b.add(b.mul(t, i64(hk)), hq), i64(S))
             th = b.add(b.mul(t, i64(hv)), h)
-            vd, yd = b.gep(vs, [b.mul(th, i64(S))]), b.gep(ys, [b.mul(th, i64(S))])
-            decay = broadcast(b, b.call(expf, [b.load(b.gep(gs, [th]))]))
-            beta = b.load(b.gep(bs, [th]))
-            # ggml's four passes over the state (vec_scale, the dots with k, vec_mad, the dots
-            # with q) touch row j only through delta[j], which row j alone gives: each row is read
-            # once, taken through the four in ggml's order, and written once
-            with for_range(b, 0, S, name="j") as j:
-                row = b.gep(M, [b.mul(j, i64(S))])
-                r = [b.fmul(b.load(_vec(b, row, i64(i)), align=4), decay) for i in range(0, S, 8)]
-                dj = b.fmul(b.fsub(b.load(b.gep(vd, [j])), _dot_rows(b, r, kd)), beta)
-                r = [fma(b, b.load(_vec(b, kd, i64(8 * u)), align=4), broadcast(b, dj), r[u]) for u in range(len(r))]
-                for u in range(len(r)):
-                    b.store(r[u], _vec(b, row, i64(8 * u)), align=4)
-                b.store(b.fmul(_dot_rows(b, r, qd), scale), b.gep(yd, [j]))
+            yield Step(M, b.gep(qs, [qk]), b.gep(ks, [qk]), b.gep(vs, [b.mul(th, i64(S))]),
+                       b.gep(ys, [b.mul(th, i64(S))]), gs, bs, th)
+
+
+@kernel(Op.GATED_DELTA_NET, order=GATED_DELTA_NET)
+def define_gated_delta_net(m: ir.Module, g: Graph, n: Node) -> ir.Function:
+    if n.order != GATED_DELTA_NET:
+        raise LoweringError(f"llvm backend: gated_delta_net lowers only {GATED_DELTA_NET.describe()!r} "
+                            f"({n.name or n.id})")
+    S = n.shape[-1]
+    if S % 32:
+        raise LoweringError(f"gated_delta_net {n.name or n.id}: heads of {S}, not a multiple of 32")
+    scale = f32(inv_sqrtf(S))
+    fn, b = new_function(m, kernel_name(n), kernel_type(n))
+    expf = intrinsic(m, "expf", f32, [f32])
+    with head_token_steps(b, g, n, fn) as st:
+        decay = broadcast(b, b.call(expf, [b.load(b.gep(st.g, [st.th]))]))
+        beta = b.load(b.gep(st.beta, [st.th]))
+        # ggml's four passes over the state (vec_scale, the dots with k, vec_mad, the dots
+        # with q) touch row j only through delta[j], which row j alone gives: each row is read
+        # once, taken through the four in ggml's order, and written once
+        with for_range(b, 0, S, name="j") as j:
+            row = b.gep(st.M, [b.mul(j, i64(S))])
+            r = [b.fmul(b.load(_vec(b, row, i64(i)), align=4), decay) for i in range(0, S, 8)]
+            dj = b.fmul(b.fsub(b.load(b.gep(st.v, [j])), _dot_rows(b, r, st.k)), beta)
+            r = [fma(b, b.load(_vec(b, st.k, i64(8 * u)), align=4), broadcast(b, dj), r[u]) for u in range(len(r))]
+            for u in range(len(r)):
+                b.store(r[u], _vec(b, row, i64(8 * u)), align=4)
+            b.store(b.fmul(_dot_rows(b, r, st.q), scale), b.gep(st.out, [j]))
     b.ret_void()
     return fn

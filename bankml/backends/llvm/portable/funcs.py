@@ -271,3 +271,47 @@ def sigmoid(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
 def silu(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
     """x * sigmoid(x) of canonical x."""
     return mul(b, x, sigmoid(b, x))
+
+
+def ln(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """funcs.ln of canonical x, every step the spec's canonical one: m = 1.frac (halved from 1.5
+    up, k raised), i = rint(64 m), u = (m - i/64) * (64/i), the polynomial p, then
+    (k*LN2_HI + LNHI[i]) + ((k*LN2_LO + LNLO[i]) + p); 0 -> -inf, +inf -> +inf, NaN or x < 0 -> NaN."""
+    c = tables.constants()
+    t, it = x.type, int_type(x.type)
+    inv, lhi, llo = (table(b.module, f"portable_ln_{name}", v)
+                     for name, v in zip(("inv", "hi", "lo"), tables.ln_tables()))
+    _, e, frac = _fields(b, x)
+    big = b.icmp_unsigned(">=", frac, const(it, 0x400000))
+    k = b.select(big, b.sub(e, const(it, 126)), b.sub(e, const(it, 127)))
+    m = _mantissa(b, frac, t)
+    m = b.select(big, b.fmul(m, fconst(t, 0.5)), m)                                    # exact
+    i = b.fptosi(roundeven(b, b.fmul(m, fconst(t, 64.0))), it)                         # 48..96
+    u = mul(b, sub(b, m, b.fmul(b.sitofp(i, t), fconst(t, 1 / 64))), lookup(b, inv, i))
+    p = mul(b, add(b, mul(b, add(b, mul(b, add(b, mul(b, u, fconst(t, -0.25)), fconst(t, c["THIRD"])), u),
+                                     fconst(t, -0.5)), u), fconst(t, 1.0)), u)
+    kf = b.sitofp(k, t)
+    hi = add(b, mul(b, kf, fconst(t, c["LN2_HI"])), lookup(b, lhi, i))
+    lo = add(b, mul(b, kf, fconst(t, c["LN2_LO"])), lookup(b, llo, i))
+    out = bits(b, add(b, hi, add(b, lo, p)))
+    out = b.select(b.fcmp_ordered("==", x, const(t, 0.0)), const(it, SIGN | EXPO), out)
+    out = b.select(b.fcmp_ordered("==", x, const(t, float("inf"))), const(it, EXPO), out)
+    out = b.select(b.fcmp_unordered("ult", x, const(t, 0.0)), const(it, QNAN), out)      # NaN or x < 0
+    return b.bitcast(out, t)
+
+
+def ln1p(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """funcs.ln1p of canonical x >= 0: ln(u) + (x - (u - 1)) * recip(u), u = 1 + x; +inf -> +inf."""
+    t = x.type
+    u = add(b, fconst(t, 1.0), x)
+    err = sub(b, x, sub(b, u, fconst(t, 1.0)))
+    out = add(b, ln(b, u), mul(b, err, recip(b, u)))
+    return b.select(b.fcmp_ordered("==", x, const(t, float("inf"))), const(t, float("inf")), out)
+
+
+def softplus(b: ir.IRBuilder, x: ir.Value) -> ir.Value:
+    """funcs.softplus of canonical x: x + exp(-x) past 16, else ln1p(exp(x))."""
+    t = x.type
+    big = b.fcmp_ordered(">", x, fconst(t, 16.0))
+    small = ln1p(b, exp(b, b.select(big, const(t, 0.0), x)))
+    return b.select(big, add(b, x, exp(b, b.fneg(x))), small)

@@ -5,10 +5,12 @@ bankml/profiles/portable/ step for step with the emitters of backends/llvm/porta
 reference backend's (backends/reference/portable.py) for every thread count:
 
 - RMS_NORM  funcs.rmsnorm without w: x * rsqrt(fold_sum(x*x) / n + eps) (the weight is a MUL)
+- L2_NORM   funcs.l2norm: x * rsqrt(fold_sum(x*x) + eps)
 - ADD, MUL  arith.add / arith.mul, an operand of fewer dims broadcast over the leading ones
 - SWIGLU    mul(silu(gate), up)
 - ROPE      rope.rope_table (the fraction of a turn from integer arithmetic on t_i's bits) and
-            rope.rope, pairs (2i, 2i+1) in mode norm, (i, i + n/2) in mode neox; YaRN refused
+            rope.rope, pairs (2i, 2i+1) in mode norm, (i, i + n/2) in mode neox, over the first
+            n_dims of each head (the rest as they are: Qwen3.5's partial rope); YaRN refused
 - SET_ROWS  attention.cache_row into the int8 cache rows (f16 scale, then int8 codes)
 
 Vector width: ADD and MUL 8 lanes (a broadcast operand's index carried from chunk to chunk,
@@ -71,6 +73,18 @@ def _load(b: ir.IRBuilder, p, at, t: ir.Type = f32) -> ir.Value:
 @kernel(Op.RMS_NORM, order=po.RMS_NORM, profile="portable")
 def define_rms_norm(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     _check(n, po.RMS_NORM)
+    return _norm(m, n, mean=True)
+
+
+@kernel(Op.L2_NORM, order=po.L2_NORM, profile="portable")
+def define_l2_norm(m: ir.Module, g: Graph, n: Node) -> ir.Function:
+    _check(n, po.L2_NORM)
+    return _norm(m, n, mean=False)
+
+
+def _norm(m: ir.Module, n: Node, mean: bool) -> ir.Function:
+    """Each row times rsqrt(fold_sum(x*x) / n + eps) (funcs.rmsnorm without w; mean) or
+    rsqrt(fold_sum(x*x) + eps) (funcs.l2norm)."""
     fn, b = new_function(m, kernel_name(n), kernel_type(n))
     out, src, ith, nth, dims = fn.args
     px, py = typed(b, src, f32), typed(b, out, f32)
@@ -91,7 +105,7 @@ def define_rms_norm(m: ir.Module, g: Graph, n: Node) -> ir.Function:
             x = _load(b, px, b.add(base, i64(body + t)))
             lane = b.extract_element(lanes, i32(t))
             lanes = b.insert_element(lanes, pm.add(b, lane, pm.mul(b, x, x)), i32(t))
-        v = pm.add(b, pm.div(b, pm.tree(b, lanes), n_f), eps)
+        v = pm.add(b, pm.div(b, pm.tree(b, lanes), n_f) if mean else pm.tree(b, lanes), eps)
         s = pm.rsqrt(b, v)
         sv = pm.splat(b, s, v8f32)
         with for_range(b, 0, body, 8, name="j") as j:
@@ -233,14 +247,15 @@ def define_rope(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     if p["ext_factor"] != 0 or p["attn_factor"] != 1:
         raise LoweringError(f"portable profile: rope {n.name or n.id} with YaRN scaling is not defined")
     T, H, hd = n.shape
-    if p["mode"] not in ("norm", "neox") or p["n_dims"] != hd or p.get("freq_factors") is not None:
-        raise LoweringError(f"llvm portable profile: rope {n.name or n.id} mode {p['mode']!r} n_dims {p['n_dims']} "
-                            f"over head dim {hd} (norm/neox over the whole head only)")
-    half = hd // 2
-    turns = tables.rope_turns(hd, float(p["freq_base"]), float(p["freq_scale"]))
+    nd = p["n_dims"]
+    if p["mode"] not in ("norm", "neox") or not 0 < nd <= hd or nd % 2 or p.get("freq_factors") is not None:
+        raise LoweringError(f"llvm portable profile: rope {n.name or n.id} mode {p['mode']!r} n_dims {nd} "
+                            f"over head dim {hd} (norm/neox over the first n_dims only)")
+    half = nd // 2
+    turns = tables.rope_turns(nd, float(p["freq_base"]), float(p["freq_scale"]))
     e = (turns.view(np.uint32) >> 23).astype(np.int64) & 0xFF
     sig = np.where(e == 0, 0, (turns.view(np.uint32) & 0x7FFFFF).astype(np.int64) | 0x800000)
-    tag = f"{p['freq_base']!r}_{p['freq_scale']!r}_{hd}".replace(".", "p").replace("-", "m").replace("+", "")
+    tag = f"{p['freq_base']!r}_{p['freq_scale']!r}_{nd}".replace(".", "p").replace("-", "m").replace("+", "")
     g_sig = pm.table(m, f"portable_rope_sig_{tag}", sig.astype(np.int64))
     g_s = pm.table(m, f"portable_rope_s_{tag}", (150 - e).astype(np.int64))
     cs, sn = tables.sincos_table()
@@ -300,6 +315,9 @@ def define_rope(m: ir.Module, g: Graph, n: Node) -> ir.Function:
                                      b.load(b.gep(cos_t, [k])), b.load(b.gep(sin_t, [k])))
                     b.store(y0, b.gep(py, [i0]))
                     b.store(y1, b.gep(py, [i1]))
+            with for_range(b, nd, hd, name="rest") as k:           # the dims past n_dims, as they are
+                at = b.add(base, k)
+                b.store(_load(b, px, at), b.gep(py, [at]))
     b.ret_void()
     return fn
 

@@ -1,6 +1,7 @@
 """The portable profile's kernels as SPIR-V: matvec (F16, Q8_0, Q4_1, Q1_0, Q2_0), RMSNorm,
-softmax and the int8-cache attention of one decode step, bit for bit the numpy spec
-(bankml/profiles/portable/; docs/spirv.md, "The portable kernels").
+softmax, the int8-cache attention of one decode step, and Qwen3.5's conv and Gated-DeltaNet
+step, bit for bit the numpy spec (bankml/profiles/portable/; docs/spirv.md, "The portable
+kernels").
 
 Every float step is portable.emit's (NoContraction, flush and NaN by bit tests), every exact sum
 is integer (int64, a 384-bit accumulator where int64 is too narrow). The host quantizes
@@ -15,6 +16,8 @@ activations with the spec (quant.quantize_act) and uploads them in this layout:
     y = k.rmsnorm(x, w, eps); y = k.softmax(x)                     # rows of the last axis
     y = k.attention(q, k_rows, v_rows, mask, scale)                # one decode step, [H, D]
     y = k.attention_rows(q, k_rows, v_rows, masks, scale)          # M query rows, [M, H, D]
+    y, state = k.conv(x, kernel, state)                            # gdn.conv token by token
+    y, state = k.gated_delta_net(q, k, v, g, beta, state, scale)   # gdn.gdn_row, per (head, row)
 """
 from __future__ import annotations
 
@@ -25,7 +28,7 @@ import numpy as np
 from bankml.backends.spirv import builder as B
 from bankml.backends.spirv.portable.emit import EXP, QNAN, SIGN, Emit
 from bankml.errors import BankmlError
-from bankml.profiles.portable import quant
+from bankml.profiles.portable import gdn, quant
 from bankml.profiles.portable.tables import exp_table, recip_table, rsqrt_table
 from bankml.quants import F16, Q1_0, Q2_0, Q4_1, Q8_0, WEIGHT_TYPES
 
@@ -391,6 +394,188 @@ def emit_binary(op: str, flushing: bool = False, rte: bool = True) -> tuple[int,
     return tuple(m.words())
 
 
+# ---- Qwen3.5's recurrence (gdn.py)
+@functools.cache
+def emit_conv(silu: bool, flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
+    """gdn.conv (silu) or gdn.conv_sum per token over T tokens: one invocation per channel, its
+    ring the state's row (taps - 1 values, oldest first), left holding the last taps - 1 inputs.
+    Bindings: 0 x f32[T*ch], 1 kernel f32[ch*taps], 2 tables, 3 state f32[ch*(taps-1)], 4 y
+    f32[T*ch]. Push: T, ch, taps."""
+    k = _Module(flushing=flushing, rte=rte)
+    m = k.m
+    xbuf, wbuf = k.buffer("x", m.f32), k.buffer("kernel", m.f32)
+    k.tables = k.buffer("tables", m.f32)
+    sbuf, obuf = k.buffer("state", m.f32, writable=True), k.buffer("y", m.f32, writable=True)
+    e, (T, ch, taps), c = k.start(["T", "ch", "taps"])
+    f = e.f
+    keep = e.u("ISub", taps, e.c(1))
+    with f.if_then(e.b("ULessThan", c, ch), "valid"):
+        srow, wrow = e.u("IMul", c, keep), e.u("IMul", c, taps)
+        with f.loop(T, "t") as t:
+            acc = e.var(m.f32, "acc", e.fc(0.0))
+            with f.loop(keep, "tap") as j:
+                r = _f32_at(e, sbuf, e.u("IAdd", srow, j))
+                f.store(acc, e.fadd(f.load(m.f32, acc), e.fmul(r, _f32_at(e, wbuf, e.u("IAdd", wrow, j)))))
+            x = _f32_at(e, xbuf, e.u("IAdd", e.u("IMul", t, ch), c))
+            y = e.fadd(f.load(m.f32, acc), e.fmul(x, _f32_at(e, wbuf, e.u("IAdd", wrow, keep))))
+            if silu:                             # funcs.silu: y * recip(1 + exp(-y))
+                neg = e.flt(e.u("BitwiseXor", e.bits(y), e.c(SIGN)))
+                y = e.fmul(y, e.recip(e.fadd(e.fc(1.0), e.exp(neg))))
+            _store(e, obuf, e.u("IAdd", e.u("IMul", t, ch), c), y)
+            with f.loop(e.u("ISub", keep, e.c(1)), "shift") as j:        # the ring moves on by one
+                _store(e, sbuf, e.u("IAdd", srow, j), _f32_at(e, sbuf, e.u("IAdd", srow, e.u("IAdd", j, e.c(1)))))
+            _store(e, sbuf, e.u("IAdd", srow, e.u("ISub", keep, e.c(1))), x)
+    f.end()
+    return tuple(m.words())
+
+
+@functools.cache
+def emit_gdn(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
+    """gdn.gdn_row over T tokens: one invocation per (v-head h, value row r) of the state, its q/k
+    head h % Hk; decay exp(g), kq = fdot(k, q) per token (each invocation its own, the same bits).
+    Bindings: 0 q f32[T*Hk*S], 1 k, 2 v f32[T*Hv*S], 3 g f32[T*Hv], 4 beta, 5 tables, 6 state
+    f32[Hv*S*S] (row r of head h at (h*S + r)*S), 7 out f32[T*Hv*S]. Push: T, Hk, Hv, S, scale bits."""
+    k = _Module(flushing=flushing, rte=rte)
+    m = k.m
+    qbuf, kbuf, vbuf, gbuf, bbuf = (k.buffer(n, m.f32) for n in ("q", "k", "v", "g", "beta"))
+    k.tables = k.buffer("tables", m.f32)
+    sbuf, obuf = k.buffer("state", m.f32, writable=True), k.buffer("out", m.f32, writable=True)
+    e, (T, Hk, Hv, S, scale), gid = k.start(["T", "Hk", "Hv", "S", "scale"])
+    f = e.f
+    with f.if_then(e.b("ULessThan", gid, e.u("IMul", Hv, S)), "valid"):
+        h, r = e.u("UDiv", gid, S), e.u("UMod", gid, S)
+        hq = e.u("UMod", h, Hk)
+        row = e.u("IMul", gid, S)
+        with f.loop(T, "t") as t:
+            qb = e.u("IMul", e.u("IAdd", e.u("IMul", t, Hk), hq), S)
+            th = e.u("IAdd", e.u("IMul", t, Hv), h)
+
+            def q_(i):
+                return _f32_at(e, qbuf, e.u("IAdd", qb, i))
+
+            def k_(i):
+                return _f32_at(e, kbuf, e.u("IAdd", qb, i))
+
+            def m_(i):
+                return _f32_at(e, sbuf, e.u("IAdd", row, i))
+            kq = _fold(e, S, lambda i: e.fmul(k_(i), q_(i)), "kq")
+            rq = _fold(e, S, lambda i: e.fmul(m_(i), q_(i)), "rq")
+            rk = _fold(e, S, lambda i: e.fmul(m_(i), k_(i)), "rk")
+            decay, beta = e.exp(_f32_at(e, gbuf, th)), _f32_at(e, bbuf, th)
+            vr = _f32_at(e, vbuf, e.u("IAdd", e.u("IMul", th, S), r))
+            coef = e.fmul(beta, e.fsub(vr, e.fmul(decay, rk)))
+            with f.loop(S, "upd") as i:
+                _store(e, sbuf, e.u("IAdd", row, i), e.fadd(e.fmul(decay, m_(i)), e.fmul(coef, k_(i))))
+            y = e.fmul(e.fadd(e.fmul(decay, rq), e.fmul(coef, kq)), e.flt(scale))
+            _store(e, obuf, e.u("IAdd", e.u("IMul", th, S), r), y)
+    f.end()
+    return tuple(m.words())
+
+
+# ---- a lazily flushed head (gdn.py: Logged, gdn_flush, gdn_fold(_trailing), gdn_read)
+def _log_buffers(k: _Module) -> tuple[int, int, int, int]:
+    """The log's bindings 0..3: keys f32[L*S_k], values f32[L*S_v], g f32[L], beta f32[L]; then tables."""
+    m = k.m
+    bufs = tuple(k.buffer(n, m.f32) for n in ("keys", "values", "g", "beta"))
+    k.tables = k.buffer("tables", m.f32)
+    return bufs
+
+
+@functools.cache
+def emit_gdn_flush(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
+    """gdn.gdn_flush of a head's rows: one invocation per value row r, every logged token's
+    gdn_update (value r of its values) replayed in order over the row (no store: f32 rows).
+    Bindings: 0-3 the log, 4 tables, 5 rows f32[S_v*S_k]. Push: L, S_k, S_v."""
+    k = _Module(flushing=flushing, rte=rte)
+    m = k.m
+    kbuf, vbuf, gbuf, bbuf = _log_buffers(k)
+    rbuf = k.buffer("rows", m.f32, writable=True)
+    e, (L, Sk, Sv), r = k.start(["L", "S_k", "S_v"])
+    f = e.f
+    with f.if_then(e.b("ULessThan", r, Sv), "valid"):
+        row = e.u("IMul", r, Sk)
+        with f.loop(L, "tok") as t:
+            kb = e.u("IMul", t, Sk)
+            rk = _fold(e, Sk, lambda i: e.fmul(_f32_at(e, rbuf, e.u("IAdd", row, i)),
+                                               _f32_at(e, kbuf, e.u("IAdd", kb, i))), "rk")
+            decay, beta = e.exp(_f32_at(e, gbuf, t)), _f32_at(e, bbuf, t)
+            vr = _f32_at(e, vbuf, e.u("IAdd", e.u("IMul", t, Sv), r))
+            coef = e.fmul(beta, e.fsub(vr, e.fmul(decay, rk)))
+            with f.loop(Sk, "upd") as i:
+                at = e.u("IAdd", row, i)
+                _store(e, rbuf, at, e.fadd(e.fmul(decay, _f32_at(e, rbuf, at)),
+                                           e.fmul(coef, _f32_at(e, kbuf, e.u("IAdd", kb, i)))))
+    f.end()
+    return tuple(m.words())
+
+
+@functools.cache
+def emit_gdn_fold(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
+    """gdn.gdn_fold_trailing of one head's log: one invocation walks the log newest first from q
+    (coef = beta·(k·y), carried += coef·v[:width], y = decay·(y − coef·k)), writing (y, carried)
+    when only the oldest `older` tokens are left, then at the end (gdn_fold: the second pair).
+    Bindings: 0-3 the log, 4 tables, 5 q f32[S_k], 6 y f32[2*S_k] (newer, whole), 7 carried
+    f32[2*width]. Push: L, S_k, S_v, width, older."""
+    k = _Module(flushing=flushing, rte=rte)
+    m = k.m
+    kbuf, vbuf, gbuf, bbuf = _log_buffers(k)
+    qbuf = k.buffer("q", m.f32)
+    ybuf, cbuf = k.buffer("y", m.f32, writable=True), k.buffer("carried", m.f32, writable=True)
+    e, (L, Sk, Sv, width, older), gid = k.start(["L", "S_k", "S_v", "width", "older"])
+    f = e.f
+
+    def snapshot(slot):                              # (y, carried) into the slot's half
+        with f.loop(Sk, "sy") as i:
+            _store(e, ybuf, e.u("IAdd", e.u("IMul", slot, Sk), i), _f32_at(e, ybuf, e.u("IAdd", Sk, i)))
+        with f.loop(width, "sc") as i:
+            _store(e, cbuf, e.u("IAdd", e.u("IMul", slot, width), i), _f32_at(e, cbuf, e.u("IAdd", width, i)))
+    with f.if_then(e.b("IEqual", gid, e.c(0)), "one"):
+        # the walk keeps (y, carried) in the second halves
+        with f.loop(Sk, "y0") as i:
+            _store(e, ybuf, e.u("IAdd", Sk, i), _f32_at(e, qbuf, i))
+        with f.loop(width, "c0") as i:
+            _store(e, cbuf, e.u("IAdd", width, i), e.fc(0.0))
+        with f.loop(L, "walk") as w:
+            t = e.u("ISub", e.u("ISub", L, w), e.c(1))               # newest first
+            with f.if_then(e.b("IEqual", e.u("IAdd", t, e.c(1)), older), "stop"):
+                snapshot(e.c(0))
+            kb = e.u("IMul", t, Sk)
+            ky = _fold(e, Sk, lambda i: e.fmul(_f32_at(e, kbuf, e.u("IAdd", kb, i)),
+                                               _f32_at(e, ybuf, e.u("IAdd", Sk, i))), "ky")
+            coef = e.fmul(_f32_at(e, bbuf, t), ky)
+            decay = e.exp(_f32_at(e, gbuf, t))
+            with f.loop(width, "carry") as i:
+                at = e.u("IAdd", width, i)
+                v = _f32_at(e, vbuf, e.u("IAdd", e.u("IMul", t, Sv), i))
+                _store(e, cbuf, at, e.fadd(_f32_at(e, cbuf, at), e.fmul(coef, v)))
+            with f.loop(Sk, "decay") as i:
+                at = e.u("IAdd", Sk, i)
+                kv = _f32_at(e, kbuf, e.u("IAdd", kb, i))
+                _store(e, ybuf, at, e.fmul(decay, e.fsub(_f32_at(e, ybuf, at), e.fmul(coef, kv))))
+        with f.if_then(e.b("IEqual", older, e.c(0)), "no_older"):      # the newer tokens are all
+            snapshot(e.c(0))
+    f.end()
+    return tuple(m.words())
+
+
+@functools.cache
+def emit_gdn_read(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
+    """gdn.gdn_read of each stored row through a folded query: (row·y + carried[r])·scale, one
+    invocation per row. Bindings: 0 rows f32[R*S_k], 1 y f32[S_k], 2 carried f32[R], 3 out f32[R].
+    Push: R, S_k, scale bits."""
+    k = _Module(flushing=flushing, rte=rte)
+    m = k.m
+    rbuf, ybuf, cbuf = k.buffer("rows", m.f32), k.buffer("y", m.f32), k.buffer("carried", m.f32)
+    obuf = k.buffer("out", m.f32, writable=True)
+    e, (R, Sk, scale), r = k.start(["R", "S_k", "scale"])
+    with e.f.if_then(e.b("ULessThan", r, R), "valid"):
+        row = e.u("IMul", r, Sk)
+        dot = _fold(e, Sk, lambda i: e.fmul(_f32_at(e, rbuf, e.u("IAdd", row, i)), _f32_at(e, ybuf, i)), "ry")
+        _store(e, obuf, r, e.fmul(e.fadd(dot, _f32_at(e, cbuf, r)), e.flt(scale)))
+    e.f.end()
+    return tuple(m.words())
+
+
 # ---- attention of one decode step
 @functools.cache
 def emit_attention(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
@@ -445,8 +630,9 @@ def emit_attention(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
             qbad = e.b("INotEqual", e.u("ShiftRightLogical", info0, e.c(8)), e.c(0))
             f.store(bad, e.sel(qbad, e.c(1), f.load(u32, bad)))
         sc = e.flt(e.sel(e.b("INotEqual", f.load(u32, bad), e.c(0)), e.c(QNAN), e.round_terms(P, X, nsub)))
-        sc = f.select(f32, dead(j), e.flt(e.c(0xFF800000)), e.fmul(sc, e.flt(scale)))
-        f.store(anylive, e.sel(dead(j), f.load(u32, anylive), e.c(1)))
+        dj = dead(j)
+        sc = f.select(f32, dj, e.flt(e.c(0xFF800000)), e.fmul(sc, e.flt(scale)))
+        f.store(anylive, e.sel(dj, f.load(u32, anylive), e.c(1)))
         _store(e, sbuf, e.u("IAdd", srow, j), sc)
 
     # 2. p = softmax(scores), in place
@@ -465,13 +651,15 @@ def emit_attention(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
         amax = e.var(u32, "amax", e.c(0))
         blive = e.var(u32, "blive", e.c(0))
 
-        def w_of(i):
+        def w_of(i):                                # (w of the block's cell i, whether it is masked)
             j = e.u("IAdd", e.u("ShiftLeftLogical", b, e.c(5)), i)
             sv = _f16_to_f32(e, _u16(e, vbuf, row_at(j)))
-            return f.select(f32, dead(j), e.fc(0.0), e.fmul(read(j), sv))
+            dj = dead(j)
+            return f.select(f32, dj, e.fc(0.0), e.fmul(read(j), sv)), dj
         with f.loop(e.c(32), "wmax") as i:
-            f.store(blive, e.sel(dead(e.u("IAdd", e.u("ShiftLeftLogical", b, e.c(5)), i)), f.load(u32, blive), e.c(1)))
-            wb = e.bits(w_of(i))
+            w, dj = w_of(i)
+            f.store(blive, e.sel(dj, f.load(u32, blive), e.c(1)))
+            wb = e.bits(w)
             mag = e.u("BitwiseAnd", wb, e.c(0x7FFFFFFF))
             f.store(nan, e.sel(e.b("UGreaterThan", mag, e.c(EXP)), e.c(1), f.load(u32, nan)))
             f.store(amax, e.sel(e.b("UGreaterThan", mag, f.load(u32, amax)), mag, f.load(u32, amax)))
@@ -482,7 +670,7 @@ def emit_attention(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
         E = e.sel(e.b("ULessThanEqual", cs, e.c(127 << 17)), e.u("ISub", pe, e.c(6)), e.u("ISub", pe, e.c(5)))
         E = e.sel(e.b("IEqual", am, e.c(0)), e.c(0), E)
         with f.loop(e.c(32), "wq") as i:
-            wb = e.bits(w_of(i))
+            wb = e.bits(w_of(i)[0])
             be = e.u("BitFieldUExtract", wb, e.c(23), e.c(8))
             c = e.zext64(e.sel(e.b("IEqual", be, e.c(0)), e.c(0),
                                e.u("BitwiseOr", e.u("BitwiseAnd", wb, e.c(0x7FFFFF)), e.c(0x800000))))
@@ -619,3 +807,84 @@ class PortableKernels:
                     [H, H // Hkv, Hkv, D, n_kv, int(np.float32(scale).view(np.uint32))], (H, M),
                     {7: (_F32, M * H * D)})
         return out[7].reshape(M, H, D)
+
+    def conv(self, x: np.ndarray, kernel: np.ndarray, state: np.ndarray, silu: bool = True
+             ) -> tuple[np.ndarray, np.ndarray]:
+        """gdn.conv (silu) or gdn.conv_sum of each token of x f32 [T, ch] over the ring state
+        [ch, taps - 1] (oldest first) and kernel [ch, taps] -> (y [T, ch], the new state)."""
+        x, kernel = np.ascontiguousarray(x, _F32), np.ascontiguousarray(kernel, _F32)
+        state = np.ascontiguousarray(state, _F32)
+        (T, ch), taps = x.shape, kernel.shape[-1]
+        if kernel.shape != (ch, taps) or state.shape != (ch, taps - 1) or taps < 2:
+            raise BankmlError(f"portable conv: x {list(x.shape)}, kernel {list(kernel.shape)}, state "
+                              f"{list(state.shape)} do not fit")
+        p = self.program(("conv", silu), emit_conv(silu, self.flushing, self.rte), 5, 3)
+        out = p.run([x.tobytes(), kernel.tobytes(), self.tables, state.tobytes(), 4 * x.size], [T, ch, taps],
+                    -(-ch // LOCAL), {3: (_F32, state.size), 4: (_F32, x.size)})
+        return out[4].reshape(T, ch), out[3].reshape(state.shape)
+
+    def gated_delta_net(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray, beta: np.ndarray,
+                        state: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]:
+        """gdn.gdn_row per token, v-head and value row (q, k [T, Hk, S]; v [T, Hv, S]; g, beta
+        [T, Hv]; state [Hv, S, S]) -> (out [T, Hv, S], the new state): the GATED_DELTA_NET node
+        of the portable profile (backends/reference/portable.py)."""
+        q, k, v = (np.ascontiguousarray(a, _F32) for a in (q, k, v))
+        g, beta, state = (np.ascontiguousarray(a, _F32) for a in (g, beta, state))
+        T, Hv, S = v.shape
+        Hk = q.shape[1]
+        if q.shape != (T, Hk, S) or k.shape != q.shape or g.shape != (T, Hv) or beta.shape != (T, Hv) \
+                or state.shape != (Hv, S, S) or Hv % Hk:
+            raise BankmlError(f"portable gated_delta_net: q {list(q.shape)}, k {list(k.shape)}, v {list(v.shape)}, "
+                              f"g {list(g.shape)}, beta {list(beta.shape)}, state {list(state.shape)} do not fit")
+        p = self.program("gdn", emit_gdn(self.flushing, self.rte), 8, 5)
+        out = p.run([q.tobytes(), k.tobytes(), v.tobytes(), g.tobytes(), beta.tobytes(), self.tables,
+                     state.tobytes(), 4 * v.size], [T, Hk, Hv, S, int(np.float32(scale).view(np.uint32))],
+                    -(-(Hv * S) // LOCAL), {6: (_F32, state.size), 7: (_F32, v.size)})
+        return out[7].reshape(v.shape), out[6].reshape(state.shape)
+
+    # ---- a lazily flushed head
+    def _log(self, log, s_k: int, s_v: int) -> list[bytes]:
+        """The log's buffers (gdn.log_arrays), then the tables."""
+        try:
+            return [a.tobytes() for a in gdn.log_arrays(log, s_k, s_v)] + [self.tables]
+        except ValueError as e:
+            raise BankmlError(f"portable gdn: {e}") from None
+
+    def gdn_flush(self, rows: np.ndarray, log) -> np.ndarray:
+        """gdn.gdn_flush of every row r (value r) of a head: rows f32 [S_v, S_k], log a non-empty
+        list of gdn.Logged -> the flushed rows."""
+        rows = np.ascontiguousarray(rows, _F32)
+        Sv, Sk = rows.shape
+        bufs = self._log(log, Sk, Sv)
+        p = self.program("gdn_flush", emit_gdn_flush(self.flushing, self.rte), 6, 3)
+        out = p.run(bufs + [rows.tobytes()], [len(log), Sk, Sv], -(-Sv // LOCAL), {5: (_F32, rows.size)})
+        return out[5].reshape(rows.shape)
+
+    def gdn_fold_trailing(self, log, q: np.ndarray, width: int, older: int):
+        """gdn.gdn_fold_trailing: ((y, carried) over the newer tokens, (y, carried) over the whole log)."""
+        q = np.ascontiguousarray(q, _F32)
+        try:
+            Sk, Sv = gdn.check_fold(log, q, width, older)
+        except ValueError as e:
+            raise BankmlError(f"portable gdn: {e}") from None
+        p = self.program("gdn_fold", emit_gdn_fold(self.flushing, self.rte), 8, 5)
+        out = p.run(self._log(log, Sk, Sv) + [q.tobytes(), 8 * Sk, 8 * width], [len(log), Sk, Sv, width, older], 1,
+                    {6: (_F32, 2 * Sk), 7: (_F32, 2 * width)})
+        y, c = out[6].reshape(2, Sk), out[7].reshape(2, width)
+        return (y[0], c[0]), (y[1], c[1])
+
+    def gdn_fold(self, log, q: np.ndarray, width: int):
+        """gdn.gdn_fold: (the folded query, the collected values)."""
+        return self.gdn_fold_trailing(log, q, width, 0)[1]
+
+    def gdn_read(self, rows: np.ndarray, y: np.ndarray, carried: np.ndarray, scale: float) -> np.ndarray:
+        """gdn.gdn_read of each row (rows f32 [R, S_k], carried [R]) -> f32 [R]."""
+        rows, y, carried = (np.ascontiguousarray(a, _F32) for a in (rows, y, carried))
+        try:
+            gdn.check_read(rows, y, carried)
+        except ValueError as e:
+            raise BankmlError(f"portable gdn: {e}") from None
+        R, Sk = rows.shape
+        p = self.program("gdn_read", emit_gdn_read(self.flushing, self.rte), 4, 3)
+        return p.run([rows.tobytes(), y.tobytes(), carried.tobytes(), 4 * R],
+                     [R, Sk, int(np.float32(scale).view(np.uint32))], -(-R // LOCAL), {3: (_F32, R)})[3]
