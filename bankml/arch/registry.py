@@ -112,9 +112,9 @@ def get(name: str) -> Architecture:
 
 
 def portable() -> list[str]:
-    """Architectures whose graphs the portable profile runs."""
+    """Architectures whose graphs the portable profile runs, by name (not by import order)."""
     _load_builtins()
-    return [n for n, a in ARCHITECTURES.items() if a.portable]
+    return sorted(n for n, a in ARCHITECTURES.items() if a.portable)
 
 
 # ---- shared tensor tables (llama.cpp's create_tensor_qkv and the dense FFN) -------------------
