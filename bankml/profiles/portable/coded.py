@@ -21,9 +21,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from bankml.profiles.portable.arith import F32, add, canon, round_exact
 from bankml.profiles.portable.quant import (GROUP, QK, ActBlocks, ActScaling, Unreadable, f16_parts, mul_mat,
-                                            quantize_act, quantize_blocks)
+                                            quantize_act, quantize_blocks, round_groups)
 from bankml.quants import F16, Q1_0, Q2_0, Q4_1, Q4_K, Q6_K, Q8_0, WEIGHT_TYPES, q4_k, q6_k
 
 COEF_BOUND = 128 * 32         # Q6_K's -128 · -32: no coef or offs of any format is larger
@@ -132,12 +131,5 @@ def dot(raw: np.ndarray, wtype: int, x: np.ndarray, scaling: ActScaling = ActSca
     a = quantize_blocks(x, cr.seg) if per_block else quantize_act(x)
     block = cr.seg if per_block else QK
     p, e = _block_terms(cr, a, block)                                # [T, rows, K/block, nt]
-    T, rows, nblk, nt = p.shape
     per = 1 if per_block else GROUP // QK                            # activation blocks per rounding
-    bad = a.bad[:, None, :]
-    y = None
-    for g0 in range(0, nblk, per):
-        r = round_exact(p[:, :, g0:g0 + per].reshape(T, rows, -1), e[:, :, g0:g0 + per].reshape(T, rows, -1))
-        r = np.where(bad[:, :, g0:g0 + per].any(-1), F32(np.nan), r).astype(F32)
-        y = r if y is None else add(y, r)
-    return canon(y)
+    return round_groups(p, e, a.bad[:, None, :], per)

@@ -210,20 +210,23 @@ def terms(w: WeightInts, a: ActBlocks) -> tuple[np.ndarray, np.ndarray]:
     return np.stack(p, -1), np.stack(x, -1)
 
 
+def round_groups(p: np.ndarray, x: np.ndarray, bad: np.ndarray, per: int) -> np.ndarray:
+    """Terms p·2^x [T, rows, blocks, terms] summed exactly over each run of `per` blocks and
+    rounded once, NaN where `bad` [.., .., blocks] marks a block of the run, the runs added in
+    order."""
+    T, rows, nblk, _ = p.shape
+    y = None
+    for g0 in range(0, nblk, per):
+        r = round_exact(p[:, :, g0:g0 + per].reshape(T, rows, -1), x[:, :, g0:g0 + per].reshape(T, rows, -1))
+        r = np.where(bad[:, :, g0:g0 + per].any(-1), F32(np.nan), r).astype(F32)
+        y = r if y is None else add(y, r)
+    return canon(y)
+
+
 def group_dot(w: WeightInts, a: ActBlocks) -> np.ndarray:
     """y [T, rows]: each group of 256 elements exact and rounded once, groups added in order."""
     p, x = terms(w, a)
-    T, rows, nsub, nt = p.shape
-    per = GROUP // QK
-    y = None
-    for g0 in range(0, nsub, per):
-        pg = p[:, :, g0:g0 + per].reshape(T, rows, -1)
-        xg = x[:, :, g0:g0 + per].reshape(T, rows, -1)
-        r = round_exact(pg, xg)
-        bad = a.bad[:, None, g0:g0 + per].any(-1) | w.bad[None, :, g0:g0 + per].any(-1)
-        r = np.where(bad, F32(np.nan), r).astype(F32)
-        y = r if y is None else add(y, r)
-    return canon(y)
+    return round_groups(p, x, a.bad[:, None, :] | w.bad[None, :, :], GROUP // QK)
 
 
 def mul_mat(raw: np.ndarray, wtype: int, a: ActBlocks, rows_per_chunk: int | None = None) -> np.ndarray:
