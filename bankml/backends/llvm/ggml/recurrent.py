@@ -15,7 +15,7 @@ cache in place, as SET_ROWS writes the K/V cache.
 """
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
 
@@ -60,24 +60,61 @@ def gather8(b: ir.IRBuilder, p: ir.Value, stride: int) -> ir.Value:
     return v
 
 
+class Conv(NamedTuple):
+    """An SSM_CONV kernel's buffers (y, x, the taps, the state) and sizes: T tokens, ch channels,
+    nc taps, keep = nc - 1 state columns per channel."""
+    ys: ir.Value
+    xs: ir.Value
+    ws: ir.Value
+    ss: ir.Value
+    T: ir.Value
+    ch: int
+    nc: int
+    keep: int
+
+
+def conv_channels(b: ir.IRBuilder, g: Graph, n: Node, fn: ir.Function,
+                  body: Callable[[Conv, ir.Value, int], None]) -> None:
+    """The loops of an SSM_CONV kernel (either profile): threads split the channels; body(conv,
+    c, lanes) is emitted for channels c .. c + 7 (lanes 8), then for each channel left (lanes 1)."""
+    ch, nc = g[n.inputs[1]].shape
+    out, px, pw, pst, ith, nth, dims = fn.args
+    conv = Conv(*(typed(b, p, f32) for p in (out, px, pw, pst)), size(b, dims, n.shape[:1]), ch, nc, nc - 1)
+    lo, hi = thread_range(b, i64(ch), ith, nth)
+    n_vec = b.udiv(b.sub(hi, lo), i64(8))
+    with for_range(b, 0, n_vec, name="v") as v:
+        body(conv, b.add(lo, b.mul(v, i64(8))), 8)
+    with for_range(b, b.add(lo, b.mul(n_vec, i64(8))), hi, name="c") as c:
+        body(conv, c, 1)
+
+
 @kernel(Op.SSM_CONV, order=SSM_CONV)
 def define_ssm_conv(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     if n.order != SSM_CONV:
         raise LoweringError(f"llvm backend: ssm_conv lowers only {SSM_CONV.describe()!r} ({n.name or n.id})")
-    ch, nc = g[n.inputs[1]].shape
-    keep = nc - 1                                      # the state's columns
     fn, b = new_function(m, kernel_name(n), kernel_type(n))
-    out, px, pw, pst, ith, nth, dims = fn.args
-    ys, xs, ws, ss = (typed(b, p, f32) for p in (out, px, pw, pst))
-    T = size(b, dims, n.shape[:1])
-    lo, hi = thread_range(b, i64(ch), ith, nth)
-    n_vec = b.udiv(b.sub(hi, lo), i64(8))
 
-    # 8 channels at a time, token by token (rows of x and y read and written whole); outputs never meet
-    with for_range(b, 0, n_vec, name="v") as v:
-        c = b.add(lo, b.mul(v, i64(8)))
-        srow, wrow = b.gep(ss, [b.mul(c, i64(keep))]), b.gep(ws, [b.mul(c, i64(nc))])
-        w = [gather8(b, b.gep(wrow, [i64(k)]), nc) for k in range(nc)]
+    def channels(k: Conv, c: ir.Value, lanes: int) -> None:
+        """8 channels token by token (rows of x and y read and written whole), or one channel."""
+        ys, xs, ss, T, ch, nc, keep = k.ys, k.xs, k.ss, k.T, k.ch, k.nc, k.keep
+        srow, wrow = b.gep(ss, [b.mul(c, i64(keep))]), b.gep(k.ws, [b.mul(c, i64(nc))])
+        if lanes == 1:
+            w1 = [b.load(b.gep(wrow, [i64(i)])) for i in range(nc)]
+
+            def column1(j: ir.Value) -> ir.Value:            # [state | x^T][c][j]
+                from_state = b.icmp_signed("<", j, i64(keep))
+                s = b.load(b.gep(srow, [smin(b, j, i64(keep - 1))]))
+                xi = b.select(from_state, i64(0), b.sub(j, i64(keep)))
+                x = b.load(b.gep(xs, [b.add(b.mul(xi, i64(ch)), c)]))
+                return b.select(from_state, s, x)
+
+            with for_range(b, 0, T, name="t") as t:
+                acc = _gcc_sum(b, [column1(b.add(t, i64(i))) for i in range(nc)], w1, f32(0.0))
+                b.store(acc, b.gep(ys, [b.add(b.mul(t, i64(ch)), c)]))
+            for j in range(keep):
+                b.store(column1(b.add(T, i64(j))), b.gep(srow, [i64(j)]))
+            return
+        w = [gather8(b, b.gep(wrow, [i64(i)]), nc) for i in range(nc)]
 
         def column(j: ir.Value, x_only: bool) -> ir.Value:      # [state | x^T][c..c+8][j]
             xi = b.sub(j, i64(keep))
@@ -90,31 +127,14 @@ def define_ssm_conv(m: ir.Module, g: Graph, n: Node) -> ir.Function:
 
         for t_lo, t_hi, x_only in ((i64(0), smin(b, T, i64(keep)), False), (i64(keep), T, True)):
             with for_range(b, t_lo, t_hi, name="t") as t:
-                acc = _gcc_sum(b, [column(b.add(t, i64(k)), x_only) for k in range(nc)], w, zero8())
+                acc = _gcc_sum(b, [column(b.add(t, i64(i)), x_only) for i in range(nc)], w, zero8())
                 b.store(acc, _vec(b, ys, b.add(b.mul(t, i64(ch)), c)), align=4)
         for j in range(keep):                          # ascending: column(T + j) is never a column written
             col = column(b.add(T, i64(j)), False)
             for i in range(8):
                 b.store(b.extract_element(col, i32(i)), b.gep(srow, [i64(i * keep + j)]))
 
-    # the channels left, one at a time
-    with for_range(b, b.add(lo, b.mul(n_vec, i64(8))), hi, name="c") as c:
-        srow, wrow = b.gep(ss, [b.mul(c, i64(keep))]), b.gep(ws, [b.mul(c, i64(nc))])
-        w = [b.load(b.gep(wrow, [i64(i)])) for i in range(nc)]
-
-        def column1(j: ir.Value) -> ir.Value:            # [state | x^T][c][j]
-            from_state = b.icmp_signed("<", j, i64(keep))
-            s = b.load(b.gep(srow, [smin(b, j, i64(keep - 1))]))
-            xi = b.sub(j, i64(keep))
-            xi = b.select(from_state, i64(0), xi)
-            x = b.load(b.gep(xs, [b.add(b.mul(xi, i64(ch)), c)]))
-            return b.select(from_state, s, x)
-
-        with for_range(b, 0, T, name="t") as t:
-            acc = _gcc_sum(b, [column1(b.add(t, i64(k))) for k in range(nc)], w, f32(0.0))
-            b.store(acc, b.gep(ys, [b.add(b.mul(t, i64(ch)), c)]))
-        for j in range(keep):
-            b.store(column1(b.add(T, i64(j))), b.gep(srow, [i64(j)]))
+    conv_channels(b, g, n, fn, channels)
     b.ret_void()
     return fn
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from bankml.backends.llvm.emit.core import f32, for_range, i32, i64, new_function, size, thread_range, typed, v8f32
-from bankml.backends.llvm.ggml.recurrent import gather8, head_token_steps
+from bankml.backends.llvm.ggml.recurrent import Conv, conv_channels, gather8, head_token_steps
 from bankml.backends.llvm.portable import funcs as pm
 from bankml.backends.llvm.portable.ops import NEG0, _check, _load, _vstore
 from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
@@ -75,23 +75,17 @@ def _gather8(b: ir.IRBuilder, p: ir.Value, stride: int) -> ir.Value:
 @kernel(Op.SSM_CONV, order=po.SSM_CONV, profile="portable")
 def define_ssm_conv(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     _check(n, po.SSM_CONV)
-    ch, nc = g[n.inputs[1]].shape
-    keep = nc - 1                                      # the state's columns
     fn, b = new_function(m, kernel_name(n), kernel_type(n))
-    out, px, pw, pst, ith, nth, dims = fn.args
-    ys, xs, ws, ss = (typed(b, p, f32) for p in (out, px, pw, pst))
-    T = size(b, dims, n.shape[:1])
-    lo, hi = thread_range(b, i64(ch), ith, nth)
-    n_vec = b.udiv(b.sub(hi, lo), i64(8))
 
-    def channels(c, lanes: int) -> None:
+    def channels(k: Conv, c: ir.Value, lanes: int) -> None:
         """Channels c .. c + lanes - 1 (lanes 8 or 1) through every token, then their state rows."""
+        ys, xs, ss, ch, nc, keep = k.ys, k.xs, k.ss, k.ch, k.nc, k.keep
         t_ = v8f32 if lanes == 8 else f32
-        srow, wrow = b.gep(ss, [b.mul(c, i64(keep))]), b.gep(ws, [b.mul(c, i64(nc))])
+        srow, wrow = b.gep(ss, [b.mul(c, i64(keep))]), b.gep(k.ws, [b.mul(c, i64(nc))])
         if lanes == 8:
-            w = [_gather8(b, b.gep(wrow, [i64(k)]), nc) for k in range(nc)]
+            w = [_gather8(b, b.gep(wrow, [i64(i)]), nc) for i in range(nc)]
         else:
-            w = [_load(b, wrow, i64(k)) for k in range(nc)]
+            w = [_load(b, wrow, i64(i)) for i in range(nc)]
 
         def column(j: ir.Value) -> ir.Value:           # [state | x^T][c ..][j], canonical
             from_state = b.icmp_signed("<", j, i64(keep))
@@ -101,25 +95,22 @@ def define_ssm_conv(m: ir.Module, g: Graph, n: Node) -> ir.Function:
             x = _load(b, xs, b.add(b.mul(xi, i64(ch)), c), t_)
             return b.select(from_state, st, x)
 
-        with for_range(b, 0, T, name="t") as t:
+        with for_range(b, 0, k.T, name="t") as t:
             acc = pm.const(t_, 0.0)
-            for k in range(nc):
-                acc = pm.add(b, acc, pm.mul(b, column(b.add(t, i64(k))), w[k]))
+            for i in range(nc):
+                acc = pm.add(b, acc, pm.mul(b, column(b.add(t, i64(i))), w[i]))
             at = b.add(b.mul(t, i64(ch)), c)
             if lanes == 8:
                 _vstore(b, acc, ys, at)
             else:
                 b.store(acc, b.gep(ys, [at]))
-        cols = [column(b.add(T, i64(j))) for j in range(keep)]       # read all before writing any
+        cols = [column(b.add(k.T, i64(j))) for j in range(keep)]     # read all before writing any
         for j, col in enumerate(cols):
             for i in range(lanes):
                 x = b.extract_element(col, i32(i)) if lanes == 8 else col
                 b.store(x, b.gep(srow, [i64(i * keep + j)]))
 
-    with for_range(b, 0, n_vec, name="v") as v:
-        channels(b.add(lo, b.mul(v, i64(8))), 8)
-    with for_range(b, b.add(lo, b.mul(n_vec, i64(8))), hi, name="c") as c:
-        channels(c, 1)
+    conv_channels(b, g, n, fn, channels)
     b.ret_void()
     return fn
 
