@@ -1,5 +1,5 @@
 """The portable row functions on llvm (backends/llvm/portable/vector.py: fmax, absmax, argmax,
-softmax, hadamard) give the numpy spec's bits (funcs.py) for 1, 2 and 3 threads: random rows
+softmax, hadamard, attend_vector) give the numpy spec's bits (funcs.py) for 1, 2 and 3 threads: random rows
 with every special, rows of one kind (all NaN, all -inf, zeros of both signs, denormals), tails
 of fewer than 8."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from bankml.errors import BankmlError
-from bankml.profiles.portable import funcs
+from bankml.profiles.portable import attention, funcs
 from tests.backends.llvm.test_llvm_portable_ops import _same, _values
 
 F32 = np.float32
@@ -85,3 +85,24 @@ def test_hadamard_bits_equal_spec(vf, n):
 def test_hadamard_refuses_a_length_not_a_power_of_two(vf):
     with pytest.raises(BankmlError, match="power of two"):
         vf.hadamard(np.zeros((2, 12), F32))
+
+
+@pytest.mark.parametrize("H,n,D", [(3, 1, 64), (4, 13, 64), (2, 40, 128), (3, 9, 20)], ids=str)
+def test_attend_vector_bits_equal_spec(vf, H, n, D):
+    """Per head the scores (lanes by element), the softmax, the weighted sum (lanes by position),
+    with specials in q, k and v; 1-3 threads split the heads."""
+    rng = np.random.default_rng(H * n * D)
+    q = rng.standard_normal((H, D)).astype(F32)
+    k, v = (rng.standard_normal((H, n, D)).astype(F32) * F32(2) for _ in range(2))
+    v.reshape(-1)[rng.choice(v.size, min(v.size, 12), replace=False)] = _values(64, n)[:min(v.size, 12)]
+    q[0, 0] = DEN
+    k[-1, 0, :] = F32(40)                                # a position far above the rest: others' e flush
+    with np.errstate(all="ignore"):
+        want = np.stack([attention.attend_vector(q[h], k[h], v[h], 0.125) for h in range(H)])
+    for nth in (1, 2, 3):
+        _same(vf.attend_vector(q, k, v, 0.125, nth=nth), want, f"attend_vector nth={nth}")
+
+
+def test_attend_vector_refuses_shapes_that_do_not_agree(vf):
+    with pytest.raises(BankmlError, match="do not agree"):
+        vf.attend_vector(np.zeros((2, 8), F32), np.zeros((2, 3, 8), F32), np.zeros((2, 4, 8), F32), 1.0)

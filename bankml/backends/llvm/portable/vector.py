@@ -1,5 +1,5 @@
 """The portable profile's row functions that no graph op lowers on llvm (funcs.py: fmax, absmax,
-argmax, softmax, hadamard), as JIT functions over the rows of an f32 matrix, each the numpy spec
+argmax, softmax, hadamard; attention.py: attend_vector), as JIT functions over the rows of an f32 matrix, each the numpy spec
 step for step with the emitters of backends/llvm/portable/funcs.py:
 
     vf = VectorFuncs()
@@ -12,6 +12,9 @@ step for step with the emitters of backends/llvm/portable/funcs.py:
   when every element is NaN.
 - softmax: fmax, e = exp(x - max) in 8 lanes, their fold_sum (lanes from -0.0 in index order,
   a tail of fewer than 8 in lanes 0.., then the tree), one recip, the products.
+- attend_vector: per head (threads split the heads) each position's score fdot(k_j, q) (8
+  lanes by element) times scale, the softmax of the scores as above, and each value element
+  the fdot of the probabilities with that element across the positions (8 lanes by position).
 - hadamard: each stride h = 1, 2, 4, .. in turn, every pair (x[j], x[j+h]) of a 2h-block
   becomes (x[j] + x[j+h], x[j] - x[j+h]); pairs never meet within a stride, so in place.
 Inputs are read canonical (a denormal as a zero of its sign, any NaN the one NaN), as the spec's.
@@ -26,6 +29,7 @@ from llvmlite import ir
 from bankml.backends.llvm import jit
 from bankml.backends.llvm.emit.core import f32, for_range, i32, i64, new_function, thread_range, typed, v8f32
 from bankml.backends.llvm.portable import funcs as pm
+from bankml.backends.llvm.portable.lazy import fdot
 from bankml.backends.llvm.portable.ops import NEG0, _load, _vstore
 from bankml.errors import BankmlError
 
@@ -102,24 +106,7 @@ def _emit_argmax(b, row, r, out, n) -> None:
 
 
 def _emit_softmax(b, row, r, out, n) -> None:
-    mx = pm.splat(b, _fmax(b, row, n), v8f32)
-    y = b.gep(out, [b.mul(r, n)])
-    body = b.mul(b.sdiv(n, i64(8)), i64(8))
-    acc = _slot(b, v8f32, pm.const(v8f32, NEG0))
-    with for_range(b, 0, body, 8, name="e8") as i:              # e, kept in y, and the lane sums
-        e = pm.exp(b, pm.sub(b, _load(b, row, i, v8f32), mx))
-        _vstore(b, e, y, i)
-        b.store(pm.add(b, b.load(acc), e), acc)
-    mx1 = b.extract_element(mx, i32(0))
-    with for_range(b, body, n, name="et") as i:                 # the tail: lane i - body
-        e = pm.exp(b, pm.sub(b, _load(b, row, i), mx1))
-        b.store(e, b.gep(y, [i]))
-        lane = b.trunc(b.sub(i, body), i32)
-        lanes = b.load(acc)
-        b.store(b.insert_element(lanes, pm.add(b, b.extract_element(lanes, lane), e), lane), acc)
-    rc = pm.recip(b, pm.tree(b, b.load(acc)))
-    with for_range(b, 0, n, name="p") as i:
-        b.store(pm.mul(b, b.load(b.gep(y, [i])), rc), b.gep(y, [i]))
+    _softmax_into(b, row, b.gep(out, [b.mul(r, n)]), n)
 
 
 def _emit_hadamard(b, row, r, out, n) -> None:
@@ -146,20 +133,71 @@ def _emit_hadamard(b, row, r, out, n) -> None:
     b.position_at_end(done)
 
 
+def _softmax_into(b: ir.IRBuilder, row, y, n) -> None:
+    """y[0:n] = funcs.softmax of the n floats at row (y may be row itself)."""
+    mx = pm.splat(b, _fmax(b, row, n), v8f32)
+    body = b.mul(b.sdiv(n, i64(8)), i64(8))
+    acc = _slot(b, v8f32, pm.const(v8f32, NEG0))
+    with for_range(b, 0, body, 8, name="e8") as i:              # e, kept in y, and the lane sums
+        e = pm.exp(b, pm.sub(b, _load(b, row, i, v8f32), mx))
+        _vstore(b, e, y, i)
+        b.store(pm.add(b, b.load(acc), e), acc)
+    mx1 = b.extract_element(mx, i32(0))
+    with for_range(b, body, n, name="et") as i:                 # the tail: lane i - body
+        e = pm.exp(b, pm.sub(b, _load(b, row, i), mx1))
+        b.store(e, b.gep(y, [i]))
+        lane = b.trunc(b.sub(i, body), i32)
+        lanes = b.load(acc)
+        b.store(b.insert_element(lanes, pm.add(b, b.extract_element(lanes, lane), e), lane), acc)
+    rc = pm.recip(b, pm.tree(b, b.load(acc)))
+    with for_range(b, 0, n, name="p") as i:
+        b.store(pm.mul(b, b.load(b.gep(y, [i])), rc), b.gep(y, [i]))
+
+
+def _attend_vector(m: ir.Module) -> None:
+    """attend_vector(q [H, D], k [H, n, D], v [H, n, D], p [H, n], lanes [H, D, 8] (-0.0), out [H, D],
+    H, n, D, scale, ith, nth)."""
+    fn, b = new_function(m, "attend_vector", ir.FunctionType(
+        ir.VoidType(), [ir.IntType(8).as_pointer()] * 6 + [i64] * 3 + [f32] + [i64] * 2))
+    qs, ks, vs, ps, ls, ys = (typed(b, p, f32) for p in fn.args[:6])
+    H, n, D, scale, ith, nth = fn.args[6:]
+    lo, hi = thread_range(b, H, ith, nth)
+    with for_range(b, lo, hi, name="h") as h:
+        q, p = b.gep(qs, [b.mul(h, D)]), b.gep(ps, [b.mul(h, n)])
+        k, v = b.gep(ks, [b.mul(h, b.mul(n, D))]), b.gep(vs, [b.mul(h, b.mul(n, D))])
+        with for_range(b, 0, n, name="s") as j:
+            s = pm.mul(b, fdot(b, b.gep(k, [b.mul(j, D)]), q, D), scale)
+            b.store(s, b.gep(p, [j]))
+        _softmax_into(b, p, p, n)
+        lanes, y = b.gep(ls, [b.mul(h, b.mul(D, i64(8)))]), b.gep(ys, [b.mul(h, D)])
+        with for_range(b, 0, n, name="j") as j:                 # position j in lane j mod 8
+            pj, lane = _load(b, p, j), b.urem(j, i64(8))
+            with for_range(b, 0, D, name="d") as d:
+                at = b.gep(lanes, [b.add(b.mul(d, i64(8)), lane)])
+                b.store(pm.add(b, b.load(at), pm.mul(b, pj, _load(b, v, b.add(b.mul(j, D), d)))), at)
+        with for_range(b, 0, D, name="t") as d:
+            acc = b.load(b.bitcast(b.gep(lanes, [b.mul(d, i64(8))]), v8f32.as_pointer()), align=4)
+            b.store(pm.tree(b, acc), b.gep(y, [d]))
+    b.ret_void()
+
+
 _FUNCS = {"fmax": _emit_fmax, "absmax": _emit_absmax, "argmax": _emit_argmax,
           "softmax": _emit_softmax, "hadamard": _emit_hadamard}
 
 
 class VectorFuncs:
-    """The five functions compiled once (an engine of this object's own)."""
+    """The six functions compiled once (an engine of this object's own)."""
 
     def __init__(self):
         m = ir.Module(name="portable_vector_funcs")
         for name, body in _FUNCS.items():
             _rows(m, name, body)
+        _attend_vector(m)
         self.engine = jit.compile_module(m)
         self._fn = {name: ctypes.CFUNCTYPE(None, _P, _P, *[_I] * 4)(self.engine.get_function_address(name))
                     for name in _FUNCS}
+        self._attend = ctypes.CFUNCTYPE(None, *[_P] * 6, *[_I] * 3, ctypes.c_float, _I, _I)(
+            self.engine.get_function_address("attend_vector"))
 
     def _run(self, name: str, x, out: np.ndarray, nth: int) -> np.ndarray:
         x = np.ascontiguousarray(x, F32)
@@ -190,3 +228,16 @@ class VectorFuncs:
         if n < 1 or n & (n - 1):
             raise BankmlError(f"hadamard: length {n} is not a power of two")
         return self._run("hadamard", x, np.empty(np.shape(x), F32), nth)
+
+    def attend_vector(self, q, k, v, scale: float, nth: int = 1) -> np.ndarray:
+        """attention.attend_vector of each head: q f32 [H, D], k, v f32 [H, n, D] -> f32 [H, D]."""
+        q, k, v = (np.ascontiguousarray(a, F32) for a in (q, k, v))
+        H, D = q.shape
+        if k.shape != v.shape or k.shape[::2] != (H, D):
+            raise BankmlError(f"attend_vector: q {q.shape}, k {k.shape} and v {v.shape} do not agree")
+        n = k.shape[1]
+        p, lanes, out = np.empty((H, n), F32), np.full((H, D, 8), F32(-0.0)), np.empty((H, D), F32)
+        for ith in range(nth):
+            self._attend(q.ctypes.data, k.ctypes.data, v.ctypes.data, p.ctypes.data, lanes.ctypes.data,
+                         out.ctypes.data, H, n, D, F32(scale), ith, nth)
+        return out
