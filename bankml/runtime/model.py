@@ -62,8 +62,6 @@ class Model:
             raise BankmlError(f"profile 'portable' runs {', '.join(some)} and {last} graphs with its own int8 "
                               f"cache (cache_type f16); not {self.arch} with a {self.cache_type} cache")
         self._weights: dict[str, np.ndarray] = {}
-        if o.profile == "portable":
-            self._refuse_unreadable()
         self.gpu = o.gpu
         self.kv_size = -(-o.n_ctx // 256) * 256        # llama-context.cpp: n_ctx padded to 256
         # llama_kv_cache_iswa: the sliding-window layers' cache, full size (swa_full, as
@@ -82,6 +80,13 @@ class Model:
         self._prepare_lock = threading.RLock()      # graphs built and prepared once
         from bankml.backends.spirv.device import for_setting
         self.device = for_setting(o.gpu)            # a ModelGpu (decode's Q1_0 matvecs), or None
+        if o.act_scaling == "PerBlock":       # a matrix without a block (F16) is refused here, naming it
+            try:
+                self.generic_graph(self.variants[0])
+            except BankmlError as e:
+                raise BankmlError(f"{self.path.name}: {e}") from None
+        if o.profile == "portable":
+            self._refuse_unreadable()
         self.runner = open_backend(o.backend, self.weight, o.threads, self.device)
 
     # ---- graphs ----
@@ -102,6 +107,8 @@ class Model:
         g.meta["llama_threads"] = self.llama_threads
         if self.profile != "ggml":
             g.meta["profile"] = self.profile
+        if self.options.act_scaling != "Sub32":
+            g.meta["act_scaling"] = self.options.act_scaling
         if self.device is not None:         # passes/place_on_device.py puts decode's Q1_0 matvecs there
             g.meta["device"] = "gpu"
         if want not in g.outputs:
@@ -271,7 +278,7 @@ def _key(v: Variant, want: str) -> str:
 def load(path, backend: str = "llvm", threads: int | None = None, llama_threads: int | None = None,
          cache_type: str = "f16", n_ubatch: int = 512, n_ctx: int = 4096, gpu: str | int | None = None, arch: str | None = None,
          swa_full: bool = True, cache_type_k: str | None = None, cache_type_v: str | None = None,
-         profile: str = "ggml") -> Model:
+         profile: str = "ggml", act_scaling: str = "Sub32") -> Model:
     """Read and plan a GGUF (refusing what bankml does not reproduce, from the header alone).
 
     cache_type sets the K and V cache types ("f16", "q8_0", "q4_0"); cache_type_k/cache_type_v set
@@ -283,9 +290,12 @@ def load(path, backend: str = "llvm", threads: int | None = None, llama_threads:
     `swa_full` (models with sliding-window layers): llama_context_default_params' full-size
     SWA cache (True, what the oracle harness runs) or llama-server's and llama-cli's ring of
     PAD256(n_swa + n_ubatch) cells (False).
+    `act_scaling` (profile "portable"): how activations are scaled, the decode-arithmetic
+    document's ActScaling: "Sub32" (blocks of 32, m in 8..15; the default) or "PerBlock" (the
+    weight's own blocks, m in 128..255; block formats only). docs/PORTABLE.md.
     """
     threads = threads or min(4, os.cpu_count() or 1)
     return Model(path, ModelOptions(backend=backend, threads=threads, llama_threads=llama_threads,
                                     cache_type=cache_type, cache_type_k=cache_type_k, cache_type_v=cache_type_v,
                                     n_ubatch=n_ubatch, n_ctx=n_ctx, gpu=gpu, arch=arch, swa_full=swa_full,
-                                    profile=profile))
+                                    profile=profile, act_scaling=act_scaling))

@@ -32,6 +32,7 @@ class ModelOptions:
     arch: str | None = None                 # a registered architecture to run instead of the file's
     swa_full: bool = True                   # the sliding-window layers' cache at full size
     profile: str = "ggml"                   # float orders: "ggml" (llama.cpp's bits) | "portable"
+    act_scaling: str = "Sub32"              # the portable profile's ActScaling: "Sub32" | "PerBlock"
 
     def __post_init__(self):
         if self.backend not in BACKENDS:
@@ -43,5 +44,9 @@ class ModelOptions:
             raise BankmlError(f"unknown profile {self.profile!r}; choose one of {', '.join(PROFILES)}")
         if self.profile == "portable" and self.backend not in ("reference", "llvm"):
             raise BankmlError(f"profile 'portable' runs on the reference and llvm backends, not {self.backend!r}")
+        if self.act_scaling not in ("Sub32", "PerBlock"):
+            raise BankmlError(f"unknown act_scaling {self.act_scaling!r}; choose Sub32 or PerBlock")
+        if self.act_scaling != "Sub32" and self.profile != "portable":
+            raise BankmlError(f"act_scaling {self.act_scaling} is the portable profile's; add profile='portable'")
         if self.profile == "portable" and self.gpu not in (None, "off"):
             raise BankmlError("profile 'portable' has no GPU lowering yet; leave gpu off")

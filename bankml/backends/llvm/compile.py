@@ -104,7 +104,7 @@ def root(g: Graph, i: int) -> int:
 def nbytes(n: Node) -> int:
     """Bytes of a node's buffer (registry.py's layouts)."""
     if n.op is Op.QUANTIZE and n.params["type"] == po.ACT_TYPE:      # pq8: backends/llvm/portable/matmul.py
-        return math.prod(upper(n.shape[:-1])) * portable_matmul.pq8_bytes(n.shape[-1])
+        return math.prod(upper(n.shape[:-1])) * portable_matmul.pq8_bytes(n.shape[-1], n.params.get("block", 32))
     if n.op is Op.QUANTIZE:                  # rows of the activation type (bankml/quants ACT_TYPES)
         act = ACT_TYPES.get(int(n.params["type"]))
         if act is None:

@@ -14,7 +14,7 @@ import numpy as np
 from bankml.backends.reference.lowerings import lowers
 from bankml.errors import LoweringError
 from bankml.ir.ops import Op
-from bankml.profiles.portable import arith, attention, funcs, gdn, orders as po, quant, rope
+from bankml.profiles.portable import arith, attention, coded, funcs, gdn, orders as po, quant, rope
 from bankml.profiles.portable.arith import add, mul
 
 
@@ -27,6 +27,18 @@ def _quantize(env, g, n, x):
 def _mul_mat(env, g, n, w, a):
     wn = g[n.inputs[0]]
     y = quant.mul_mat(w, int(wn.params["ggml_type"]), a)
+    return y.reshape(*n.shape[:-1], y.shape[-1])
+
+
+@lowers(Op.QUANTIZE, order=po.QUANTIZE_BLOCKS, profile="portable")
+def _quantize_blocks(env, g, n, x):
+    return quant.quantize_blocks(x.reshape(-1, x.shape[-1]), n.params["block"])
+
+
+@lowers(Op.MUL_MAT, order=po.MUL_MAT_BLOCKS, profile="portable")
+def _mul_mat_blocks(env, g, n, w, a):
+    wn = g[n.inputs[0]]
+    y = coded.dot_blocks(w, int(wn.params["ggml_type"]), a)
     return y.reshape(*n.shape[:-1], y.shape[-1])
 
 

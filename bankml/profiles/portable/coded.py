@@ -21,6 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from bankml.profiles.portable.arith import F32
 from bankml.profiles.portable.quant import (GROUP, QK, ActBlocks, ActScaling, Unreadable, f16_parts, mul_mat,
                                             quantize_act, quantize_blocks, round_groups)
 from bankml.quants import F16, Q1_0, Q2_0, Q4_1, Q4_K, Q6_K, Q8_0, WEIGHT_TYPES, q4_k, q6_k
@@ -104,8 +105,9 @@ def _block_terms(cr: CodedRow, a: ActBlocks, block: int) -> tuple[np.ndarray, np
     seg_of = np.arange(K // block) // per                              # each activation block's segment
 
     def term(scale: Scale, ints: np.ndarray):
-        # exact in f64: |Σ ints·code| <= 256·4096·127 < 2^28
-        dots = np.rint(np.einsum("trjk,rjk->trj", codes, ints.astype(np.float64).reshape(rows, -1, block)))
+        # exact in f64: |Σ ints·code| <= 256·4096·127 < 2^28; stacked per block (BLAS)
+        wj = ints.astype(np.float64).reshape(rows, -1, block).transpose(1, 2, 0)     # [K/block, block, rows]
+        dots = np.rint(np.matmul(codes[:, 0].transpose(1, 0, 2), wj)).transpose(1, 2, 0)  # [T, rows, K/block]
         return (a.m[:, None, :] * scale.sig[None][:, :, seg_of] * dots.astype(np.int64),
                 a.e[:, None, :] + scale.exp[None][:, :, seg_of])
     p, x = term(cr.a, cr.coef)
@@ -115,21 +117,39 @@ def _block_terms(cr: CodedRow, a: ActBlocks, block: int) -> tuple[np.ndarray, np
     return np.stack([p, p2], -1), np.stack([x, x2], -1)
 
 
+def block_of(wtype: int) -> int:
+    """The weight block a PerBlock activation is quantized in against a matrix of this type: the
+    format's own (its segment), 32, 64, 128 or 256 elements. F16 has none."""
+    if wtype == F16:
+        raise ValueError("portable profile: PerBlock scaling needs a block format, not F16")
+    return WEIGHT_TYPES[wtype].block
+
+
+def dot_blocks(raw: np.ndarray, wtype: int, a: ActBlocks, rows_per_chunk: int | None = None) -> np.ndarray:
+    """PerBlock's dot: weight rows (uint8 [rows, row_bytes]) times activations quantized per the
+    weight's block (quantize_blocks(x, block_of(wtype))) -> f32 [T, rows]: each weight block's
+    terms exact, rounded once, the blocks added in order."""
+    T, K = a.q.shape
+    if rows_per_chunk is None:                   # temporaries of about 2^21 elements
+        rows_per_chunk = max(8, (1 << 21) // max(1, T * K))
+    out = np.empty((T, len(raw)), F32)
+    for r0 in range(0, len(raw), rows_per_chunk):
+        cr = coded_rows(raw[r0:r0 + rows_per_chunk], wtype, K)
+        p, e = _block_terms(cr, a, cr.seg)
+        out[:, r0:r0 + rows_per_chunk] = round_groups(p, e, a.bad[:, None, :], 1)
+    return out
+
+
 def dot(raw: np.ndarray, wtype: int, x: np.ndarray, scaling: ActScaling = ActScaling.SUB32) -> np.ndarray:
     """The f32 the engine produces for row · act: weight rows (uint8 [rows, row_bytes]) times f32
     activation rows x [T, K] under the given ActScaling -> [T, rows]. Sub32: each group of 256
     exact, rounded once, the groups added in order; PerBlock: each weight block's terms under
-    its activation block's wide scale exact, rounded once, the blocks added in order. F16 reads
-    Sub32 only (quant.mul_mat), having no block."""
+    its activation block's wide scale exact, rounded once, the blocks added in order (dot_blocks).
+    F16 reads Sub32 only (quant.mul_mat), having no block."""
+    if scaling is ActScaling.PER_BLOCK:
+        return dot_blocks(raw, wtype, quantize_blocks(x, block_of(wtype)))
     if wtype == F16:
-        if scaling is ActScaling.PER_BLOCK:
-            raise ValueError("portable profile: PerBlock scaling needs a block format, not F16")
         return mul_mat(raw, wtype, quantize_act(x))
-    K = x.shape[-1]
-    cr = coded_rows(raw, wtype, K)
-    per_block = scaling is ActScaling.PER_BLOCK
-    a = quantize_blocks(x, cr.seg) if per_block else quantize_act(x)
-    block = cr.seg if per_block else QK
-    p, e = _block_terms(cr, a, block)                                # [T, rows, K/block, nt]
-    per = 1 if per_block else GROUP // QK                            # activation blocks per rounding
-    return round_groups(p, e, a.bad[:, None, :], per)
+    a = quantize_act(x)
+    p, e = _block_terms(coded_rows(raw, wtype, x.shape[-1]), a, QK)  # [T, rows, K/32, nt]
+    return round_groups(p, e, a.bad[:, None, :], GROUP // QK)

@@ -19,6 +19,11 @@ CACHE_TYPE = kv_cache.I8_ROWS  # K/V cache rows: int8 codes and one f16 scale (a
 QUANTIZE = FloatOrder("portable.quantize_act")
 # quant.mul_mat: exact sums of integer products per group of 256, rounded once, groups in order
 MUL_MAT = FloatOrder("portable.group_dot", fold="exact256")
+# ActScaling PerBlock (load(act_scaling="PerBlock")): quant.quantize_blocks per the weight's own
+# block, m in 128..255; coded.dot_blocks: each weight block's terms exact, rounded once, in order
+QUANTIZE_BLOCKS = FloatOrder("portable.quantize_blocks")
+MUL_MAT_BLOCKS = FloatOrder("portable.dot_blocks", fold="exact_block")
+SCALINGS = ("Sub32", "PerBlock")   # quant.ActScaling's values; the graph's g.meta["act_scaling"]
 # quant.get_rows: each weight's exact value rounded once
 GET_ROWS = FloatOrder("portable.get_rows")
 # funcs.rmsnorm: (x * rsqrt(fold_sum(x*x) / n + eps)) * w

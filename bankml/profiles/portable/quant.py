@@ -215,11 +215,17 @@ def round_groups(p: np.ndarray, x: np.ndarray, bad: np.ndarray, per: int) -> np.
     rounded once, NaN where `bad` [.., .., blocks] marks a block of the run, the runs added in
     order."""
     T, rows, nblk, _ = p.shape
-    y = None
-    for g0 in range(0, nblk, per):
-        r = round_exact(p[:, :, g0:g0 + per].reshape(T, rows, -1), x[:, :, g0:g0 + per].reshape(T, rows, -1))
-        r = np.where(bad[:, :, g0:g0 + per].any(-1), F32(np.nan), r).astype(F32)
-        y = r if y is None else add(y, r)
+    runs = []
+    for lo, hi in ((0, nblk // per * per), (nblk // per * per, nblk)):       # whole runs, then a shorter last
+        if hi > lo:
+            n, k = (hi - lo) // per or 1, per if hi - lo >= per else hi - lo
+            r = round_exact(p[:, :, lo:hi].reshape(T, rows, n, -1), x[:, :, lo:hi].reshape(T, rows, n, -1))
+            b = bad[:, :, lo:hi].reshape(*bad.shape[:2], n, k).any(-1)
+            runs.append(np.where(b, F32(np.nan), r).astype(F32))
+    r = np.concatenate(runs, -1)
+    y = r[..., 0]
+    for j in range(1, r.shape[-1]):
+        y = add(y, r[..., j])
     return canon(y)
 
 

@@ -3,7 +3,8 @@ bankml/profiles/portable/quant.py: quantize_act, get_rows), and the weight and p
 that MUL_MAT (backends/llvm/portable/matmul.py) and its f64 path (backends/llvm/portable/f64.py) share.
 
 pq8, the activation buffer (orders.ACT_TYPE; QUANTIZE's output), one row after another, per
-block of 32 values 36 bytes:
+block of 32 values 36 bytes (ActScaling PerBlock: blocks of the weight's, B values in B + 4
+bytes laid out alike; backends/llvm/portable/per_block.py):
     bytes 0..31  the codes (int8, -127..127)
     bytes 32..33 e (int16): the block scale is m * 2^e
     byte  34     m (uint8, 8..15; 0 for an all-zero or bad block)
@@ -50,9 +51,10 @@ _UNPERM = [_PERM.index(k) for k in range(32)]
 QNAN = 0x7FC00000
 
 
-def pq8_bytes(k: int) -> int:
-    """Bytes of one pq8 activation row of k values."""
-    return k // 32 * BLOCK_BYTES
+def pq8_bytes(k: int, block: int = 32) -> int:
+    """Bytes of one pq8 activation row of k values in blocks of `block` (PerBlock: the weight's
+    own; each block its codes, then e, m and bad as below)."""
+    return k // block * (block + BLOCK_BYTES - 32)
 
 
 def vconst(t: ir.VectorType, v):
@@ -276,6 +278,31 @@ def any_lane(b, v):
 
 # ---- GET_ROWS --------------------------------------------------------------------------------
 
+def sub_codes(b, wtype: int, row, s):
+    """(the 32 integer coefficients <32 x i32> of sub-block s of a block-format row, in element
+    order: Q8_0 its codes, Q4_1 its nibbles, Q1_0 +-1, Q2_0 code - 1; the byte offset of the
+    sub-block's weight block)."""
+    per = WEIGHT_TYPES[wtype].block // 32                          # sub-blocks per weight block
+    _, _, qo = sub_layout(wtype, 0)
+    base = b.mul(b.udiv(s, i64(per)), i64(WEIGHT_TYPES[wtype].block_bytes))
+    qoff = b.add(base, b.add(i64(qo), b.mul(b.urem(s, i64(per)), i64(4 if wtype == Q1_0 else 8))))
+    if wtype == Q8_0:
+        return b.sext(b.load(at(b, row, qoff, v32i8), align=1), v32i32), base
+    if wtype == Q4_1:
+        return b.zext(nibbles(b, row, qoff), v32i32), base
+    if wtype == Q1_0:
+        bits = b.bitcast(b.load(at(b, row, qoff, i32), align=1), ir.VectorType(ir.IntType(1), 32))
+        return b.select(bits, vconst(v32i32, 1), vconst(v32i32, -1)), base
+    codes = b.zext(q2_0_codes(b, row, qoff), v32i32)
+    return b.sub(b.shuffle_vector(codes, ir.Constant(v32i32, ir.Undefined), ir.Constant(v32i32, _UNPERM)),
+                 vconst(v32i32, 1)), base
+
+
+def block_scale(b, row, base, off):
+    """(significand, exponent, bad) of the f16 scale at byte base + off of a row (i32 each; bad i1)."""
+    return f16_parts(b, b.zext(b.load(at(b, row, b.add(base, i64(off)), i16), align=1), i32))
+
+
 def sub_values(b, wtype: int, row, s):
     """The 32 weights of sub-block s of a row as f32, each its exact value rounded once; NaN
     where the block's scale (F16: any of the 32) is inf or NaN."""
@@ -284,27 +311,14 @@ def sub_values(b, wtype: int, row, s):
         vals = round_i64(b, b.shl(b.sext(sig, v32i64), shift), vconst(v32i32, -24))
         isbad = b.icmp_unsigned("!=", bad, i8(0))
     else:
-        per = WEIGHT_TYPES[wtype].block // 32                          # sub-blocks per weight block
-        do, mo, qo = sub_layout(wtype, 0)
-        base = b.mul(b.udiv(s, i64(per)), i64(WEIGHT_TYPES[wtype].block_bytes))
-        qoff = b.add(base, b.add(i64(qo), b.mul(b.urem(s, i64(per)), i64(4 if wtype == Q1_0 else 8))))
-        if wtype == Q8_0:
-            q = b.sext(b.load(at(b, row, qoff, v32i8), align=1), v32i32)
-        elif wtype == Q4_1:
-            q = b.zext(nibbles(b, row, qoff), v32i32)
-        elif wtype == Q1_0:
-            bits = b.bitcast(b.load(at(b, row, qoff, i32), align=1), ir.VectorType(ir.IntType(1), 32))
-            q = b.select(bits, vconst(v32i32, 1), vconst(v32i32, -1))
-        else:
-            codes = b.zext(q2_0_codes(b, row, qoff), v32i32)
-            q = b.sub(b.shuffle_vector(codes, ir.Constant(v32i32, ir.Undefined), ir.Constant(v32i32, _UNPERM)),
-                      vconst(v32i32, 1))
-        ws, wx, isbad = f16_parts(b, b.zext(b.load(at(b, row, b.add(base, i64(do)), i16), align=1), i32))
+        do, mo, _ = sub_layout(wtype, 0)
+        q, base = sub_codes(b, wtype, row, s)
+        ws, wx, isbad = block_scale(b, row, base, do)
         p = b.sext(b.mul(q, splat_v(b, ws, 32)), v32i64)                  # |.| < 2^15
         if mo is None:
             vals = round_i64(b, p, splat_v(b, wx, 32))
         else:
-            ms, mx, mbad = f16_parts(b, b.zext(b.load(at(b, row, b.add(base, i64(mo)), i16), align=1), i32))
+            ms, mx, mbad = block_scale(b, row, base, mo)
             isbad = b.or_(isbad, mbad)
             xm = b.select(b.icmp_signed("<", wx, mx), wx, mx)
             s_ = b.add(b.shl(p, splat_v(b, b.zext(b.sub(wx, xm), i64), 32)),
