@@ -1,6 +1,6 @@
 """The portable profile's row functions that no graph op lowers on llvm (funcs.py: fmax, absmax,
-argmax, softmax, hadamard; attention.py: attend_vector), as JIT functions over the rows of an f32 matrix, each the numpy spec
-step for step with the emitters of backends/llvm/portable/funcs.py:
+argmax, softmax, hadamard; attention.py: attend_vector), as JIT functions over the rows of an
+f32 matrix, each the numpy spec step for step with the emitters of backends/llvm/portable/funcs.py:
 
     vf = VectorFuncs()
     m = vf.fmax(x, nth=2)          # x f32 [R, n] -> f32 [R]; rows split over nth calls
