@@ -152,3 +152,13 @@ def test_div_is_ieee_division_then_ftz():
     assert got.view(np.uint32).tolist()[:6] == want.view(np.uint32).tolist()[:6]
     assert got.view(np.uint32)[6] == 0x7FC00000 and got.view(np.uint32)[7] == 0
     assert np.signbit(div(np.float32(-1e-38), np.float32(3)))    # a flushed negative keeps its sign
+
+
+def test_round_exact_of_one_sum_takes_the_wide_path_too():
+    """A single sum (p, x 1-D) whose terms are too far apart for int64 is the windowed sum rounded
+    once, as a row of such sums gives it (attention.int8_score calls it so)."""
+    p, x = np.array([3, -1, 5], np.int64), np.array([0, 70, -40], np.int64)
+    got = arith.round_exact(p, x)
+    assert got.shape == () and got.view(np.uint32) == arith.round_exact(p[None], x[None])[0].view(np.uint32)
+    n, k = arith.windowed(p.tolist(), x.tolist())
+    assert got == np.float32(n * 2.0 ** k)

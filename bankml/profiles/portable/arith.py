@@ -139,6 +139,8 @@ def round_exact(p, x) -> np.ndarray:
         spread = int(np.max(x - xmin[..., None]))
         if int(bitlen(np.abs(p).max())) + spread <= 58:
             return int_to_f32(np.sum(p << (x - xmin[..., None]), axis=-1), xmin)
+    if p.ndim == 1:                              # one sum: as a row of one
+        return round_exact(p[None], x[None])[0]
     nz = p != 0
     big = np.int64(1 << 40)
     xmin = np.min(np.where(nz, x, big), axis=-1)
