@@ -5,7 +5,8 @@ choose_matmul_kernel, choose_attention_kernel and the builder's fixed orders do 
 The K/V cache nodes become int8 rows with f16 scales (dtype "i8r"); a recurrent layer's state
 stays f32. The ggml graph's L2 norm (build_gdn_l2_norm: rms_norm with eps/n, then a scale by
 1/sqrt(n), marked l2_eps by the builder) becomes one L2_NORM node, the document's l2norm.
-Under ActScaling PerBlock (g.meta["act_scaling"]) a MUL_MAT takes coded.dot_blocks' order.
+Under ActScaling PerBlock (g.meta["act_scaling"]) a MUL_MAT takes coded.dot_blocks' order and a
+FLASH_ATTN quantizes each query head as one block.
 """
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ def choose_portable_orders(g: Graph) -> Graph:
     per_block = g.meta.get("act_scaling") == "PerBlock"
 
     def pick(n: Node) -> Node | None:
-        if n.op is Op.MUL_MAT and per_block:
-            return n.replace(order=po.MUL_MAT_BLOCKS)
+        if n.op in (Op.MUL_MAT, Op.FLASH_ATTN) and per_block:
+            return n.replace(order=po.MUL_MAT_BLOCKS if n.op is Op.MUL_MAT else po.FLASH_ATTN_BLOCKS)
         if n.op is Op.GATED_DELTA_NET:          # the read-out's scale, 1.0f / sqrtf(S) as ggml's op takes it
             S = np.float32(n.shape[-1])
             return n.replace(order=po.GATED_DELTA_NET, params={**n.params, "scale": float(np.float32(1) / np.sqrt(S))})

@@ -149,17 +149,23 @@ def test_attention_is_close_to_float64_softmax_of_the_cached_values():
     assert np.abs(out - ref).max() < 0.05                  # 8-bit q codes and 8-bit value weights
 
 
-def test_attention_is_attend_int8_over_each_rows_live_cells():
+@pytest.mark.parametrize("scaling", ["SUB32", "PER_BLOCK"])
+def test_attention_is_attend_int8_over_each_rows_live_cells(scaling):
     """attention.attention of a causal row is the document's attend_int8 over the row's positions
-    (its live cells), head by head, bit for bit; masked cells with NaN or infinite K/V scales
-    (a stale cell) change nothing."""
+    (its live cells), head by head, bit for bit, under either ActScaling (PerBlock: each head one
+    block, heads of very different sizes); masked cells with NaN or infinite K/V scales (a stale
+    cell) change nothing."""
+    from bankml.profiles.portable.quant import ActScaling
+    sc = ActScaling[scaling]
     q, k, v, mask = _setup(M=4, D=64, n_kv=96, seed=5)
+    q[1] *= np.float32(2.0 ** 40)
+    q[2, :, :32] *= np.float32(2.0 ** -30)
     mask = np.where(np.arange(96)[None] <= np.array([0, 31, 32, 70])[:, None], 0, -np.inf).astype(np.float16)
     k["d"][80:], v["d"][80:] = np.inf, np.nan                                   # never live
-    out = attention.attention(q, k, v, mask, 0.125)
+    out = attention.attention(q, k, v, mask, 0.125, sc)
     for m, last in enumerate([0, 31, 32, 70]):
         for h in range(4):
-            want = attention.attend_int8(q[m, h], k[:last + 1, h // 2], v[:last + 1, h // 2], 0.125)
+            want = attention.attend_int8(q[m, h], k[:last + 1, h // 2], v[:last + 1, h // 2], 0.125, sc)
             assert out[m, h].view(np.uint32).tolist() == want.view(np.uint32).tolist(), (m, h)
 
 

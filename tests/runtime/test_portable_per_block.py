@@ -1,6 +1,7 @@
 """ActScaling PerBlock chosen by the graph: `load(profile="portable", act_scaling="PerBlock")`
 quantizes each mul_mat's activation per the weight's own block (quant.quantize_blocks, m in
-128..255) and rounds each weight block once (coded.dot_blocks). Every mul_mat of a session is
+128..255) and rounds each weight block once (coded.dot_blocks); the attention quantizes each
+query head as one block (attention.quantize_head). Every mul_mat of a session is
 the document's dot under PerBlock of the input it read, its rows do not depend on how a prompt
 is cut, and a matrix without a block (F16) is refused from the header, naming it."""
 from __future__ import annotations
@@ -62,6 +63,7 @@ def test_every_mul_mat_is_the_documents_per_block_dot_of_its_input(name):
             assert seen[n.id][0].name == n.name
             want = coded.dot(m.weight(w.name), wtype, x.reshape(-1, x.shape[-1]), ActScaling.PER_BLOCK)
             assert np.array_equal(got.reshape(want.shape).view(np.uint32), want.view(np.uint32)), n.name
+        assert [n.order for n in g if n.op is Op.FLASH_ATTN] == [po.FLASH_ATTN_BLOCKS] * m.hparams.n_layer
         for n in g:
             if n.op is Op.MUL_MAT:
                 q = g[n.inputs[1]]
@@ -154,6 +156,7 @@ def test_cli_run_and_ir_take_act_scaling():
     r = CliRunner().invoke(main, ["ir", path, "--profile", "portable", "--act-scaling", "PerBlock", "--tokens", "2"])
     assert r.exit_code == 0, r.output
     assert "portable.quantize_blocks" in r.output and "portable.dot_blocks" in r.output
+    assert "portable.attention_i8_per_block" in r.output
     assert "portable.group_dot" not in r.output
     r = CliRunner().invoke(main, ["run", path, "--act-scaling", "PerBlock", "-p", "x", "-n", "1"])
     assert r.exit_code != 0 and "act_scaling PerBlock is the portable profile's" in r.output

@@ -95,6 +95,11 @@ def _flash_attn(env, g, n, q, k, v, mask):
     return attention.attention(q, k, v, np.asarray(mask), n.params["scale"])
 
 
+@lowers(Op.FLASH_ATTN, order=po.FLASH_ATTN_BLOCKS, profile="portable")
+def _flash_attn_blocks(env, g, n, q, k, v, mask):
+    return attention.attention(q, k, v, np.asarray(mask), n.params["scale"], quant.ActScaling.PER_BLOCK)
+
+
 @lowers(Op.SWIGLU, order=po.SWIGLU, profile="portable")
 def _swiglu(env, g, n, gate, up):
     return mul(funcs.silu(gate), up)

@@ -7,7 +7,8 @@ every code 0 when inv is infinite, i.e. s rounded to 0). `cache_dtype(D)` is one
 
 Attention of query rows q [M, H, D] over n_kv cells (head h reads K/V head h // (H/Hkv)), the
 document's attend_int8 over each row's live cells (mask 0; a cell under -inf is not a position):
-  1. q is quantized in blocks of 32 (quant.quantize_act; quantize_head for D <= 256);
+  1. q is quantized in blocks of 32 (quant.quantize_act; quantize_head for D <= 256), or under
+     ActScaling PerBlock each head as one block (quantize_head(q, PER_BLOCK));
   2. score[j] = the exact q.k_j (codes times scales) rounded once, then r(score * scale)
      (int8_score); a masked cell's score -inf, whatever its K row holds;
   3. p = softmax(scores) (funcs.softmax: max, exp, fold_sum, recip, products); a row with no
@@ -142,13 +143,20 @@ def _pow2_scale(amax: np.ndarray) -> np.ndarray:
     return np.where(amax == 0, 0, e)
 
 
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, scale: float) -> np.ndarray:
-    """q f32 [M, H, D]; k, v cache rows [n_kv, Hkv]; mask [M, n_kv] (0 or -inf) -> f32 [M, H, D]."""
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, scale: float,
+              scaling: ActScaling = ActScaling.SUB32) -> np.ndarray:
+    """q f32 [M, H, D]; k, v cache rows [n_kv, Hkv]; mask [M, n_kv] (0 or -inf) -> f32 [M, H, D].
+    scaling: how each query head is quantized (quantize_head: per 32, or PerBlock the whole head
+    one block, its scale given to each 32 here: the exact sum is the one term's)."""
     M, H, D = q.shape
     n_kv, Hkv = k.shape
     g = H // Hkv
-    a = quantize_act(q.reshape(M, H, D))
     nsub = D // QK
+    if scaling is ActScaling.PER_BLOCK:
+        w = quantize_blocks(np.asarray(q, F32), D)
+        a = ActBlocks(w.q, *(np.repeat(f, nsub, -1) for f in (w.m, w.e, w.bad)))
+    else:
+        a = quantize_act(q.reshape(M, H, D))
     # scores: exact per row (D <= 256: one group), rounded once
     ks, kx, kbad = f16_parts(k["d"])                                 # [n_kv, Hkv]
     kq = k["qs"].astype(np.float32)                                  # [n_kv, Hkv, D]

@@ -23,6 +23,8 @@ MUL_MAT = FloatOrder("portable.group_dot", fold="exact256")
 # block, m in 128..255; coded.dot_blocks: each weight block's terms exact, rounded once, in order
 QUANTIZE_BLOCKS = FloatOrder("portable.quantize_blocks")
 MUL_MAT_BLOCKS = FloatOrder("portable.dot_blocks", fold="exact_block")
+# attention.attention(..., PerBlock): each query head quantized as one block (quantize_head)
+FLASH_ATTN_BLOCKS = FloatOrder("portable.attention_i8_per_block", lanes=8, fold="tree8", expf="portable")
 SCALINGS = ("Sub32", "PerBlock")   # quant.ActScaling's values; the graph's g.meta["act_scaling"]
 # quant.get_rows: each weight's exact value rounded once
 GET_ROWS = FloatOrder("portable.get_rows")

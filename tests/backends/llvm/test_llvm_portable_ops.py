@@ -17,6 +17,7 @@ from bankml.ir.node import Node
 from bankml.ir.ops import Op
 from bankml.profiles.portable import attention, funcs, orders as po, rope
 from bankml.profiles.portable.arith import add, mul
+from bankml.profiles.portable.quant import ActScaling
 from tests.backends.llvm.llvm_kernel_util import compile_kernel, graph_of, run_kernel
 
 EPS = 9.999999974752427e-07
@@ -296,16 +297,17 @@ def _attn_case(seed, m, n_past, model, n_kv=None):
     return q, k, v, mask, float(np.float32(1.0 / np.sqrt(d)))
 
 
-def _attn_check(q, k, v, mask, scale, symbolic=False):
+def _attn_check(q, k, v, mask, scale, symbolic=False, per_block=False):
     M, H, D = q.shape
     n_kv, hkv = k.shape
     MT, KV = (Dim("T", 1, 512), Dim("KV", 256, 2048)) if symbolic else (M, n_kv)
     cache = lambda i, kind: Node(i, Op.CACHE, (), (KV, hkv, D), po.CACHE_TYPE, None, None,  # noqa: E731
                                  {"layer": 0, "kind": kind})
     g = _pgraph(_inp(0, (MT, H, D)), cache(1, "k"), cache(2, "v"), _inp(3, (MT, KV), "f16"))
-    n = g.add(Node(4, Op.FLASH_ATTN, (0, 1, 2, 3), (MT, H, D), "f32", None, po.FLASH_ATTN, {"scale": scale}))
+    order, scaling = (po.FLASH_ATTN_BLOCKS, ActScaling.PER_BLOCK) if per_block else (po.FLASH_ATTN, ActScaling.SUB32)
+    n = g.add(Node(4, Op.FLASH_ATTN, (0, 1, 2, 3), (MT, H, D), "f32", None, order, {"scale": scale}))
     with np.errstate(all="ignore"):
-        want = attention.attention(q, k, v, mask.astype(np.float32), scale)
+        want = attention.attention(q, k, v, mask.astype(np.float32), scale, scaling)
     sizes = {"T": M, "KV": n_kv} if symbolic else None
     for nth, out in _run_all_nth(g, n, (M, H, D), np.float32, [q, k, v, mask], sizes):
         _same(out, want, f"nth={nth}")
@@ -316,6 +318,21 @@ def _attn_check(q, k, v, mask, scale, symbolic=False):
 @pytest.mark.parametrize("m,n_past", [(1, 0), (1, 200), (7, 0), (7, 120), (65, 0), (3, 1097)], ids=str)
 def test_flash_attn_bits_equal_spec(model, m, n_past):
     _attn_check(*_attn_case(m * 1000 + n_past, m, n_past, model), symbolic=(m == 7))
+
+
+@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("m,n_past", [(1, 0), (7, 120), (3, 1097)], ids=str)
+def test_flash_attn_per_block_bits_equal_spec(model, m, n_past):
+    """ActScaling PerBlock's attention (each q head one block of wide scale): random rows, and
+    rows with a NaN, an infinity, denormals, zeros and huge values."""
+    q, k, v, mask, scale = _attn_case(m * 77 + n_past, m, n_past, model)
+    q[0, 0, 3] = np.nan
+    q[0, 1, :32] = np.float32(1e-40)
+    if m > 2:
+        q[1, 0] = 0.0
+        q[2] *= np.float32(1e30)
+        q[1, 1, 7] = np.inf
+    _attn_check(q, k, v, mask, scale, symbolic=(m == 7), per_block=True)
 
 
 @pytest.mark.parametrize("model", list(MODELS))

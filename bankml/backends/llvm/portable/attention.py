@@ -20,6 +20,10 @@ emitters of backends/llvm/portable/funcs.py, so its bits are the reference backe
      block of zero weights adds +0), blocks added in cell order into the output row (-0.0 at
      first, the sum of no blocks: _clear_out); _nan_row: a NaN score or weight makes the row NaN.
 
+Under ActScaling PerBlock (order portable.attention_i8_per_block) step 1 is _quantize_head: the
+q row one block of quant.wide_scale, its m and e given to every block of 32, so the exact score is
+the one term's (steps 2-5 the same, with terms of up to 38 bits).
+
 Threads split (query row, head) pairs; no result depends on the split. The K/V cache rows are
 SET_ROWS's (backends/llvm/portable/ops.py): per (cell, K/V head) 2 bytes of f16 scale, then D int8 codes.
 """
@@ -90,6 +94,21 @@ def _act_scale(b: ir.IRBuilder, amax: ir.Value):
     return m, e
 
 
+def _wide_scale(b: ir.IRBuilder, amax: ir.Value):
+    """quant.wide_scale of a finite amax >= 0: (m, e) as i64, m in 128..255 ((0, 0) for 0)."""
+    u = b.zext(pm.bits(b, amax), i64)
+    c = b.or_(b.and_(u, i64(0x7FFFFF)), i64(0x800000))
+    p = b.sub(b.and_(b.lshr(u, i64(23)), i64(255)), i64(127))
+    d9 = 127 << 9
+    m1 = b.udiv(b.add(c, i64(d9 - 1)), i64(d9))
+    m2 = b.udiv(b.add(c, i64(2 * d9 - 1)), i64(2 * d9))
+    small = b.icmp_signed("<=", m1, i64(255))
+    zero = b.fcmp_ordered("==", amax, f32(0.0))
+    m = b.select(zero, i64(0), b.select(small, m1, m2))
+    e = b.select(zero, i64(0), b.select(small, b.sub(p, i64(14)), b.sub(p, i64(13))))
+    return m, e
+
+
 def _pow2(b: ir.IRBuilder, e: ir.Value) -> ir.Value:
     """2^e as f64 for an i64 e in the normal range."""
     return b.bitcast(b.shl(b.add(e, i64(1023)), i64(52)), f64)
@@ -145,10 +164,17 @@ class _Attn:
     sums: ir.Value                 # a V block's int32 sums
     raw_slot: ir.Value             # eight cells' scores
     need_slot: ir.Value            # eight cells: the exact path gives the score
+    wide: bool                     # PerBlock: the q head one block, m in 128..255
 
     @property
     def m(self) -> ir.Module:
         return self.b.module
+
+    @property
+    def term_bits(self) -> int:
+        """Bits of a score's term per q block: |dot| < 2^19, |k scale significand| < 2^11, m < 2^4
+        (2^8 wide)."""
+        return TERM_BITS + 4 if self.wide else TERM_BITS
 
     def row(self, cache, cell, hk) -> ir.Value:
         """The cache row (i8*) of (cell, K/V head hk)."""
@@ -191,7 +217,17 @@ class _Cells(NamedTuple):
 @kernel(Op.FLASH_ATTN, order=po.FLASH_ATTN, profile="portable")
 def define_flash_attn(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     """attention.attention per (query row, head) task, in the steps of the module's docstring."""
-    a, lo, hi = _setup(m, g, n)
+    return _flash_attn(m, g, n, po.FLASH_ATTN)
+
+
+@kernel(Op.FLASH_ATTN, order=po.FLASH_ATTN_BLOCKS, profile="portable")
+def define_flash_attn_blocks(m: ir.Module, g: Graph, n: Node) -> ir.Function:
+    """attention.attention(..., PerBlock): each q head one block of wide scale (step 1), the rest as above."""
+    return _flash_attn(m, g, n, po.FLASH_ATTN_BLOCKS)
+
+
+def _flash_attn(m: ir.Module, g: Graph, n: Node, order) -> ir.Function:
+    a, lo, hi = _setup(m, g, n, order)
     b = a.b
     with for_range(b, lo, hi, name="task") as task:
         mrow, h = b.sdiv(task, i64(a.H)), b.srem(task, i64(a.H))
@@ -208,9 +244,9 @@ def define_flash_attn(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     return a.fn
 
 
-def _setup(m: ir.Module, g: Graph, n: Node) -> tuple[_Attn, ir.Value, ir.Value]:
+def _setup(m: ir.Module, g: Graph, n: Node, order) -> tuple[_Attn, ir.Value, ir.Value]:
     """The node's shapes checked, the function, its scratch and this thread's tasks [lo, hi)."""
-    _check(n, po.FLASH_ATTN)
+    _check(n, order)
     qn, kn, vn, mn = (g[i] for i in n.inputs)
     M, H, D = qn.shape
     Hkv, n_kv = kn.shape[1], mn.shape[1]
@@ -230,13 +266,15 @@ def _setup(m: ir.Module, g: Graph, n: Node) -> tuple[_Attn, ir.Value, ir.Value]:
     raw_slot = b.alloca(ir.ArrayType(f32, 8), name="raw8")
     need_slot = b.alloca(ir.ArrayType(i8, 8), name="need8")
     a = _Attn(fn, b, entry, f32(float(scale)), H, D, D // QK, 2 + D, Hkv, H // Hkv,
-              k, v, pq, pout, pmask, nkv, qcodes, scores, sums, raw_slot, need_slot)
+              k, v, pq, pout, pmask, nkv, qcodes, scores, sums, raw_slot, need_slot, order == po.FLASH_ATTN_BLOCKS)
     lo, hi = thread_range(b, b.mul(dim(b, dims, M), i64(H)), ith, nth)
     return a, lo, hi
 
 
 def _quantize_q(a: _Attn, t: _Task) -> tuple:
     """1. The q row in blocks of 32 into a.qcodes (quant.quantize_act): any bad block, each block's m, e."""
+    if a.wide:
+        return _quantize_head(a, t)
     b = a.b
     v32i8, v32i32 = ir.VectorType(i8, QK), ir.VectorType(i32, QK)
     badq = i1(0)
@@ -268,6 +306,39 @@ def _quantize_q(a: _Attn, t: _Task) -> tuple:
     return badq, ms, es
 
 
+def _quantize_head(a: _Attn, t: _Task) -> tuple:
+    """1. PerBlock: the q row as one block (attention.quantize_head(q, PER_BLOCK): quant.
+    wide_scale of its absmax, each code rint(x·2^-e / m) by one f64 division), its m and e given
+    to every block of 32 (the exact score is the one term's)."""
+    b = a.b
+    v32i8, v32i32 = ir.VectorType(i8, QK), ir.VectorType(i32, QK)
+    v32f32, v32f64, v32i64 = ir.VectorType(f32, QK), ir.VectorType(f64, QK), ir.VectorType(i64, QK)
+    umax = intrinsic(a.m, "llvm.vector.reduce.umax.v32i32", i32, [v32i32])
+    xs, bad, amax = [], i1(0), i32(0)
+    for sb in range(a.nsub):
+        x = _load(b, a.pq, b.add(t.qbase, i64(sb * QK)), v32f32)
+        ax = pm.fabs(b, x)
+        fin = b.fcmp_ordered("<", ax, pm.const(v32f32, float("inf")))
+        bad = b.or_(bad, b.not_(_all_lanes(b, fin)))
+        top = b.call(umax, [b.select(fin, pm.bits(b, ax), pm.const(v32i32, 0))])     # |x| bits order as |x|
+        amax = b.select(b.icmp_unsigned(">", top, amax), top, amax)
+        xs.append(x)
+    mq, eq = _wide_scale(b, b.select(bad, f32(0.0), b.bitcast(amax, f32)))
+    inv = pm.splat(b, _pow2(b, b.sub(i64(0), eq)), v32f64)
+    div = pm.splat(b, b.sitofp(b.select(b.icmp_signed("==", mq, i64(0)), i64(1), mq), f64), v32f64)
+    zero_codes = pm.splat(b, b.or_(bad, b.icmp_signed("==", mq, i64(0))), ir.VectorType(i1, QK))
+    roundeven = intrinsic(a.m, "llvm.roundeven.v32f64", v32f64, [v32f64])
+    for sb, x in enumerate(xs):
+        y = b.call(roundeven, [b.fdiv(b.fmul(b.fpext(x, v32f64), inv), div)])
+        y = b.select(b.fcmp_ordered(">", y, pm.const(v32f64, 127.0)), pm.const(v32f64, 127.0), y)
+        y = b.select(b.fcmp_ordered("<", y, pm.const(v32f64, -127.0)), pm.const(v32f64, -127.0), y)
+        finy = b.icmp_unsigned("<", b.and_(b.bitcast(y, v32i64), pm.const(v32i64, (1 << 63) - 1)),
+                               pm.const(v32i64, 0x7FF0000000000000))
+        code = b.select(b.and_(finy, b.not_(zero_codes)), b.fptosi(y, v32i8), pm.const(v32i8, 0))
+        b.store(code, _codes_at(b, a.qcodes, sb), align=1)
+    return bad, [mq] * a.nsub, [eq] * a.nsub
+
+
 def _codes_at(b: ir.IRBuilder, qcodes, sb: int) -> ir.Value:
     """<32 x i8>* to q block sb's codes."""
     return b.bitcast(b.gep(qcodes, [i64(sb * QK)]), ir.VectorType(i8, QK).as_pointer())
@@ -286,7 +357,7 @@ def _alignment(a: _Attn, badq, ms: list, es: list) -> _QRow:
         sh = b.select(b.icmp_signed("!=", mq, i64(0)), b.sub(eq, emin), i64(0))
         shifts.append(sh)
         spread = b.select(b.icmp_signed(">", sh, spread), sh, spread)
-    fits = b.icmp_signed("<=", spread, i64(room(TERM_BITS, a.nsub)))
+    fits = b.icmp_signed("<=", spread, i64(room(a.term_bits, a.nsub)))
     vn32 = ir.VectorType(i32, a.nsub)
     sh_v = _vector(b, [b.trunc(sh, i32) for sh in shifts], vn32)
     ae_v = _vector(b, [b.trunc(eq, i32) for eq in es], vn32)
@@ -326,7 +397,7 @@ def _cells(a: _Attn, t: _Task, q: _QRow) -> _Cells:
     """2. (once per task) the q scales and codes of _scores8."""
     b = a.b
     qf = [b.fmul(b.sitofp(mq, f64), _pow2(b, eq)) for mq, eq in zip(q.ms, q.es)]    # m * 2^e, 0 for m = 0
-    f64_row = b.icmp_signed("<=", q.spread, i64(pf.limit(TERM_BITS, a.nsub)))
+    f64_row = b.icmp_signed("<=", q.spread, i64(pf.limit(a.term_bits, a.nsub)))
     qb = [b.load(_codes_at(b, a.qcodes, sb), align=1) for sb in range(a.nsub)]
     return _Cells(qf, f64_row, qb, pm.splat(b, a.scale, v8f32))
 
