@@ -27,8 +27,8 @@ from bankml.arch.plan import plan as make_plan
 from bankml.ir.graph import Graph
 from bankml.passes.pipeline import run_passes
 from bankml.passes.variants import Variant, choose_variant, variants
-from bankml.profiles.portable import quant
-from bankml.quants import F32, WEIGHT_TYPES
+from bankml.profiles.portable import coded, quant
+from bankml.quants import F32
 from bankml.quants.kv_cache import KvCacheTypes
 from bankml.runtime.options import ModelOptions
 from bankml.backends.llvm import jit_cache
@@ -226,16 +226,11 @@ class Model:
     def _refuse_unreadable(self) -> None:
         """The portable profile reads no weight block with an infinite or NaN scale (the decode-
         arithmetic document's Unreadable): refused here, naming the first, before any graph runs.
-        A weight type without an integer form (the K-quants: numpy coded rows only) is refused from
-        the header first, before any weight is read."""
+        Every weight type bankml reads has an integer form (coded.reads)."""
         for name, t in self.gguf.tensors.items():
-            if t.ggml_type != F32 and not quant.reads(t.ggml_type):
-                raise BankmlError(f"{self.path.name}: tensor {name} is {WEIGHT_TYPES[t.ggml_type].name}: the portable "
-                                  f"profile's graphs read F16, Q8_0, Q4_1, Q1_0 and Q2_0 matrices (docs/PORTABLE.md)")
-        for name, t in self.gguf.tensors.items():
-            if quant.reads(t.ggml_type):
+            if coded.reads(t.ggml_type):
                 try:
-                    quant.check_readable(self.weight(name), t.ggml_type)
+                    coded.check_readable(self.weight(name), t.ggml_type)
                 except quant.Unreadable as e:
                     raise BankmlError(f"{self.path.name}: tensor {name}, {e}: the portable profile cannot read "
                                       f"it (docs/PORTABLE.md, Unreadable)") from None

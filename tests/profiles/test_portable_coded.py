@@ -9,7 +9,7 @@ import pytest
 
 from bankml.profiles.portable import arith, coded, quant
 from bankml.profiles.portable.tables import to_f32
-from bankml.quants import Q1_0, Q2_0, Q4_1, Q4_K, Q6_K, Q8_0, WEIGHT_TYPES, q4_k, q6_k
+from bankml.quants import Q1_0, Q2_0, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0, WEIGHT_TYPES, q4_k, q6_k
 
 F32 = np.float32
 K = 512
@@ -114,3 +114,34 @@ def test_an_infinite_scale_is_unreadable():
     raw.view(q4_k.DTYPE)["dmin"][1, 1] = np.inf
     with pytest.raises(quant.Unreadable, match="row 1, block 1"):
         coded.coded_rows(raw, Q4_K, K)
+
+
+@pytest.mark.parametrize("wtype", [Q4_0, Q5_0, Q5_1], ids=lambda t: WEIGHT_TYPES[t].name)
+def test_a_coded_row_holds_every_q4_0_q5_0_q5_1_weight_exactly(wtype):
+    """Q4_0 d·(q - 8), Q5_0 d·(code - 16), Q5_1 d·code + m, each as a·coef + b·offs exactly."""
+    rng = np.random.default_rng(wtype)
+    mod = WEIGHT_TYPES[wtype]
+    raw = rng.integers(0, 256, (3, mod.row_bytes(K)), dtype=np.uint8)
+    blocks = raw.reshape(3, -1, mod.block_bytes)
+    for at in (0, 2) if wtype == Q5_1 else (0,):
+        d = (rng.standard_normal(blocks.shape[:2]) * 0.1).astype(np.float16)
+        blocks[:, :, at:at + 2] = d[..., None].view(np.uint8)
+    u = mod.unpack(raw, K)
+    cr = coded.coded_rows(raw, wtype, K)
+    assert cr.seg == 32 and (cr.b is not None) == (wtype == Q5_1)
+    for r in range(3):
+        for i in range(K):
+            s = cr.segment(r, i // 32)
+            w = _value(s.a, s.coef[i % 32]) + (_value(s.b, s.offs[i % 32]) if s.b else 0)
+            m = Fraction(float(u.m[r, i // 32])) if u.m is not None else 0
+            assert w == Fraction(float(u.d[r, i // 32])) * int(u.q[r, i]) + m
+
+
+def test_k_quant_scales_that_are_inf_or_nan_are_unreadable():
+    raw = _kquant_raw(Q4_K, 3, np.random.default_rng(4))
+    b = raw.view(q4_k.DTYPE).reshape(3, -1)
+    coded.check_readable(raw, Q4_K)
+    b["dmin"][2, 1] = np.float16(np.nan)
+    with pytest.raises(quant.Unreadable, match="row 2, block 1: an infinite or NaN scale"):
+        coded.check_readable(raw, Q4_K)
+    assert coded.reads(Q4_K) and coded.reads(Q6_K) and coded.reads(Q5_1)

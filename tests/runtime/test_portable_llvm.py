@@ -24,7 +24,9 @@ from bankml.testing import models
 # model -> tokens of the reference prefill (the llvm prompts are its prefixes)
 MODELS = {"smollm2-q4_1": 65, "smollm2-f16": 9, "smollm2-q8_0": 9, "smollm2-q2_0": 9,
           "qwen3-small-q1_0": 65, "qwen3-small-f16": 9, "qwen3-small-q2_0": 9,
-          "qwen3-small-untied-q1_0": 9, "qwen3-small-untied-f16": 9, "qwen35-small-q1_0": 65, "qwen35-small-f16": 9}
+          "qwen3-small-untied-q1_0": 9, "qwen3-small-untied-f16": 9, "qwen35-small-q1_0": 65, "qwen35-small-f16": 9,
+          "qwen35-small-q4_k_m": 9, "llama-kq-q4_k_m": 65, "llama-kq-q6_k": 9, "smollm2-q4_0": 9, "smollm2-q5_0": 9,
+          "smollm2-q5_1": 9}
 CUTS = (1, 7, 64, 65)
 
 

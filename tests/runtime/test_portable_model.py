@@ -14,7 +14,8 @@ from bankml.testing import models
 
 MODELS = ["smollm2-q4_1", "smollm2-f16", "smollm2-q8_0", "smollm2-q2_0", "qwen3-small-f16", "qwen3-small-q1_0",
           "qwen3-small-q2_0", "qwen3-small-untied-q1_0", "llama-gqa-f16", "qwen35-small-f16", "qwen35-small-q8_0",
-          "qwen35-small-q1_0", "qwen35-small-q2_0"]
+          "qwen35-small-q1_0", "qwen35-small-q2_0", "qwen35-small-q4_k_m", "llama-kq-q4_k_m", "llama-kq-q6_k",
+          "smollm2-q5_0"]
 
 
 def _tokens(n: int, seed: int) -> list[int]:
@@ -76,13 +77,16 @@ def test_decodes_across_256_and_512_cells_equal_one_prefills_rows():
         assert np.array_equal(want.view(np.uint32), np.concatenate(rows).view(np.uint32))
 
 
-@pytest.mark.parametrize("name,tensor,row,block,value", [
-    ("qwen3-small-q1_0", "blk.1.ffn_up.weight", 2, 3, 0x7E00),        # a NaN scale
-    ("qwen3-small-q2_0", "blk.0.attn_q.weight", 5, 0, 0xFC00),        # a -inf scale
-    ("qwen3-small-f16", "blk.3.ffn_down.weight", 7, 11, 0x7C00),      # an infinite f16 weight
+@pytest.mark.parametrize("name,tensor,row,block,value,at", [
+    ("qwen3-small-q1_0", "blk.1.ffn_up.weight", 2, 3, 0x7E00, 0),        # a NaN scale
+    ("qwen3-small-q2_0", "blk.0.attn_q.weight", 5, 0, 0xFC00, 0),        # a -inf scale
+    ("qwen3-small-f16", "blk.3.ffn_down.weight", 7, 11, 0x7C00, 0),      # an infinite f16 weight
+    ("llama-kq-q4_k", "blk.0.attn_k.weight", 3, 1, 0x7E00, 2),           # Q4_K's dmin NaN
+    ("llama-kq-q6_k", "blk.0.attn_output.weight", 1, 0, 0xFC00, 208),    # Q6_K's d -inf
+    ("smollm2-q5_1", "blk.0.attn_k.weight", 4, 2, 0x7C00, 2),            # Q5_1's min inf
 ])
 def test_a_weight_block_with_an_infinite_or_nan_scale_is_refused_by_the_portable_profile(
-        tmp_path, name, tensor, row, block, value):
+        tmp_path, name, tensor, row, block, value, at):
     """The decode-arithmetic document's Unreadable: refused at load, in one line naming the tensor,
     row and block; the ggml profile (llama.cpp reads such a file) still loads it."""
     import shutil
@@ -95,7 +99,7 @@ def test_a_weight_block_with_an_infinite_or_nan_scale_is_refused_by_the_portable
     row_bytes = t.nbytes // int(np.prod(t.shape[1:]))
     block_bytes = WEIGHT_TYPES[t.ggml_type].block_bytes
     with open(bad, "r+b") as f:
-        f.seek(t.offset + row * row_bytes + block * block_bytes)
+        f.seek(t.offset + row * row_bytes + block * block_bytes + at)
         f.write(int(value).to_bytes(2, "little"))
     unit = "element" if name.endswith("f16") else "block"
     with pytest.raises(BankmlError, match=rf"^bad.gguf: tensor {tensor}, row {row}, {unit} {block}: an infinite or "
@@ -105,13 +109,8 @@ def test_a_weight_block_with_an_infinite_or_nan_scale_is_refused_by_the_portable
     bankml.load(bad, backend="reference", n_ctx=256).close()
 
 
-def test_a_k_quant_model_is_refused_from_the_header_by_the_portable_profile(monkeypatch):
-    """No graph of the portable profile reads a K-quant matrix: refused in one line naming the
-    first such tensor, before any weight is read."""
-    from bankml.runtime.model import Model
-
-    def no_read(self, name):
-        raise AssertionError(f"read {name}")
-    monkeypatch.setattr(Model, "weight", no_read)
-    with pytest.raises(bankml.BankmlError, match=r"tensor token_embd.weight is Q6_K: the portable profile's graphs"):
-        bankml.load(models.path("qwen35-small-q4_k_m"), backend="reference", profile="portable")
+def test_the_portable_profile_reads_every_weight_type_bankml_reads():
+    """Every matrix format has an integer form (coded rows): nothing is refused for its type."""
+    from bankml.profiles.portable import coded
+    from bankml.quants import WEIGHT_TYPES
+    assert all(coded.reads(t) for t in WEIGHT_TYPES), [w.name for t, w in WEIGHT_TYPES.items() if not coded.reads(t)]

@@ -26,7 +26,7 @@ def _quantize(env, g, n, x):
 @lowers(Op.MUL_MAT, order=po.MUL_MAT, profile="portable")
 def _mul_mat(env, g, n, w, a):
     wn = g[n.inputs[0]]
-    y = quant.mul_mat(w, int(wn.params["ggml_type"]), a)
+    y = coded.dot_sub32(w, int(wn.params["ggml_type"]), a)
     return y.reshape(*n.shape[:-1], y.shape[-1])
 
 
@@ -47,7 +47,7 @@ def _get_rows(env, g, n, src, ids):
     w = g[n.inputs[0]]
     if w.op is not Op.WEIGHT:
         raise LoweringError(f"portable profile: get_rows {n.name or n.id} of an activation carries {po.GET_ROWS.kernel}")
-    return quant.get_rows(src[ids], int(w.params["ggml_type"]), w.shape[1])
+    return coded.get_rows(src[ids], int(w.params["ggml_type"]), w.shape[1])
 
 
 @lowers(Op.GET_ROWS, profile="portable")

@@ -32,9 +32,8 @@ from bankml.profiles.portable.gdn import (Logged, conv, gdn_flush, gdn_fold, gdn
                                           gdn_update)
 from bankml.profiles.portable.attention import (VALUE_BLOCK, attend_int8, attend_vector, cache_row, int8_codes,
                                                 int8_score, quantize_head, weighted_int8)
-from bankml.profiles.portable.coded import COEF_BOUND, CodedRow, Scale, Segment, dot
-from bankml.profiles.portable.quant import (GROUP, WIDE_BITS, ActScaling, Unreadable, quantize_blocks, reads,
-                                            wide_scale)
+from bankml.profiles.portable.coded import COEF_BOUND, CodedRow, Scale, Segment, dot, reads
+from bankml.profiles.portable.quant import GROUP, WIDE_BITS, ActScaling, Unreadable, quantize_blocks, wide_scale
 from bankml.profiles.portable.quant import QK as ACT_BLOCK
 from bankml.profiles.portable.quant import act_scale as block_scale
 from bankml.profiles.portable.quant import quantize_act as quantize

@@ -3,17 +3,17 @@ CodedRow and COEF_BOUND), K-quants included, and the dot of such rows under eith
 
 Every weight is a·coef + b·offs of its segment, a and b f16 scales held exactly (Scale), coef
 and offs small integers as stored:
-  Q8_0, Q1_0, Q2_0   segments of their block (32, 128, 64): a = d, coef the code (Q1_0 ±1,
-                     Q2_0 q - 1); no second scale
-  Q4_1               segments of 32: a = d, coef q in 0..15; b = the min, offs 1
+  Q8_0, Q1_0, Q2_0,  segments of their block (32, 128, 64): a = d, coef the code (Q1_0 ±1,
+  Q4_0, Q5_0         Q2_0 q - 1, Q4_0 q - 8, Q5_0 q - 16); no second scale
+  Q4_1, Q5_1         segments of 32: a = d, coef q in 0..15 (0..31); b = the min, offs 1
   Q4_K               segments of 256: a = d, coef = sc·q (the sub-block's 6-bit scale times the
                      nibble); b = dmin, offs = -m (the sub-block's 6-bit min)
   Q6_K               segments of 256: a = d, coef = sc·(q - 32) (an int8 scale per 16)
 No weight is ever rounded: the dot's terms are products of these integers with the activation
 codes, summed exactly (arith.round_exact) and rounded once per group (Sub32) or per weight
 block (PerBlock). For the legacy formats these are quant.terms' terms exactly, so `dot` gives
-quant.mul_mat's bits under Sub32. (No graph reads K-quants under the portable profile
-yet: numpy only, and quant.reads stays false for them until the backends lower them.)
+quant.mul_mat's bits under Sub32. The graphs read K-quant matrices through `dot_sub32` (mul_mat)
+and `get_rows` (token embeddings); `reads` and `check_readable` cover every format.
 """
 from __future__ import annotations
 
@@ -22,10 +22,15 @@ from typing import NamedTuple
 import numpy as np
 
 from bankml.profiles.portable.arith import F32
+from bankml.profiles.portable import quant
+from bankml.profiles.portable.arith import round_exact
 from bankml.profiles.portable.quant import (GROUP, QK, ActBlocks, ActScaling, Unreadable, f16_parts, mul_mat,
                                             quantize_act, quantize_blocks, round_groups)
-from bankml.quants import F16, Q1_0, Q2_0, Q4_1, Q4_K, Q6_K, Q8_0, WEIGHT_TYPES, q4_k, q6_k
+from bankml.quants import (F16, Q1_0, Q2_0, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0, WEIGHT_TYPES, q4_0, q4_k, q5_0,
+                           q5_1, q6_k)
 
+LEGACY = (Q8_0, Q4_1, Q1_0, Q2_0, Q4_0, Q5_0, Q5_1)   # the 32/64/128-blocks with one or two f16 scales
+K_QUANTS = (Q4_K, Q6_K)
 COEF_BOUND = 128 * 32         # Q6_K's -128 · -32: no coef or offs of any format is larger
 
 
@@ -84,11 +89,11 @@ def coded_rows(raw: np.ndarray, wtype: int, k: int) -> CodedRow:
         u = q6_k.unpack(raw, k)
         coef = np.repeat(u.sc, 16, axis=1).astype(np.int64) * (u.q.astype(np.int64) - 32)
         return CodedRow(256, Scale.of(u.d), coef, None, None)
-    if wtype not in (Q8_0, Q4_1, Q1_0, Q2_0):
+    if wtype not in LEGACY:
         raise ValueError(f"portable profile: no coded row for weight type {WEIGHT_TYPES[wtype].name}")
     u = WEIGHT_TYPES[wtype].unpack(raw, k)
     coef = u.q.astype(np.int64)
-    if wtype == Q4_1:
+    if u.m is not None:                                              # Q4_1, Q5_1: the min once per element
         return CodedRow(32, Scale.of(u.d), coef, Scale.of(u.m), np.ones_like(coef))
     return CodedRow(WEIGHT_TYPES[wtype].block, Scale.of(u.d), coef, None, None)
 
@@ -115,6 +120,60 @@ def _block_terms(cr: CodedRow, a: ActBlocks, block: int) -> tuple[np.ndarray, np
         return p[..., None], x[..., None]
     p2, x2 = term(cr.b, cr.offs)
     return np.stack([p, p2], -1), np.stack([x, x2], -1)
+
+
+
+
+def reads(wtype: int) -> bool:
+    """Whether the engine's array reads matrices of ty (the weight types with an integer form:
+    F16, the legacy block formats and the K-quants bankml has)."""
+    return wtype == F16 or wtype in LEGACY or wtype in K_QUANTS
+
+
+def check_readable(raw: np.ndarray, wtype: int) -> None:
+    """Raise Unreadable for the first block of a weight (uint8 [rows, row_bytes]) whose scale (a
+    K-quant's d or dmin) is infinite or NaN; the scales' bytes only."""
+    if quant.reads(wtype):
+        return quant.check_readable(raw, wtype)
+    dt = {Q4_K: q4_k.DTYPE, Q6_K: q6_k.DTYPE, Q4_0: q4_0.DTYPE, Q5_0: q5_0.DTYPE, Q5_1: q5_1.DTYPE}[wtype]
+    b = np.ascontiguousarray(raw).view(dt)
+    bad = np.zeros(b.shape, bool)
+    for name in ("d", "dmin", "m"):
+        if name in dt.names:
+            bad |= (b[name].view(np.uint16) & 0x7C00) == 0x7C00
+    if bad.any():
+        r, j = np.argwhere(bad)[0]
+        raise Unreadable(int(r), int(j), "an infinite or NaN scale")
+
+
+def dot_sub32(raw: np.ndarray, wtype: int, a: ActBlocks, rows_per_chunk: int | None = None) -> np.ndarray:
+    """Sub32's dot of weight rows (uint8 [rows, row_bytes]) of any format the engine reads with
+    activations quantized per 32 (quantize_act) -> f32 [T, rows]: each group of 256 exact,
+    rounded once, the groups added in order (quant.mul_mat for the formats it reads)."""
+    if quant.reads(wtype):
+        return mul_mat(raw, wtype, a)
+    T, K = a.q.shape
+    if rows_per_chunk is None:                   # temporaries of about 2^21 elements
+        rows_per_chunk = max(8, (1 << 21) // max(1, T * K))
+    out = np.empty((T, len(raw)), F32)
+    for r0 in range(0, len(raw), rows_per_chunk):
+        p, e = _block_terms(coded_rows(raw[r0:r0 + rows_per_chunk], wtype, K), a, QK)
+        out[:, r0:r0 + rows_per_chunk] = round_groups(p, e, a.bad[:, None, :], GROUP // QK)
+    return out
+
+
+def get_rows(raw: np.ndarray, wtype: int, k: int) -> np.ndarray:
+    """Weight rows as f32, each weight's exact value a·coef + b·offs rounded once (quant.get_rows
+    for the formats it reads)."""
+    if quant.reads(wtype):
+        return quant.get_rows(raw, wtype, k)
+    cr = coded_rows(raw, wtype, k)
+    per = np.arange(k) // cr.seg                                     # each element's segment
+    p, x = [cr.a.sig[:, per] * cr.coef], [cr.a.exp[:, per]]
+    if cr.b is not None:
+        p.append(cr.b.sig[:, per] * cr.offs)
+        x.append(cr.b.exp[:, per])
+    return round_exact(np.stack(p, -1), np.stack(x, -1))
 
 
 def block_of(wtype: int) -> int:

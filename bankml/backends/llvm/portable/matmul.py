@@ -55,9 +55,10 @@ from llvmlite import ir
 from bankml.backends.llvm.emit.core import f32, f64, for_range, i8, i16, i32, i64, size, smin, typed, thread_range
 from bankml.backends.llvm.ggml.matmul.tiling import CHUNK_BYTES
 from bankml.backends.llvm.emit.simd import at, scratch, v32i8
-from bankml.backends.llvm.portable import q1_lut as q1lut, f64 as pf
+from bankml.backends.llvm.portable import coded, q1_lut as q1lut, f64 as pf
 from bankml.backends.llvm.portable.rows import (BLOCK_BYTES, QNAN, TERM_BITS, _PERM, any_lane, f16_dots, f16_parts,
-    group_bytes, int8_lanes, lane_sums, pq8_bytes, reduce, splat_v, start, sub_layout, v32i32, vconst)
+    add_f32, canon_nan, group_bytes, int8_lanes, lane_sums, pq8_bytes, reduce, splat_v, start, sub_layout, v32i32,
+    vconst)
 from bankml.backends.llvm.portable.exact import room, round_shifted, round_terms
 from bankml.errors import LoweringError
 from bankml.ir.dims import prod_range
@@ -259,28 +260,6 @@ def group(b, wtype: int, w, gi, nsub: int, cols: Cols) -> list:
     return out
 
 
-def add_f32(b, x, y):
-    """arith.add of f32 values without NaN payloads to keep: one rounding, a denormal result to
-    zero of its sign. A NaN stays a NaN (maybe x86's default one): canon_nan makes it the one."""
-    ti = _ints(x.type)
-    c = (lambda v: vconst(ti, v)) if isinstance(ti, ir.VectorType) else i32
-    s = b.bitcast(b.fadd(x, y), ti)
-    tiny = b.icmp_unsigned("==", b.and_(s, c(0x7F800000)), c(0))
-    return b.bitcast(b.select(tiny, b.and_(s, c(0x80000000)), s), x.type)
-
-
-def canon_nan(b, x):
-    ti = _ints(x.type)
-    c = (lambda v: vconst(ti, v)) if isinstance(ti, ir.VectorType) else i32
-    s = b.bitcast(x, ti)
-    nan = b.icmp_unsigned(">", b.and_(s, c(0x7FFFFFFF)), c(0x7F800000))
-    return b.bitcast(b.select(nan, c(QNAN), s), x.type)
-
-
-def _ints(t: ir.Type) -> ir.Type:
-    return ir.VectorType(i32, t.count) if isinstance(t, ir.VectorType) else i32
-
-
 @dataclass
 class _MulMat:
     """A portable mul_mat kernel's values: its builder, weight type and sizes, pointers and column tiles."""
@@ -304,7 +283,11 @@ class _MulMat:
 
 @kernel(Op.MUL_MAT, order=po.MUL_MAT, profile="portable")
 def define_mul_mat(m: ir.Module, g: Graph, n: Node) -> ir.Function:
-    """quant.mul_mat on a thread's weight rows, in the steps of the module's docstring."""
+    """quant.mul_mat on a thread's weight rows, in the steps of the module's docstring (the
+    coded rows of Q4_0, Q5_0, Q5_1, Q4_K and Q6_K: backends/llvm/portable/coded.py)."""
+    if g[n.inputs[0]].op is Op.WEIGHT and int(g[n.inputs[0]].params["ggml_type"]) in coded.TYPES:
+        _check_inputs(g, n)
+        return coded.define_mul_mat(m, g, n)
     k, lo, hi = _setup(m, g, n)                                    # 1.
     b = k.b
     if k.M_hi == 1:
@@ -320,9 +303,7 @@ def define_mul_mat(m: ir.Module, g: Graph, n: Node) -> ir.Function:
 def _setup(m: ir.Module, g: Graph, n: Node) -> tuple[_MulMat, ir.Value, ir.Value]:
     """1. The node checked; the function, the column tiles' scratch (Cols) and this thread's rows [lo, hi)."""
     w, xq = g[n.inputs[0]], g[n.inputs[1]]
-    if n.order != po.MUL_MAT or w.op is not Op.WEIGHT or xq.op is not Op.QUANTIZE or xq.params.get("type") != po.ACT_TYPE:
-        raise LoweringError(f"mul_mat {n.name or n.id}: portable llvm wants {po.MUL_MAT.kernel} of a weight "
-                            f"and a {po.ACT_TYPE} quantize")
+    _check_inputs(g, n)
     wtype = int(w.params["ggml_type"])
     N, K = w.shape
     if wtype not in TYPES:
@@ -341,6 +322,14 @@ def _setup(m: ir.Module, g: Graph, n: Node) -> tuple[_MulMat, ir.Value, ir.Value
     k = _MulMat(fn, b, wtype, N, K, WEIGHT_TYPES[wtype].row_bytes(K), pq8_bytes(K), K // 256, K % 256 // 32,
                 M_hi, C, wp, xp, yp, M, tiles)
     return k, lo, hi
+
+
+def _check_inputs(g: Graph, n: Node) -> None:
+    w, xq = g[n.inputs[0]], g[n.inputs[1]]
+    if n.order != po.MUL_MAT or w.op is not Op.WEIGHT or xq.op is not Op.QUANTIZE or xq.order != po.QUANTIZE \
+            or xq.params.get("type") != po.ACT_TYPE:
+        raise LoweringError(f"mul_mat {n.name or n.id}: portable llvm wants {po.MUL_MAT.kernel} of a weight "
+                            f"and a {po.ACT_TYPE} quantize")
 
 
 def _column_tiles(k: _MulMat, rlo, rhi) -> None:

@@ -25,9 +25,8 @@ from llvmlite import ir
 from bankml.backends.llvm.emit.core import f32, f64, for_range, i8, i16, i32, i64, intrinsic, size, thread_range, typed
 from bankml.backends.llvm.emit.simd import at, v32i8
 from bankml.backends.llvm.portable.exact import round_i64, round_terms
-from bankml.backends.llvm.portable.matmul import add_f32, canon_nan
-from bankml.backends.llvm.portable.rows import (QNAN, block_scale, pq8_bytes, reduce, splat_v, start, sub_codes,
-                                                sub_layout, v32f32, v32f64, v32i32, vconst)
+from bankml.backends.llvm.portable.rows import (QNAN, add_f32, block_scale, canon_nan, pq8_bytes, reduce, splat_v,
+                                                start, sub_codes, sub_layout, v32f32, v32f64, v32i32, vconst)
 from bankml.backends.llvm.registry import kernel
 from bankml.errors import LoweringError
 from bankml.ir.graph import Graph

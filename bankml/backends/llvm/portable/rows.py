@@ -27,7 +27,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from bankml.backends.llvm.emit.core import (f32, f64, for_range, i8, i16, i32, i64, intrinsic, new_function, size,
-    thread_range, typed)
+    thread_range)
 from bankml.backends.llvm.emit.simd import at, maddubs, nibbles, psign, sums_us8, v32i8
 from bankml.backends.llvm.ggml.matmul.quant import ONES, q1_0_neg_signs, q1_0_sums
 from bankml.backends.llvm.portable.exact import round_i64
@@ -276,7 +276,31 @@ def any_lane(b, v):
 
 
 
-# ---- GET_ROWS --------------------------------------------------------------------------------
+# ---- f32 results -----------------------------------------------------------------------------
+
+def add_f32(b, x, y):
+    """arith.add of f32 values without NaN payloads to keep: one rounding, a denormal result to
+    zero of its sign. A NaN stays a NaN (maybe x86's default one): canon_nan makes it the one."""
+    ti = _ints(x.type)
+    c = (lambda v: vconst(ti, v)) if isinstance(ti, ir.VectorType) else i32
+    s = b.bitcast(b.fadd(x, y), ti)
+    tiny = b.icmp_unsigned("==", b.and_(s, c(0x7F800000)), c(0))
+    return b.bitcast(b.select(tiny, b.and_(s, c(0x80000000)), s), x.type)
+
+
+def canon_nan(b, x):
+    ti = _ints(x.type)
+    c = (lambda v: vconst(ti, v)) if isinstance(ti, ir.VectorType) else i32
+    s = b.bitcast(x, ti)
+    nan = b.icmp_unsigned(">", b.and_(s, c(0x7FFFFFFF)), c(0x7F800000))
+    return b.bitcast(b.select(nan, c(QNAN), s), x.type)
+
+
+def _ints(t: ir.Type) -> ir.Type:
+    return ir.VectorType(i32, t.count) if isinstance(t, ir.VectorType) else i32
+
+
+# ---- GET_ROWS (the kernel is backends/llvm/portable/coded.py's) ------------------------------
 
 def sub_codes(b, wtype: int, row, s):
     """(the 32 integer coefficients <32 x i32> of sub-block s of a block-format row, in element
@@ -325,27 +349,3 @@ def sub_values(b, wtype: int, row, s):
                        splat_v(b, b.shl(b.sext(ms, i64), b.zext(b.sub(mx, xm), i64)), 32))
             vals = round_i64(b, s_, splat_v(b, xm, 32))
     return b.select(isbad, b.bitcast(vconst(v32i32, QNAN), v32f32), vals)
-
-
-@kernel(Op.GET_ROWS, order=po.GET_ROWS, profile="portable")
-def define_get_rows(m: ir.Module, g: Graph, n: Node) -> ir.Function:
-    src = g[n.inputs[0]]
-    if src.op is not Op.WEIGHT:          # rows of an f32 node carry no order: ggml/rows.py copies them
-        raise LoweringError(f"get_rows {n.name or n.id}: {po.GET_ROWS.kernel} reads rows of a weight")
-    wtype = int(src.params["ggml_type"])
-    K = n.shape[-1]
-    if n.order != po.GET_ROWS or wtype not in TYPES or K % 32:
-        raise LoweringError(f"get_rows {n.name or n.id}: portable llvm reads {po.GET_ROWS.kernel} rows of "
-                            f"F16, Q8_0, Q4_1, Q1_0, Q2_0")
-    rb = WEIGHT_TYPES[wtype].row_bytes(K)
-    fn, b = start(m, n)
-    out, sp, ids, ith, nth, dims = fn.args
-    R = size(b, dims, n.shape[:-1])
-    lo, hi = thread_range(b, R, ith, nth)
-    with for_range(b, lo, hi, name="r") as r:
-        row = b.gep(sp, [b.mul(b.sext(b.load(b.gep(typed(b, ids, i32), [r])), i64), i64(rb))])
-        with for_range(b, 0, K // 32, name="s") as s:
-            off = b.mul(b.add(b.mul(r, i64(K)), b.mul(s, i64(32))), i64(4))
-            b.store(sub_values(b, wtype, row, s), at(b, out, off, v32f32), align=4)
-    b.ret_void()
-    return fn
