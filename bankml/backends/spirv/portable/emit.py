@@ -13,8 +13,9 @@
     grid (gradual underflow, nearest even): 2^-126 or more is kept (its bits are that
     integer), less is the signed zero;
   * every NaN becomes 0x7FC00000.
-- `exp`, `recip`, `rsqrt`: funcs.py's steps; the tables are a storage buffer (tables.py's
-  values, uploaded by the host); scale2 is integer exponent arithmetic.
+- `exp`, `recip`, `rsqrt`, `ln`, and from them `ln1p`, `sigmoid`, `silu`, `softplus`: funcs.py's
+  steps; the tables are a storage buffer (tables.py's values, uploaded by the host); scale2
+  and the reduction of ln's argument are integer exponent arithmetic.
 - `round_terms`: the exact value of Σ P_t·2^X_t (int64 P, int32 X, at most 16 terms) rounded
   once to f32 (arith.round_exact): an int64 sum when every aligned term has at most 59 bits
   (a spread inside SUM_WINDOW), else the window (`window_edge`: a term past SUM_WINDOW places
@@ -39,8 +40,8 @@ SIGN, EXP, QNAN, MAG = 0x80000000, 0x7F800000, 0x7FC00000, 0x7FFFFFFF
 WIDE_WORDS = 12                 # the wide accumulator: 384 bits
 MAX_TERMS = 16                  # terms of one round_terms (8 sub-blocks x 2 for Q4_1)
 FAST_BITS = 59                  # an aligned term of at most 59 bits: 16 of them fit an int64
-# the tables buffer: f32 words at these offsets (tables.py's values)
-EXP_T, RECIP_T, RSQRT_T = 0, 64, 192
+# the tables buffer: f32 words at these offsets (tables.py's values; ln's three of 97 entries)
+EXP_T, RECIP_T, RSQRT_T, LN_INV_T, LN_HI_T, LN_LO_T = 0, 64, 192, 320, 417, 514
 
 
 def f32_bits(v: float) -> int:
@@ -275,6 +276,61 @@ class Emit:
         bad = self.b("LogicalOr", self.b("UGreaterThan", mag, self.c(EXP)),
                      self.b("LogicalAnd", self.b("INotEqual", sign, self.c(0)), self.b("INotEqual", mag, self.c(0))))
         return self.flt(self.sel(bad, self.c(QNAN), out))
+
+    def ln(self, x):
+        """funcs.ln: x = m·2^k with m in [3/4, 3/2) by its bits (1.frac, halved at 1.5 or more:
+        exponent field 126), i = rint(64 m), then the table point's ln plus the quartic in u."""
+        from bankml.profiles.portable.tables import constants
+        c = {k: self.fc(float(v)) for k, v in constants().items() if k in ("THIRD", "LN2_HI", "LN2_LO")}
+        xb = self.bits(x)
+        e = self.u("BitFieldUExtract", xb, self.c(23), self.c(8))
+        frac = self.u("BitwiseAnd", xb, self.c(0x7FFFFF))
+        big = self.b("UGreaterThanEqual", frac, self.c(0x400000))
+        k = self.u("ISub", e, self.sel(big, self.c(126), self.c(127)))
+        m = self.flt(self.u("BitwiseOr", frac, self.sel(big, self.c(0x3F000000), self.c(0x3F800000))))
+        cf, i = self.rint_small(self.fmul(m, self.fc(64.0)))          # 48..96: no clamp needed
+        u = self.fmul(self.fsub(m, self.fmul(cf, self.fc(1 / 64))), self.table(LN_INV_T, i))
+        p = self.fmul(self.fadd(self.fmul(self.fadd(self.fmul(self.fadd(self.fmul(u, self.fc(-0.25)), c["THIRD"]), u),
+                                                    self.fc(-0.5)), u), self.fc(1.0)), u)
+        kf = self.f.op("ConvertSToF", self.m.f32, k)                  # |k| <= 128: exact
+        hi = self.fadd(self.fmul(kf, c["LN2_HI"]), self.table(LN_HI_T, i))
+        lo = self.fadd(self.fmul(kf, c["LN2_LO"]), self.table(LN_LO_T, i))
+        out = self.bits(self.fadd(hi, self.fadd(lo, p)))
+        zero = self.b("IEqual", e, self.c(0))                          # +-0 (a denormal read as one)
+        out = self.sel(zero, self.c(0xFF800000), out)
+        out = self.sel(self.b("IEqual", xb, self.c(EXP)), self.c(EXP), out)
+        neg = self.b("LogicalAnd", self.b("INotEqual", self.u("BitwiseAnd", xb, self.c(SIGN)), self.c(0)),
+                     self.f.op("LogicalNot", self.m.bool, zero))
+        bad = self.b("LogicalOr", self.b("UGreaterThan", self.u("BitwiseAnd", xb, self.c(MAG)), self.c(EXP)), neg)
+        return self.flt(self.sel(bad, self.c(QNAN), out))
+
+    def ln1p(self, t):
+        """funcs.ln1p: ln u of u = 1 + t, plus (t - (u - 1))·recip(u); +inf -> +inf."""
+        one = self.fc(1.0)
+        u = self.fadd(one, t)
+        err = self.fsub(t, self.fsub(u, one))
+        out = self.bits(self.fadd(self.ln(u), self.fmul(err, self.recip(u))))
+        return self.flt(self.sel(self.b("IEqual", self.bits(t), self.c(EXP)), self.c(EXP), out))
+
+    def neg(self, x):
+        """-x: the sign bit flipped (exact, as numpy's negation)."""
+        return self.flt(self.u("BitwiseXor", self.bits(x), self.c(SIGN)))
+
+    def sigmoid(self, x):
+        """funcs.sigmoid: recip(1 + exp(-x))."""
+        return self.recip(self.fadd(self.fc(1.0), self.exp(self.neg(x))))
+
+    def silu(self, x):
+        """funcs.silu: x · sigmoid(x)."""
+        return self.fmul(x, self.sigmoid(x))
+
+    def softplus(self, u):
+        """funcs.softplus: u + exp(-u) when u > 16, else ln1p(exp(u)) (both made, one selected)."""
+        f32 = self.m.f32
+        big = self.b("FOrdGreaterThan", u, self.fc(16.0))
+        hi = self.fadd(u, self.exp(self.neg(u)))
+        lo = self.ln1p(self.exp(self.f.select(f32, big, self.fc(0.0), u)))
+        return self.f.select(f32, big, hi, lo)
 
     # ---- exact sums
     def bitlen64(self, x):

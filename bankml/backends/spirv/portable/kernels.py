@@ -1,7 +1,7 @@
 """The portable profile's kernels as SPIR-V: matvec (F16, Q8_0, Q4_1, Q1_0, Q2_0), RMSNorm,
-softmax, the int8-cache attention of one decode step, and Qwen3.5's conv and Gated-DeltaNet
-step, bit for bit the numpy spec (bankml/profiles/portable/; docs/spirv.md, "The portable
-kernels").
+softmax, the row reductions fmax/absmax/argmax, l2norm and hadamard, the elementwise functions,
+the int8-cache attention of one decode step, and Qwen3.5's conv and Gated-DeltaNet step, bit
+for bit the numpy spec (bankml/profiles/portable/; docs/spirv.md, "The portable kernels").
 
 Every float step is portable.emit's (NoContraction, flush and NaN by bit tests), every exact sum
 is integer (int64, a 384-bit accumulator where int64 is too narrow). The host quantizes
@@ -9,11 +9,14 @@ activations with the spec (quant.quantize_act) and uploads them in this layout:
 
     codes   the int8 codes, K bytes per row (u32 words)
     info    2 u32 per block of 32: m | bad << 8, e (two's complement)
-    tables  f32[192]: exp's 2^(j/64), recip's seeds, rsqrt's seeds (tables.py)
+    tables  f32[611]: exp's 2^(j/64), recip's and rsqrt's seeds, ln's 64/i, hi and lo (tables.py)
 
     k = PortableKernels(runtime.open_device(0))
     y = k.matvec(w_raw, wtype, quant.quantize_act(x[None]))      # f32[rows]
     y = k.rmsnorm(x, w, eps); y = k.softmax(x)                     # rows of the last axis
+    y = k.fmax(x); y = k.absmax(x); i = k.argmax(x)                # f32[rows], int64[rows]
+    y = k.l2norm(x, eps); y = k.hadamard(x)                        # rows of the last axis
+    y = k.unary("softplus", x)                                     # every element (funcs.<fn>)
     y = k.attention(q, k_rows, v_rows, mask, scale)                # one decode step, [H, D]
     y = k.attention_rows(q, k_rows, v_rows, masks, scale)          # M query rows, [M, H, D]
     y, state = k.conv(x, kernel, state)                            # gdn.conv token by token
@@ -29,16 +32,17 @@ from bankml.backends.spirv import builder as B
 from bankml.backends.spirv.portable.emit import EXP, QNAN, SIGN, Emit
 from bankml.errors import BankmlError
 from bankml.profiles.portable import gdn, quant
-from bankml.profiles.portable.tables import exp_table, recip_table, rsqrt_table
+from bankml.profiles.portable.tables import exp_table, ln_tables, recip_table, rsqrt_table
 from bankml.quants import F16, Q1_0, Q2_0, Q4_1, Q8_0, WEIGHT_TYPES
 
 LOCAL = 64
 MATVEC_TYPES = (F16, Q8_0, Q4_1, Q1_0, Q2_0)
+UNARY = ("exp", "recip", "rsqrt", "ln", "ln1p", "sigmoid", "silu", "softplus")
 _F32 = np.float32
 
 
 def tables_bytes() -> bytes:
-    return np.concatenate([exp_table(), recip_table(), rsqrt_table()]).astype("<f4").tobytes()
+    return np.concatenate([exp_table(), recip_table(), rsqrt_table(), *ln_tables()]).astype("<f4").tobytes()
 
 
 def act_buffers(a: quant.ActBlocks) -> tuple[bytes, bytes]:
@@ -300,7 +304,7 @@ def emit_rmsnorm(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
         x = _f32_at(e, xbuf, e.u("IAdd", base, i))
         return e.fmul(x, x)
     s = _fold(e, nn, sq, "sumsq")
-    r = e.rsqrt(e.fadd(e.div_n(s, n), e.flt(eps)))
+    r = e.rsqrt(e.fadd(e.div_n(s, n), e.canon(e.flt(eps))))           # a denormal eps reads as 0
     with f.loop(nn, "out") as i:
         y = e.fmul(_f32_at(e, xbuf, e.u("IAdd", base, i)), r)
         _store(e, obuf, e.u("IAdd", base, i), e.fmul(y, _f32_at(e, wbuf, i)))
@@ -361,9 +365,9 @@ def emit_softmax(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
 
 @functools.cache
 def emit_unary(fn: str, flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
-    """y[i] = funcs.<fn>(x[i]) for fn in exp, recip, rsqrt (the functions the kernels use; for
-    their own tests). Bindings: 0 x, 1 tables, 2 y. Push: n."""
-    if fn not in ("exp", "recip", "rsqrt"):
+    """y[i] = funcs.<fn>(x[i]) for fn in UNARY (exp, recip, rsqrt, ln, ln1p, sigmoid, silu,
+    softplus). Bindings: 0 x, 1 tables, 2 y. Push: n."""
+    if fn not in UNARY:
         raise BankmlError(f"portable SPIR-V: no unary kernel {fn!r}")
     k = _Module(flushing=flushing, rte=rte)
     m = k.m
@@ -394,6 +398,121 @@ def emit_binary(op: str, flushing: bool = False, rte: bool = True) -> tuple[int,
     return tuple(m.words())
 
 
+# ---- row reductions, l2norm, hadamard (funcs.py)
+def _row_module(flushing: bool, rte: bool, tables: bool, out_u32: bool = False, push=("rows", "n")):
+    """A module of one invocation per row of n: bindings 0 x f32[rows*n], (1 tables), then y (f32,
+    or u32). Returns (module, emitter, x, y, push values, row, row base, n (0 past the rows), valid)."""
+    k = _Module(flushing=flushing, rte=rte)
+    m = k.m
+    xbuf = k.buffer("x", m.f32)
+    if tables:
+        k.tables = k.buffer("tables", m.f32)
+    obuf = k.buffer("y", m.u32 if out_u32 else m.f32, writable=True)
+    e, vals, row = k.start(list(push))
+    valid = e.b("ULessThan", row, vals[0])
+    return k, e, xbuf, obuf, vals, row, e.u("IMul", row, vals[1]), e.sel(valid, vals[1], e.c(0)), valid
+
+
+@functools.cache
+def emit_fmax(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
+    """funcs.fmax over rows of n: the largest value, folded from -inf, a NaN passed over, a zero
+    maximum +0. One invocation per row. Bindings: 0 x f32[rows*n], 1 y f32[rows]. Push: rows, n."""
+    k, e, xbuf, obuf, _, row, base, nn, valid = _row_module(flushing, rte, False)
+    f, f32 = e.f, k.m.f32
+    mx = e.var(f32, "mx", e.flt(e.c(0xFF800000)))
+    with f.loop(nn, "max") as i:
+        v = _f32_at(e, xbuf, e.u("IAdd", base, i))
+        f.store(mx, f.select(f32, e.b("FOrdGreaterThan", v, f.load(f32, mx)), v, f.load(f32, mx)))
+    mb = e.bits(f.load(f32, mx))
+    zero = e.b("IEqual", e.u("BitwiseAnd", mb, e.c(0x7FFFFFFF)), e.c(0))
+    with f.if_then(valid, "store"):
+        _store(e, obuf, row, e.flt(e.sel(zero, e.c(0), mb)))
+    f.end()
+    return tuple(k.m.words())
+
+
+@functools.cache
+def emit_absmax(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
+    """funcs.absmax over rows of n: the largest magnitude, folded from +0, a denormal read as 0, a
+    NaN passed over (magnitudes compared as their bits). One invocation per row. Bindings: 0 x
+    f32[rows*n], 1 y f32[rows]. Push: rows, n."""
+    k, e, xbuf, obuf, _, row, base, nn, valid = _row_module(flushing, rte, False)
+    f, u32 = e.f, k.m.u32
+    amax = e.var(u32, "amax", e.c(0))
+    with f.loop(nn, "amax") as i:
+        mag = e.u("BitwiseAnd", e.bits(_f32_at(e, xbuf, e.u("IAdd", base, i))), e.c(0x7FFFFFFF))
+        up = e.b("LogicalAnd", e.b("ULessThanEqual", mag, e.c(EXP)), e.b("UGreaterThan", mag, f.load(u32, amax)))
+        f.store(amax, e.sel(up, mag, f.load(u32, amax)))
+    with f.if_then(valid, "store"):
+        _store(e, obuf, row, e.flt(f.load(u32, amax)))
+    f.end()
+    return tuple(k.m.words())
+
+
+@functools.cache
+def emit_argmax(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
+    """funcs.argmax over rows of n: the first index of the largest non-NaN value (the two zeros
+    equal; of a row of -inf and NaN the first -inf), 0 when every element is NaN. One invocation
+    per row. Bindings: 0 x f32[rows*n], 1 y u32[rows]. Push: rows, n."""
+    k, e, xbuf, obuf, _, row, base, nn, valid = _row_module(flushing, rte, False, out_u32=True)
+    f, m = e.f, k.m
+    best, idx = e.var(m.f32, "best", e.flt(e.c(0xFF800000))), e.var(m.u32, "idx", e.c(0))
+    found = e.var(m.u32, "found", e.c(0))
+    with f.loop(nn, "argmax") as i:
+        v = _f32_at(e, xbuf, e.u("IAdd", base, i))
+        first = e.b("IEqual", f.load(m.u32, found), e.c(0))
+        take = e.b("LogicalAnd", f.op("LogicalNot", m.bool, _is_nan(e, v)),
+                   e.b("LogicalOr", first, e.b("FOrdGreaterThan", v, f.load(m.f32, best))))
+        f.store(best, f.select(m.f32, take, v, f.load(m.f32, best)))
+        f.store(idx, e.sel(take, i, f.load(m.u32, idx)))
+        f.store(found, e.sel(take, e.c(1), f.load(m.u32, found)))
+    with f.if_then(valid, "store"):
+        f.store(f.chain(B.SC_STORAGE_BUFFER, m.u32, obuf, e.c(0), row), f.load(m.u32, idx))
+    f.end()
+    return tuple(m.words())
+
+
+@functools.cache
+def emit_l2norm(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
+    """funcs.l2norm over rows of n: x · rsqrt(fold_sum(x·x) + eps). One invocation per row.
+    Bindings: 0 x f32[rows*n], 1 tables, 2 y. Push: rows, n, eps bits."""
+    k, e, xbuf, obuf, (_, _, eps), row, base, nn, _ = _row_module(flushing, rte, True, push=("rows", "n", "eps"))
+    f = e.f
+
+    def sq(i):
+        x = _f32_at(e, xbuf, e.u("IAdd", base, i))
+        return e.fmul(x, x)
+    r = e.rsqrt(e.fadd(_fold(e, nn, sq, "sumsq"), e.canon(e.flt(eps))))
+    with f.loop(nn, "out") as i:
+        _store(e, obuf, e.u("IAdd", base, i), e.fmul(_f32_at(e, xbuf, e.u("IAdd", base, i)), r))
+    f.end()
+    return tuple(k.m.words())
+
+
+@functools.cache
+def emit_hadamard(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
+    """funcs.hadamard over rows of n = 2^L, in y: for h = 1, 2, 4, ..., n/2, each pair
+    (y[j], y[j+h]) of every 2h-block becomes (y[j] + y[j+h], y[j] - y[j+h]). One invocation per
+    row. Bindings: 0 x f32[rows*n], 1 y f32[rows*n]. Push: rows, n, L."""
+    k, e, xbuf, obuf, (_, n, L), row, base, nn, valid = _row_module(flushing, rte, False, push=("rows", "n", "L"))
+    f = e.f
+    with f.loop(nn, "copy") as i:
+        _store(e, obuf, e.u("IAdd", base, i), _f32_at(e, xbuf, e.u("IAdd", base, i)))
+    half = e.u("ShiftRightLogical", nn, e.c(1))
+    with f.loop(e.sel(valid, L, e.c(0)), "stage") as s:
+        h = e.u("ShiftLeftLogical", e.c(1), s)
+        with f.loop(half, "pair") as p:
+            # pair p: block p >> s (of 2h), offset p & (h - 1) in its lower half
+            lo = e.u("IAdd", e.u("ShiftLeftLogical", e.u("ShiftRightLogical", p, s), e.u("IAdd", s, e.c(1))),
+                     e.u("BitwiseAnd", p, e.u("ISub", h, e.c(1))))
+            a_at, b_at = e.u("IAdd", base, lo), e.u("IAdd", e.u("IAdd", base, lo), h)
+            a, b = _f32_at(e, obuf, a_at), _f32_at(e, obuf, b_at)
+            _store(e, obuf, a_at, e.fadd(a, b))
+            _store(e, obuf, b_at, e.fsub(a, b))
+    f.end()
+    return tuple(k.m.words())
+
+
 # ---- Qwen3.5's recurrence (gdn.py)
 @functools.cache
 def emit_conv(silu: bool, flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
@@ -419,8 +538,7 @@ def emit_conv(silu: bool, flushing: bool = False, rte: bool = True) -> tuple[int
             x = _f32_at(e, xbuf, e.u("IAdd", e.u("IMul", t, ch), c))
             y = e.fadd(f.load(m.f32, acc), e.fmul(x, _f32_at(e, wbuf, e.u("IAdd", wrow, keep))))
             if silu:                             # funcs.silu: y * recip(1 + exp(-y))
-                neg = e.flt(e.u("BitwiseXor", e.bits(y), e.c(SIGN)))
-                y = e.fmul(y, e.recip(e.fadd(e.fc(1.0), e.exp(neg))))
+                y = e.silu(y)
             _store(e, obuf, e.u("IAdd", e.u("IMul", t, ch), c), y)
             with f.loop(e.u("ISub", keep, e.c(1)), "shift") as j:        # the ring moves on by one
                 _store(e, sbuf, e.u("IAdd", srow, j), _f32_at(e, sbuf, e.u("IAdd", srow, e.u("IAdd", j, e.c(1)))))
@@ -772,8 +890,54 @@ class PortableKernels:
         out = p.run([x.tobytes(), self.tables, 4 * x.size], [rows, n], -(-rows // LOCAL), {2: (_F32, x.size)})
         return out[2].reshape(x.shape)
 
+    def _rows(self, x: np.ndarray) -> tuple[np.ndarray, int, int]:
+        """x as f32 rows of its last axis: (x, rows, n); n must be at least 1."""
+        x = np.ascontiguousarray(x, _F32)
+        n = x.shape[-1] if x.ndim else 0
+        if n < 1:
+            raise BankmlError(f"portable row kernel: rows of {list(x.shape)} are empty")
+        return x, x.size // n, n
+
+    def fmax(self, x: np.ndarray) -> np.ndarray:
+        """funcs.fmax over the last axis -> f32[...]."""
+        x, rows, n = self._rows(x)
+        p = self.program("fmax", emit_fmax(self.flushing, self.rte), 2, 2)
+        return p.run([x.tobytes(), 4 * rows], [rows, n], -(-rows // LOCAL), {1: (_F32, rows)})[1].reshape(x.shape[:-1])
+
+    def absmax(self, x: np.ndarray) -> np.ndarray:
+        """funcs.absmax over the last axis -> f32[...]."""
+        x, rows, n = self._rows(x)
+        p = self.program("absmax", emit_absmax(self.flushing, self.rte), 2, 2)
+        return p.run([x.tobytes(), 4 * rows], [rows, n], -(-rows // LOCAL), {1: (_F32, rows)})[1].reshape(x.shape[:-1])
+
+    def argmax(self, x: np.ndarray) -> np.ndarray:
+        """funcs.argmax over the last axis -> int64[...]."""
+        x, rows, n = self._rows(x)
+        p = self.program("argmax", emit_argmax(self.flushing, self.rte), 2, 2)
+        out = p.run([x.tobytes(), 4 * rows], [rows, n], -(-rows // LOCAL), {1: (np.uint32, rows)})[1]
+        return out.astype(np.int64).reshape(x.shape[:-1])
+
+    def l2norm(self, x: np.ndarray, eps: float) -> np.ndarray:
+        """funcs.l2norm(x, eps) over the last axis."""
+        x, rows, n = self._rows(x)
+        p = self.program("l2norm", emit_l2norm(self.flushing, self.rte), 3, 3)
+        out = p.run([x.tobytes(), self.tables, 4 * x.size], [rows, n, int(np.float32(eps).view(np.uint32))],
+                    -(-rows // LOCAL), {2: (_F32, x.size)})
+        return out[2].reshape(x.shape)
+
+    def hadamard(self, x: np.ndarray) -> np.ndarray:
+        """funcs.hadamard over the last axis (a power of two)."""
+        x, rows, n = self._rows(x)
+        if n & (n - 1):
+            raise BankmlError(f"portable hadamard: length {n} is not a power of two")
+        p = self.program("hadamard", emit_hadamard(self.flushing, self.rte), 2, 3)
+        out = p.run([x.tobytes(), 4 * x.size], [rows, n, n.bit_length() - 1], -(-rows // LOCAL),
+                    {1: (_F32, x.size)})
+        return out[1].reshape(x.shape)
+
     def unary(self, fn: str, x: np.ndarray) -> np.ndarray:
-        """funcs.exp / recip / rsqrt of every element."""
+        """funcs.<fn> of every element, fn in UNARY (exp, recip, rsqrt, ln, ln1p, sigmoid, silu,
+        softplus)."""
         x = np.ascontiguousarray(x, _F32)
         p = self.program(("unary", fn), emit_unary(fn, self.flushing, self.rte), 3, 1)
         return p.run([x.tobytes(), self.tables, 4 * x.size], [x.size], -(-x.size // LOCAL),
