@@ -167,6 +167,21 @@ def test_rms_norm_bits_equal_spec(shape):
         _same(out, want, f"nth={nth}")
 
 
+@pytest.mark.parametrize("op,eps", [(Op.RMS_NORM, 1e-40), (Op.L2_NORM, 3e-41)], ids=["rms_norm", "l2_norm"])
+def test_norms_read_a_denormal_eps_as_zero(op, eps):
+    """eps is an operand of the profile's add: a denormal one reads as 0 (rows whose squares sum
+    near 2^-124 show it)."""
+    shape = (4, 64)
+    order = po.RMS_NORM if op is Op.RMS_NORM else po.L2_NORM
+    g = _pgraph(_inp(0, shape))
+    n = g.add(Node(1, op, (0,), shape, "f32", "norm-0", order, {"eps": eps}))
+    x = (np.random.default_rng(1).standard_normal(shape) * np.float32(2.0 ** -62)).astype(np.float32)
+    spec = (lambda v: funcs.rmsnorm(v, None, eps)) if op is Op.RMS_NORM else (lambda v: funcs.l2norm(v, eps))
+    want = spec(x)
+    for nth, out in _run_all_nth(g, n, shape, np.float32, [x]):
+        _same(out, want, f"nth={nth}")
+
+
 @pytest.mark.parametrize("op", [Op.ADD, Op.MUL])
 @pytest.mark.parametrize("a_shape,b_shape", [((7, 576), (7, 576)), ((5, 4, 128), (128,)), ((3, 576), (1, 576)),
                                              ((3, 20), (20,)), ((6, 9), (6, 9))], ids=str)

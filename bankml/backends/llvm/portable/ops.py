@@ -45,6 +45,7 @@ from bankml.ir.node import Node
 from bankml.ir.ops import Op
 from bankml.profiles.portable import orders as po
 from bankml.profiles.portable import tables
+from bankml.profiles.portable.arith import canon
 
 NEG0 = -0.0
 
@@ -91,7 +92,7 @@ def _norm(m: ir.Module, n: Node, mean: bool) -> ir.Function:
     k = n.shape[-1]
     body = k - k % 8
     rows = size(b, dims, n.shape[:-1])
-    n_f, eps = f32(float(k)), f32(float(np.float32(n.params["eps"])))
+    n_f, eps = f32(float(k)), f32(float(canon(np.float32(n.params["eps"]))))      # a denormal eps reads as 0
     acc = b.alloca(v8f32, name="lanes")
     lo, hi = thread_range(b, rows, ith, nth)
     with for_range(b, lo, hi, name="row") as r:
