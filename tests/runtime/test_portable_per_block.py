@@ -161,3 +161,18 @@ def test_cli_run_and_ir_take_act_scaling():
     r = CliRunner().invoke(main, ["run", path, "--act-scaling", "PerBlock", "-p", "x", "-n", "1"])
     assert r.exit_code != 0 and "act_scaling PerBlock is the portable profile's" in r.output
     assert "Traceback" not in r.output
+
+
+def test_per_block_k_quant_and_q5_models_llvm_equals_reference():
+    """Q4_K_M mixes (Q4_K, Q6_K and a Q5_0 fallback) and Q5_1 under PerBlock: every row of llvm at
+    2 threads is the reference backend's, a prefill and a decode after it."""
+    for name in ("qwen35-small-q4_k_m", "llama-kq-q4_k_m", "smollm2-q5_1"):
+        toks = _tokens(7, 5)
+        with _load(name) as m:
+            want = m.session().prefill(toks, outputs="all").view(np.uint32)
+        with bankml.load(models.path(name), backend="llvm", threads=2, profile="portable", act_scaling="PerBlock",
+                         n_ctx=256) as m:
+            s = m.session()
+            rows = s.prefill(toks[:6], outputs="all")
+            assert np.array_equal(rows.view(np.uint32), want[:6]), name
+            assert np.array_equal(s.decode(toks[6]).view(np.uint32), want[6]), name

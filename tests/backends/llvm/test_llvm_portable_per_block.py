@@ -1,7 +1,8 @@
 """ActScaling PerBlock on llvm (backends/llvm/portable/per_block.py): QUANTIZE in blocks of 32,
 64, 128 and 256 gives quant.quantize_blocks' codes and scales, and MUL_MAT gives coded.dot_blocks'
-bits for Q8_0, Q4_1, Q1_0 and Q2_0, every column count, 1, 2 and 3 threads, with bad, zero and
-denormal blocks, ties, and terms far apart (Q4_1's two scales)."""
+bits for every block format, every column count, 1, 2 and 3 threads, with bad, zero and
+denormal blocks, ties, a last group shorter than 256, and terms far apart (the two scales of
+Q4_1, Q5_1 and Q4_K)."""
 from __future__ import annotations
 
 import functools
@@ -17,11 +18,12 @@ from llvm_kernel_util import compile_kernel, graph_of, run_kernel  # noqa: E402
 from bankml.ir.node import Node  # noqa: E402
 from bankml.ir.ops import Op  # noqa: E402
 from bankml.profiles.portable import coded, orders as po, quant  # noqa: E402
-from bankml.quants import Q1_0, Q2_0, Q4_1, Q8_0, WEIGHT_TYPES  # noqa: E402
+from bankml.quants import Q1_0, Q2_0, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0, WEIGHT_TYPES  # noqa: E402
+from tests.backends.llvm.test_llvm_portable_coded import weights  # noqa: E402
 from tests.backends.llvm.test_llvm_portable_matmul import (T_DIM, THREADS, activations, bits,  # noqa: E402
-                                                           edge_activations, weights)
+                                                           edge_activations)
 
-TYPES = [Q8_0, Q4_1, Q1_0, Q2_0]
+TYPES = [Q8_0, Q4_1, Q1_0, Q2_0, Q4_0, Q5_0, Q5_1, Q4_K, Q6_K]
 
 
 def pq8(a: quant.ActBlocks, block: int) -> np.ndarray:
@@ -75,11 +77,14 @@ def test_quantize_blocks_bits_equal_spec(block):
         assert np.array_equal(run_quantize(x, block, nth), want), f"block={block} nth={nth}"
 
 
-@pytest.mark.parametrize("t", TYPES, ids=[WEIGHT_TYPES[t].name for t in TYPES])
-@pytest.mark.parametrize("k", [256, 768])
+# 640: a last group of 128
+CASES = [(t, k) for t in TYPES for k in (256, 768, 640) if k % WEIGHT_TYPES[t].block == 0]
+
+
+@pytest.mark.parametrize("t,k", CASES, ids=[f"{WEIGHT_TYPES[t].name}-K{k}" for t, k in CASES])
 def test_mul_mat_blocks_bits_equal_spec(t, k):
     rng = np.random.default_rng(t * 1000 + k)
-    raw = weights(t, 29, k, rng)
+    raw = weights(t, 29, k, rng, far=t in (Q4_1, Q5_1, Q4_K))
     x = np.concatenate([activations(6, k, rng), edge_activations(k, rng)[[0, 1, 3, 5]]])
     block = WEIGHT_TYPES[t].block
     a = quant.quantize_blocks(x, block)
@@ -90,16 +95,25 @@ def test_mul_mat_blocks_bits_equal_spec(t, k):
             assert np.array_equal(bits(got), bits(want)), f"{WEIGHT_TYPES[t].name} T={cols} nth={nth}"
 
 
-def test_q4_1_terms_far_apart_round_once():
-    """Q4_1 blocks whose scale and min are 2^30 apart (the min term's bits far below the scale
-    term's, or above it): the two terms summed exactly and rounded once, as the spec."""
+@pytest.mark.parametrize("t", [Q4_1, Q5_1, Q4_K], ids=lambda t: WEIGHT_TYPES[t].name)
+def test_two_scales_far_apart_round_once(t):
+    """Blocks whose two scales are up to 2^30 apart (the second term's bits far below the first's,
+    or above them; past 58 aligned bits the lane takes round_terms): the two terms summed
+    exactly and rounded once, as the spec; 16 rows (two vectors of eight) and 19 (a tail)."""
     rng = np.random.default_rng(5)
-    n, k = 16, 256
-    d = rng.uniform(1, 2, (n, k // 32)) * rng.choice([-1, 1], (n, k // 32))
-    mins = d * np.where(rng.integers(0, 2, (n, k // 32)), 2.0 ** -22, 2.0 ** 14)
-    raw = weights(Q4_1, n, k, rng, d=np.clip(d, -6e4, 6e4), mins=np.clip(mins, -6e4, 6e4))
-    x = activations(5, k, rng)
-    a = quant.quantize_blocks(x, 32)
-    want = coded.dot_blocks(raw, Q4_1, a)
-    for nth in THREADS:
-        assert np.array_equal(bits(run_mul_mat(raw, Q4_1, pq8(a, 32), k, nth)), bits(want))
+    k = 256
+    for n in (16, 19):
+        raw = weights(t, n, k, rng)
+        blocks = raw.reshape(n, -1, WEIGHT_TYPES[t].block_bytes)
+        d = rng.uniform(2.0 ** 10, 2.0 ** 11, blocks.shape[:2]) * rng.choice([-1, 1], blocks.shape[:2])
+        m = d * np.where(rng.integers(0, 2, d.shape), 2.0 ** -30, 2.0 ** -2)
+        swap = rng.integers(0, 2, d.shape).astype(bool)                  # which of the two is the large one
+        d, m = np.where(swap, m, d), np.where(swap, d, m)
+        blocks[:, :, 0:2] = d.astype(np.float16)[..., None].view(np.uint8)
+        blocks[:, :, 2:4] = m.astype(np.float16)[..., None].view(np.uint8)
+        x = activations(5, k, rng)
+        a = quant.quantize_blocks(x, WEIGHT_TYPES[t].block)
+        want = coded.dot_blocks(raw, t, a)
+        for nth in THREADS:
+            got = run_mul_mat(raw, t, pq8(a, WEIGHT_TYPES[t].block), k, nth)
+            assert np.array_equal(bits(got), bits(want)), (WEIGHT_TYPES[t].name, n, nth)

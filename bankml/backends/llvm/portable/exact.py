@@ -3,6 +3,7 @@
     round_i64(b, s, x)    s * 2^x (s i64, x i32; scalars or vectors of equal lanes) rounded once
     round_terms(b, p, x)  sum_k p[k] * 2^x[k] (p, x <n x i64>) exactly, rounded once (a scalar f32)
     round_shifted(b, p, sh, xref, fits, x)  the same with the alignment made by the caller
+    round_lanes(b, [(p, x), ...])  per lane of <L x i64> terms, each lane's sum rounded once
 
 Rounding (arith.int_to_f32 / round_exact): the exact value is rounded to 24 significant bits,
 nearest even, at an unbounded exponent; a rounded value of 2^128 or more is +-inf, one below
@@ -90,6 +91,50 @@ def round_terms(b: ir.IRBuilder, p, x):
     r = b.phi(f32, name="exact")
     r.add_incoming(r_fast, fast_block)
     r.add_incoming(r_wide, wide_block)
+    return r
+
+
+def round_lanes(b: ir.IRBuilder, terms: list):
+    """Per lane, sum_k p_k * 2^x_k exactly, rounded once to f32: terms a list of (p, x), each
+    <L x i64>, lane l being one sum's term k (p_k = 0 no term). As round_terms lane by lane: in
+    i64 when every lane's terms, aligned at its least exponent, have at most 58 bits each (one
+    round_i64 of <L x i64>); otherwise each lane through round_terms (a rare branch)."""
+    vt = terms[0][0].type
+    L = vt.count
+    big = _const(vt, _BIG)
+    xm = big
+    for p, x in terms:
+        x_nz = b.select(b.icmp_signed("!=", p, _const(vt, 0)), x, big)
+        xm = b.select(b.icmp_signed("<", x_nz, xm), x_nz, xm)
+    xm = b.select(b.icmp_signed("==", xm, big), _const(vt, 0), xm)
+    fits, total = None, _const(vt, 0)
+    for p, x in terms:
+        sh = b.select(b.icmp_signed("!=", p, _const(vt, 0)), b.sub(x, xm), _const(vt, 0))
+        shc = b.select(b.icmp_unsigned("<", sh, _const(vt, 58)), sh, _const(vt, 58))
+        ap = b.select(b.icmp_signed("<", p, _const(vt, 0)), b.sub(_const(vt, 0), p), p)
+        ok = b.and_(b.icmp_unsigned("<=", sh, _const(vt, 58)),
+                    b.icmp_signed("==", b.lshr(ap, b.sub(_const(vt, 58), shc)), _const(vt, 0)))
+        fits = ok if fits is None else b.and_(fits, ok)
+        total = b.add(total, b.shl(p, shc))
+    all_fit = _reduce(b, "and", b.zext(fits, ir.VectorType(ir.IntType(8), L)))
+    ft = ir.VectorType(f32, L)
+    with b.if_else(b.icmp_unsigned("!=", all_fit, ir.IntType(8)(0)), likely=True) as (fast, slow):
+        with fast:
+            r_fast = round_i64(b, total, b.trunc(xm, ir.VectorType(i32, L)))
+            fast_block = b.block
+        with slow:
+            nt = ir.VectorType(i64, len(terms))
+            r_slow = ir.Constant(ft, ir.Undefined)
+            for lane in range(L):
+                ps, xs = ir.Constant(nt, ir.Undefined), ir.Constant(nt, ir.Undefined)
+                for k, (p, x) in enumerate(terms):
+                    ps = b.insert_element(ps, b.extract_element(p, i32(lane)), i32(k))
+                    xs = b.insert_element(xs, b.extract_element(x, i32(lane)), i32(k))
+                r_slow = b.insert_element(r_slow, round_terms(b, ps, xs), i32(lane))
+            slow_block = b.block
+    r = b.phi(ft, name="exact8")
+    r.add_incoming(r_fast, fast_block)
+    r.add_incoming(r_slow, slow_block)
     return r
 
 

@@ -11,11 +11,13 @@ rounded up at e = p - 13; (0, 0) for 0); each code rint(x·2^-e / m) by the spec
 exact f64 product and one f64 division (IEEE, correctly rounded), clamped to +-127; all 0 where
 m = 0 or bad. Threads split the blocks.
 
-MUL_MAT, per weight row (threads split the rows), column and weight block j: the block's exact
-integer dot Σ coef·code over its 32-element sub-blocks (i32: |.| <= 128·127), the term
-m·d_sig·dot at e + d_exp, and Q4_1's a·min_sig·Σcode at e + min_exp beside it, summed exactly
-and rounded once (portable.exact: round_i64, or round_terms for two terms); NaN where the
-activation block is bad; the blocks added in order from -0.0 (arith.add), the one NaN stored.
+MUL_MAT, every block format, eight weight rows at a time in the lanes of a vector (threads split
+the rows; a thread's last ones one by one), per column and weight block:
+the block's exact integer dots Σ coef·code and Σ offs·code over its 32-element sub-blocks
+(coded.sub_block; i32: |.| < 2^28), the terms m·a_sig·Σ coef·code at e + a_exp and, for two-
+scale formats (Q4_1, Q5_1, Q4_K), m·b_sig·Σ offs·code at e + b_exp, summed exactly and rounded
+once (portable.exact: round_i64, or round_lanes for two terms); NaN where the activation block
+is bad; the blocks added in order from -0.0 (arith.add), the one NaN stored.
 A weight with an infinite or NaN scale never gets here: load() refuses it (quant.check_readable).
 """
 from __future__ import annotations
@@ -24,18 +26,19 @@ from llvmlite import ir
 
 from bankml.backends.llvm.emit.core import f32, f64, for_range, i8, i16, i32, i64, intrinsic, size, thread_range, typed
 from bankml.backends.llvm.emit.simd import at, v32i8
-from bankml.backends.llvm.portable.exact import round_i64, round_terms
-from bankml.backends.llvm.portable.rows import (QNAN, add_f32, block_scale, canon_nan, pq8_bytes, reduce, splat_v,
-                                                start, sub_codes, sub_layout, v32f32, v32f64, v32i32, vconst)
+from bankml.backends.llvm.portable import coded
+from bankml.backends.llvm.portable.exact import round_i64, round_lanes
+from bankml.backends.llvm.portable.rows import (QNAN, add_f32, canon_nan, pq8_bytes, reduce, splat_v, start, v32f32,
+                                                v32f64, v32i32, vconst)
 from bankml.backends.llvm.registry import kernel
 from bankml.errors import LoweringError
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
 from bankml.profiles.portable import orders as po
-from bankml.quants import Q1_0, Q2_0, Q4_1, Q8_0, WEIGHT_TYPES
+from bankml.quants import Q1_0, Q2_0, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0, WEIGHT_TYPES
 
-TYPES = (Q8_0, Q4_1, Q1_0, Q2_0)
+TYPES = (Q8_0, Q4_1, Q1_0, Q2_0, Q4_0, Q5_0, Q5_1, Q4_K, Q6_K)      # every block format (coded.sub_block)
 _D = 127 << 9                    # quant._least_scale's 127·2^(17 - WIDE_BITS)
 
 
@@ -100,58 +103,70 @@ def define_mul_mat_blocks(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     wtype = int(w.params["ggml_type"]) if w.op is Op.WEIGHT else None
     if n.order != po.MUL_MAT_BLOCKS or wtype not in TYPES or xq.op is not Op.QUANTIZE \
             or xq.order != po.QUANTIZE_BLOCKS or xq.params.get("block") != WEIGHT_TYPES[wtype].block:
-        raise LoweringError(f"mul_mat {n.name or n.id}: portable llvm wants {po.MUL_MAT_BLOCKS.kernel} of a Q8_0, "
-                            f"Q4_1, Q1_0 or Q2_0 weight and a quantize per its block")
+        raise LoweringError(f"mul_mat {n.name or n.id}: portable llvm wants {po.MUL_MAT_BLOCKS.kernel} of a "
+                            f"block-format weight and a quantize per its block")
     N, K = w.shape
     B = WEIGHT_TYPES[wtype].block
     wrb, xrb = WEIGHT_TYPES[wtype].row_bytes(K), pq8_bytes(K, B)
-    do, mo, _ = sub_layout(wtype, 0)
     fn, b = start(m, n)
     out, wp, xp, ith, nth, dims = fn.args
     yp = typed(b, out, f32)
     M = size(b, dims, n.shape[:-1])
     lo, hi = thread_range(b, N, ith, nth)
-    acc = _slot(b, f32)
-    with for_range(b, lo, hi, name="r") as r:
-        row = b.gep(wp, [b.mul(r, i64(wrb))])
+
+    def rows(r0, L: int) -> None:
+        """Rows r0 .. r0 + L - 1 against every column, the rows in the lanes of <L x ..>."""
+        with b.goto_entry_block():
+            acc = b.alloca(ir.VectorType(f32, L))
+        wrows = [b.gep(wp, [b.mul(b.add(r0, i64(i)), i64(wrb))]) for i in range(L)]
         with for_range(b, 0, M, name="t") as t:
             col = b.gep(xp, [b.mul(t, i64(xrb))])
-            b.store(f32(-0.0), acc)
-            with for_range(b, 0, K // B, name="j") as j:
-                ab = b.mul(j, i64(B + 4))
-                dot, csum, base = i32(0), i32(0), None
-                for s in range(B // 32):                           # the block's sub-blocks of 32
-                    coef, base_s = sub_codes(b, wtype, row, b.add(b.mul(j, i64(B // 32)), i64(s)))
-                    base = base if base is not None else base_s
-                    codes = b.sext(b.load(at(b, col, b.add(ab, i64(32 * s)), v32i8), align=1), v32i32)
-                    dot = b.add(dot, reduce(b, "add", b.mul(coef, codes)))
-                    if mo is not None:
-                        csum = b.add(csum, reduce(b, "add", codes))
-                ae = b.sext(b.load(at(b, col, b.add(ab, i64(B)), i16), align=1), i32)
-                am = b.zext(b.load(at(b, col, b.add(ab, i64(B + 2)), i8), align=1), i64)
-                abad = b.icmp_unsigned("!=", b.load(at(b, col, b.add(ab, i64(B + 3)), i8), align=1), i8(0))
-                ws, wx, _ = block_scale(b, row, base, do)
-                p1 = b.mul(b.mul(am, b.sext(ws, i64)), b.sext(dot, i64))
-                if mo is None:
-                    y = round_i64(b, p1, b.add(ae, wx))
-                else:
-                    ms, mx, _ = block_scale(b, row, base, mo)
-                    p2 = b.mul(b.mul(am, b.sext(ms, i64)), b.sext(csum, i64))
-                    x1, x2 = (b.sext(b.add(ae, x), i64) for x in (wx, mx))
-                    y = round_terms(b, _pair(b, p1, p2), _pair(b, x1, x2))
-                y = b.select(abad, b.bitcast(i32(QNAN), f32), y)
-                b.store(add_f32(b, b.load(acc), y), acc)
-            b.store(canon_nan(b, b.load(acc)), b.gep(yp, [b.add(b.mul(t, i64(N)), r)]))
+            b.store(coded.splat(b, f32(-0.0), L), acc)
+            if K // 256:
+                with for_range(b, 0, K // 256, name="g") as gi:
+                    _blocks(b, wtype, wrows, col, gi, 8, acc)
+            if K % 256:
+                _blocks(b, wtype, wrows, col, i64(K // 256), K % 256 // 32, acc)
+            coded.store_lanes(b, canon_nan(b, b.load(acc)), b.gep(yp, [b.add(b.mul(t, i64(N)), r0)]))
+
+    coded.rows_by_eight(b, lo, hi, rows)
     b.ret_void()
     return fn
 
 
-def _pair(b: ir.IRBuilder, x, y):
-    """<x, y> (i64 lanes)."""
-    v = ir.Constant(ir.VectorType(i64, 2), ir.Undefined)
-    return b.insert_element(b.insert_element(v, x, i32(0)), y, i32(1))
+def _blocks(b: ir.IRBuilder, wtype: int, wrows: list, col, gi, nsub: int, acc) -> None:
+    """The weight blocks in group gi's nsub sub-blocks (a block is B / 32 of them) of each row of
+    wrows (lane i: row i), in order: each block's terms, a·Σ coef·code and b·Σ offs·code under
+    its activation block's scale, summed exactly and rounded once (exact.round_lanes), added
+    into acc; NaN for a bad activation block."""
+    B = WEIGHT_TYPES[wtype].block
+    per, L = B // 32, len(wrows)
+    for j0 in range(0, nsub, per):
+        ab = b.mul(b.add(b.mul(gi, i64(256 // B)), i64(j0 // per)), i64(B + 4))
+        ae = b.sext(b.load(at(b, col, b.add(ab, i64(B)), i16), align=1), i64)
+        am = b.zext(b.load(at(b, col, b.add(ab, i64(B + 2)), i8), align=1), i64)
+        abad = b.icmp_unsigned("!=", b.load(at(b, col, b.add(ab, i64(B + 3)), i8), align=1), i8(0))
+        codes = [b.load(at(b, col, b.add(ab, i64(32 * k)), v32i8), align=1) for k in range(per)]
+        sbs = [[coded.sub_block(b, wtype, row, gi, j0 + k) for row in wrows] for k in range(per)]
+        dot_a = coded.row_dots(b, sbs[0], codes[0])
+        for k in range(1, per):                          # Σ coef·code per row, |.| < 2^28
+            dot_a = b.add(dot_a, coded.row_dots(b, sbs[k], codes[k]))
+        terms = [coded.term(b, am, ae, [sb.a for sb in sbs[0]], dot_a)]     # the block's scales
+        if sbs[0][0].b is not None:                      # b·Σ offs·code: offs one value per sub-block
+            csums = [coded.code_sum(b, c) for c in codes]
+            dot_b = coded.vector(b, [_sum(b, [b.mul(c, sbs[k][i].offs) for k, c in enumerate(csums)])
+                                     for i in range(L)])
+            terms.append(coded.term(b, am, ae, [sb.b for sb in sbs[0]], dot_b))
+        if len(terms) == 1:
+            y = round_i64(b, terms[0][0], b.trunc(terms[0][1], ir.VectorType(i32, L)))
+        else:
+            y = round_lanes(b, terms)
+        y = b.select(abad, coded.splat(b, b.bitcast(i32(QNAN), f32), L), y)
+        b.store(add_f32(b, b.load(acc), y), acc)
 
 
-def _slot(b: ir.IRBuilder, t: ir.Type) -> ir.Value:
-    with b.goto_entry_block():
-        return b.alloca(t)
+def _sum(b: ir.IRBuilder, xs: list):
+    out = xs[0]
+    for x in xs[1:]:
+        out = b.add(out, x)
+    return out
