@@ -215,3 +215,71 @@ def test_rmsnorm_reads_a_denormal_eps_as_zero(kern):
     x = (np.random.default_rng(1).standard_normal((4, 64)) * np.float32(2.0 ** -62)).astype(np.float32)
     for eps in (1e-40, 3e-41):
         assert _same(kern.rmsnorm(x, None, eps), funcs.rmsnorm(x, None, eps)), eps
+
+
+# ---- attend_vector (attention over f32 rows)
+def _attend_inputs(H: int, n: int, D: int, seed: int):
+    """q [H, D], k and v [H, n, D]: head 0 plain, then a denormal in q, a NaN in v, one position
+    far above the rest (the other exps flush to 0), an inf in k, and denormal/zero rows."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((H, D)).astype(F32)
+    k = rng.standard_normal((H, n, D)).astype(F32)
+    v = (rng.standard_normal((H, n, D)) * 3).astype(F32)
+    specials = [
+        lambda: q.__setitem__((1, D // 3), F32(1e-40)),               # a denormal in q reads as 0
+        lambda: v.__setitem__((2, n // 2, D - 1), F32(np.nan)),       # a NaN value: its element NaN
+        lambda: k.__setitem__((3, n - 1), k[3, n - 1] + F32(60) * np.sign(q[3])),   # one far above
+        lambda: k.__setitem__((4, n // 3, D // 2), F32(np.inf)),      # a score of +-inf or NaN
+        lambda: (k.__setitem__(5, k[5] * F32(1e-22)),                 # flushed products
+                 v.__setitem__((5, 0), F32(-0.0))),
+        lambda: q.__setitem__(6, F32(0.0)),                           # every score 0: ties
+    ]
+    for f in specials[:H - 1]:
+        f()
+    return q, k, v
+
+
+@pytest.mark.parametrize("H,n,D", [(1, 1, 8), (7, 1, 64), (7, 13, 64), (7, 13, 20), (4, 40, 20), (2, 8, 3),
+                                   (3, 70, 64)])
+def test_attend_vector(kern, H, n, D):
+    from bankml.profiles.portable import attention
+    q, k, v = _attend_inputs(H, n, D, H * 100 + n * 10 + D)
+    for scale in (0.125, 1 / np.sqrt(D), 30.0):
+        with np.errstate(all="ignore"):
+            want = np.stack([attention.attend_vector(q[h], k[h], v[h], scale) for h in range(H)])
+            got = kern.attend_vector(q, k, v, scale)
+        assert _same(got, want), (scale, _diff(got, want))
+
+
+def test_attend_vector_named_cases(kern):
+    """The specials pinned: a score of +inf (inf - inf) or a NaN score makes the head NaN; a NaN in
+    v only its element; one position far above the rest takes the weight 1 exactly."""
+    from bankml.profiles.portable import attention
+    D, n = 16, 9
+    q = np.ones((4, D), F32)
+    k = np.zeros((4, n, D), F32)
+    v = np.arange(4 * n * D, dtype=F32).reshape(4, n, D)
+    k[0, 3, 5] = np.inf                                               # s_3 = +inf: every p NaN
+    v[1, 2, 7] = np.nan                                               # out[1, 7] NaN, the rest finite
+    k[2, 6] = 100.0                                                   # p = one-hot at 6
+    k[3, 4, 0] = np.nan
+    with np.errstate(all="ignore"):
+        got = kern.attend_vector(q, k, v, 0.25)
+        want = np.stack([attention.attend_vector(q[h], k[h], v[h], 0.25) for h in range(4)])
+    assert _same(got, want), _diff(got, want)
+    assert np.all(got.view(np.uint32)[[0, 3]] == 0x7FC00000)
+    assert np.isnan(got[1, 7]) and np.isfinite(np.delete(got[1], 7)).all()
+    assert _same(got[2], v[2, 6])
+    from bankml.errors import BankmlError
+    for bad in ((q, k[:, :0], v[:, :0]), (q[:, :8], k, v), (q, k, v[:, :5])):
+        with pytest.raises(BankmlError):
+            kern.attend_vector(*bad, 0.25)
+
+
+def test_attend_vector_module_passes_spirv_val():
+    words = list(PK.emit_attend_vector())
+    B.validate(words)
+    text = B.disassemble(words)
+    float_ops = set(re.findall(r"^\s*(%\S+) = Op(?:FAdd|FSub|FMul) ", text, re.M))
+    assert float_ops and float_ops <= set(re.findall(r"OpDecorate (%\S+) NoContraction", text))
+    assert "OpExtInst" not in text and "Fma" not in text and "OpFDiv" not in text

@@ -19,6 +19,7 @@ activations with the spec (quant.quantize_act) and uploads them in this layout:
     y = k.unary("softplus", x)                                     # every element (funcs.<fn>)
     y = k.attention(q, k_rows, v_rows, mask, scale)                # one decode step, [H, D]
     y = k.attention_rows(q, k_rows, v_rows, masks, scale)          # M query rows, [M, H, D]
+    y = k.attend_vector(q, k, v, scale)                            # f32 rows, attend_vector per head
     y, state = k.conv(x, kernel, state)                            # gdn.conv token by token
     y, state = k.gated_delta_net(q, k, v, g, beta, state, scale)   # gdn.gdn_row, per (head, row)
 """
@@ -816,6 +817,54 @@ def emit_attention(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
     return tuple(m.words())
 
 
+# ---- attention over f32 rows (attention.attend_vector)
+@functools.cache
+def emit_attend_vector(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
+    """attention.attend_vector of each head: one invocation per head (workgroups x = head).
+    s_j = fdot(k_j, q) * scale (lanes by element), p = softmax(s) (`_softmax_row`, from the
+    scores to the scratch's second half), out[d] = fdot over the positions of (v[j, d], p[j]) (lanes by position).
+    Bindings: 0 q f32[H*D], 1 k f32[H*n*D], 2 v f32[H*n*D], 3 tables, 4 scratch f32[2*H*n]
+    (the scores, then p), 5 out f32[H*D]. Push: H, n, D, scale bits."""
+    k = _Module(local=1, flushing=flushing, rte=rte)
+    m = k.m
+    qbuf, kbuf, vbuf = k.buffer("q", m.f32), k.buffer("k", m.f32), k.buffer("v", m.f32)
+    k.tables = k.buffer("tables", m.f32)
+    pbuf = k.buffer("p", m.f32, writable=True)
+    obuf = k.buffer("out", m.f32, writable=True)
+    e, (H, n, D, scale), h = k.start(["H", "n", "D", "scale"])
+    f = e.f
+    valid = e.b("ULessThan", h, H)
+    nn = e.sel(valid, n, e.c(0))
+    dd = e.sel(valid, D, e.c(0))
+    qbase, prow = e.u("IMul", h, D), e.u("IMul", h, n)
+    kvbase = e.u("IMul", e.u("IMul", h, n), D)
+    sc = e.canon(e.flt(scale))                                          # a denormal scale reads as 0
+    # 1. scores: fdot(k_j, q) (lanes by element), times scale
+    with f.loop(nn, "pos") as j:
+        krow = e.u("IAdd", kvbase, e.u("IMul", j, D))
+
+        def kq(i):
+            return e.fmul(_f32_at(e, kbuf, e.u("IAdd", krow, i)), _f32_at(e, qbuf, e.u("IAdd", qbase, i)))
+        _store(e, pbuf, e.u("IAdd", prow, j), e.fmul(_fold(e, D, kq, "kq"), sc))
+
+    # 2. p = softmax(s) into the scratch's second half (not in place: `_fold` reads its element 0
+    #    again for a last chunk's missing lanes, and the exp step writes what it reads)
+    prow2 = e.u("IAdd", e.u("IMul", H, n), prow)
+
+    def read(i, raw=False):
+        return _f32_at(e, pbuf, e.u("IAdd", prow2 if raw else prow, i))
+    _softmax_row(e, nn, read, lambda i, v: _store(e, pbuf, e.u("IAdd", prow2, i), v))
+
+    # 3. out[d] = fdot over the positions of (v[j, d], p[j]) (lanes by position)
+    with f.loop(dd, "out") as d:
+        def vp(j):
+            at = e.u("IAdd", kvbase, e.u("IAdd", e.u("IMul", j, D), d))
+            return e.fmul(_f32_at(e, vbuf, at), read(j, raw=True))
+        _store(e, obuf, e.u("IAdd", qbase, d), _fold(e, nn, vp, "vp"))
+    f.end()
+    return tuple(m.words())
+
+
 # ---- host side
 E_MIN, E_MAX = -136, 118          # the exponents quantize_act gives a finite f32 block
 
@@ -971,6 +1020,19 @@ class PortableKernels:
                     [H, H // Hkv, Hkv, D, n_kv, int(np.float32(scale).view(np.uint32))], (H, M),
                     {7: (_F32, M * H * D)})
         return out[7].reshape(M, H, D)
+
+    def attend_vector(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
+        """attention.attend_vector of each head: q f32 [H, D]; k, v f32 [H, n, D] (the cached
+        rows, n >= 1) -> f32 [H, D], one dispatch (one invocation per head)."""
+        q, k, v = (np.ascontiguousarray(a, _F32) for a in (q, k, v))
+        if q.ndim != 2 or k.ndim != 3 or k.shape != v.shape or k.shape[::2] != q.shape or 0 in k.shape:
+            raise BankmlError(f"portable attend_vector: q {list(q.shape)}, k {list(k.shape)} and v "
+                              f"{list(v.shape)} do not agree (q [H, D], k and v [H, n, D], none empty)")
+        H, n, D = k.shape
+        p = self.program("attend_vector", emit_attend_vector(self.flushing, self.rte), 6, 4)
+        out = p.run([q.tobytes(), k.tobytes(), v.tobytes(), self.tables, 8 * H * n, 4 * H * D],
+                    [H, n, D, int(np.float32(scale).view(np.uint32))], H, {5: (_F32, H * D)})
+        return out[5].reshape(H, D)
 
     def conv(self, x: np.ndarray, kernel: np.ndarray, state: np.ndarray, silu: bool = True
              ) -> tuple[np.ndarray, np.ndarray]:
