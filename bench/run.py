@@ -47,8 +47,9 @@ Peak memory: each process's max RSS, bankml's with the cache llama-bench gives t
 
 portable: tg128 of the portable profile (issue #15) against the ggml profile's, both bankml on
 --backend, each in its own child process, alternated --reps times (A then B, back to back: a
-busy machine slows both alike); best of each, ratio portable/ggml tokens/s (the bar is 0.8), for
---portable-models of --models (the portable profile builds llama, qwen3 and qwen35 graphs; not K-quants).
+busy machine slows both alike); best of each, ratio portable/ggml tokens/s (the bar is 0.8, for
+the default ActScaling Sub32), for --portable-models of --models (the portable profile builds
+llama, qwen3 and qwen35 graphs); a second row with act_scaling PerBlock (test "tg128 PerBlock").
 
 gen, serve: what a user runs, `bankml run` against `llama-completion` (greedy and the default
 chain, each --gen-tokens, cold and warm JIT cache) with the sampler's share of a token, and
@@ -139,10 +140,10 @@ def llama_bench(path: Path, threads: int, reps: int, prompt: int, gen: int) -> d
 # ---- the bankml side, each run in a child process (--one) ----
 
 def bankml_bench(path: Path, backend: str, threads: int, reps: int, pp: bool = True, tg: bool = True,
-                 profile: str = "ggml") -> dict:
+                 profile: str = "ggml", act_scaling: str = "Sub32") -> dict:
     """Warm throughput: pp512 and tg128 tokens/s, best of reps, after a warm-up that compiles."""
     m = bankml.load(path, backend=backend, threads=threads, n_ctx=512 if pp else 128, profile=profile,
-                    **CACHE)   # as llama-bench's
+                    act_scaling=act_scaling, **CACHE)   # as llama-bench's
     rng = np.random.default_rng(0)
     prompt = rng.integers(0, m.hparams.n_vocab, 512).tolist()
     warm = m.session()                                          # warm-up (and compile, for llvm):
@@ -233,8 +234,10 @@ def run_one(a: argparse.Namespace) -> dict:
         return {"gflops": fma_peak(a.threads)}
     if a.one_test == "sampler":
         return generation.sampler_share(path, a.backend, a.threads, int(a.n), a.seed, CACHE)
-    if a.one_test == "portable":
-        return bankml_bench(path, a.backend, a.threads, 1, pp=False, tg=True, profile=a.n)
+    if a.one_test == "portable":               # --n: ggml, portable or portable-PerBlock
+        profile, _, scaling = str(a.n).partition("-")
+        return bankml_bench(path, a.backend, a.threads, 1, pp=False, tg=True, profile=profile,
+                            act_scaling=scaling or "Sub32")
     return bankml_bench(path, a.backend, a.threads, a.reps, pp="pp" in rows, tg="tg" in rows)
 
 
@@ -252,14 +255,16 @@ def throughput_rows(name: str, path: Path, a: argparse.Namespace, rows: list[str
 
 
 def portable_rows(name: str, path: Path, a: argparse.Namespace) -> list[dict]:
-    """tg128 of the portable profile and of the ggml profile, alternated, best of --reps each."""
-    best = {"portable": 0.0, "ggml": 0.0}
+    """tg128 of the portable profile (Sub32 and PerBlock) and of the ggml profile, alternated, best
+    of --reps each."""
+    best = {"portable": 0.0, "portable-PerBlock": 0.0, "ggml": 0.0}
     for _ in range(a.reps):
         for profile in best:
             best[profile] = max(best[profile], bankml_child(path, a, "portable", profile)["tg128"])
-    return [{"model": name, "kind": "portable", "test": "tg128", "unit": "tok/s", "bankml": best["portable"],
-             "llama": best["ggml"], "ratio": best["portable"] / best["ggml"],
-             "note": "portable vs ggml profile (bankml both; the llama.cpp column is the ggml profile)"}]
+    return [{"model": name, "kind": "portable", "test": test, "unit": "tok/s", "bankml": best[key],
+             "llama": best["ggml"], "ratio": best[key] / best["ggml"],
+             "note": "portable vs ggml profile (bankml both; the llama.cpp column is the ggml profile)"}
+            for key, test in (("portable", "tg128"), ("portable-PerBlock", "tg128 PerBlock"))]
 
 
 def fresh_rows(name: str, path: Path, a: argparse.Namespace, lengths: list[int]) -> list[dict]:
@@ -473,7 +478,8 @@ def portable_md(rows: list[dict], a: argparse.Namespace) -> list[str]:
     return ["## Portable profile", "",
             f"tg128 of the portable profile (docs/PORTABLE.md) against the ggml profile's, both bankml on "
             f"{a.backend}, each in its own process, alternated, best of {a.reps}. The bar (issue 15): 0.8 on "
-            "SmolLM2 Q4_1 and the Bonsai-shaped Q1_0.", "",
+            "SmolLM2 Q4_1 and the Bonsai-shaped Q1_0, for the default ActScaling Sub32 (tg128); "
+            "\"tg128 PerBlock\" is load(act_scaling=\"PerBlock\").", "",
             "| model | test | portable tok/s | ggml profile tok/s | ratio |", "|---|---|---|---|---|"] + [
             f"| {r['model']} | {r['test']} | {r['bankml']:.2f} | {r['llama']:.2f} | {r['ratio']:.3f} |" for r in rows]
 
