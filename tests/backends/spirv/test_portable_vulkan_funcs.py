@@ -1,7 +1,8 @@
 """The portable profile's remaining functions as SPIR-V kernels on Vulkan (lavapipe in CI) equal
 their numpy definitions (bankml/profiles/portable/funcs.py) bit for bit: the row reductions
-fmax, absmax, argmax, l2norm and hadamard, and ln, ln1p, sigmoid, silu and softplus of every
-element; on the device and as the worst denormal-flushing device (`flushing`)."""
+fmax, absmax, argmax, l2norm and hadamard, ln, ln1p, sigmoid, silu and softplus of every
+element, and attend_vector; on the device and as the worst denormal-flushing device
+(`flushing`)."""
 from __future__ import annotations
 
 import re
@@ -9,32 +10,13 @@ import re
 import numpy as np
 import pytest
 
-from bankml.backends.spirv import builder as B, runtime
+from bankml.backends.spirv import builder as B
 from bankml.backends.spirv.portable import kernels as PK
 from bankml.profiles.portable import arith, funcs
+from tests.backends.spirv.test_portable_vulkan import _diff, _same, kern  # noqa: F401 (kern: the device fixture)
 
 F32 = np.float32
 ELEMENTWISE = ("ln", "ln1p", "sigmoid", "silu", "softplus")
-
-
-@pytest.fixture(scope="module", params=[False, True], ids=["device", "flushing"])
-def kern(request):
-    """The kernels as the device runs them, and as the worst device without DenormPreserve
-    would (every denormal add/mul result +0, products of +-2^-126 too): the bits must not change."""
-    k = PK.PortableKernels(runtime.open_device(0), flushing=request.param)
-    yield k
-    k.close()
-
-
-def _same(got, want) -> bool:
-    got, want = np.asarray(got, F32), np.asarray(want, F32)
-    return got.shape == want.shape and np.array_equal(got.view(np.uint32), want.view(np.uint32))
-
-
-def _diff(got, want) -> str:
-    g, w = np.asarray(got, F32).ravel(), np.asarray(want, F32).ravel()
-    bad = np.flatnonzero(g.view(np.uint32) != w.view(np.uint32))
-    return f"{bad.size} differ, first {bad[:5]}: {g[bad[:5]]} vs {w[bad[:5]]}"
 
 
 MODULES = {"fmax": PK.emit_fmax, "absmax": PK.emit_absmax, "argmax": PK.emit_argmax, "l2norm": PK.emit_l2norm,

@@ -39,7 +39,7 @@ from bankml.backends.llvm.portable import f64 as pf
 from bankml.backends.llvm.portable import funcs as pm
 from bankml.backends.llvm.emit.simd import psign, sums_us8
 from bankml.backends.llvm.portable.ops import NEG0, _check, _load, _vload, _vstore
-from bankml.backends.llvm.portable.rows import lane_sums, nearest_quotient
+from bankml.backends.llvm.portable.rows import lane_sums, least_scale, nearest_quotient
 from bankml.backends.llvm.portable.exact import room, round_shifted
 from bankml.backends.llvm.emit.core import (dim, f16, f32, f64, for_range, i1, i8, i16, i32, i64, intrinsic,
     new_function, thread_range, typed, v8f32)
@@ -49,7 +49,7 @@ from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
 from bankml.profiles.portable import orders as po
-from bankml.profiles.portable.quant import QK
+from bankml.profiles.portable.quant import QK, SUB_BITS, WIDE_BITS
 
 v8i32 = ir.VectorType(i32, 8)
 
@@ -79,34 +79,10 @@ def _all8(b: ir.IRBuilder, v: ir.Value) -> ir.Value:
     return b.icmp_unsigned("==", b.bitcast(v, ir.IntType(8)), ir.IntType(8)(255))
 
 
-def _act_scale(b: ir.IRBuilder, amax: ir.Value):
-    """quant.act_scale of a finite amax >= 0: (m, e) as i64."""
-    u = b.zext(pm.bits(b, amax), i64)
-    c = b.or_(b.and_(u, i64(0x7FFFFF)), i64(0x800000))
-    p = b.sub(b.and_(b.lshr(u, i64(23)), i64(255)), i64(127))
-    d13 = 127 << 13
-    m1 = b.udiv(b.add(c, i64(d13 - 1)), i64(d13))
-    m2 = b.udiv(b.add(c, i64(2 * d13 - 1)), i64(2 * d13))
-    small = b.icmp_signed("<=", m1, i64(15))
-    zero = b.fcmp_ordered("==", amax, f32(0.0))
-    m = b.select(zero, i64(0), b.select(small, m1, m2))
-    e = b.select(zero, i64(0), b.select(small, b.sub(p, i64(10)), b.sub(p, i64(9))))
-    return m, e
-
-
-def _wide_scale(b: ir.IRBuilder, amax: ir.Value):
-    """quant.wide_scale of a finite amax >= 0: (m, e) as i64, m in 128..255 ((0, 0) for 0)."""
-    u = b.zext(pm.bits(b, amax), i64)
-    c = b.or_(b.and_(u, i64(0x7FFFFF)), i64(0x800000))
-    p = b.sub(b.and_(b.lshr(u, i64(23)), i64(255)), i64(127))
-    d9 = 127 << 9
-    m1 = b.udiv(b.add(c, i64(d9 - 1)), i64(d9))
-    m2 = b.udiv(b.add(c, i64(2 * d9 - 1)), i64(2 * d9))
-    small = b.icmp_signed("<=", m1, i64(255))
-    zero = b.fcmp_ordered("==", amax, f32(0.0))
-    m = b.select(zero, i64(0), b.select(small, m1, m2))
-    e = b.select(zero, i64(0), b.select(small, b.sub(p, i64(14)), b.sub(p, i64(13))))
-    return m, e
+def _q_scale(b: ir.IRBuilder, amax: ir.Value, bits: int):
+    """quant.act_scale (bits 4) or quant.wide_scale (bits 8) of a finite amax >= 0: (m, e) as i64."""
+    m, e, _ = least_scale(b, pm.bits(b, amax), bits)
+    return b.zext(m, i64), b.sext(e, i64)
 
 
 def _pow2(b: ir.IRBuilder, e: ir.Value) -> ir.Value:
@@ -288,7 +264,7 @@ def _quantize_q(a: _Attn, t: _Task) -> tuple:
         abits = b.select(fin, pm.bits(b, ax), pm.const(v32i32, 0))           # |x| bits order as |x|
         umax = intrinsic(a.m, "llvm.vector.reduce.umax.v32i32", i32, [v32i32])
         amax = b.bitcast(b.call(umax, [abits]), f32)
-        mq, eq = _act_scale(b, b.select(blk_bad, f32(0.0), amax))
+        mq, eq = _q_scale(b, b.select(blk_bad, f32(0.0), amax), SUB_BITS)
         inv = _pow2(b, b.sub(i64(0), eq))
         div = b.sitofp(b.select(b.icmp_signed("==", mq, i64(0)), i64(1), mq), f64)
         zero_codes = b.or_(blk_bad, b.icmp_signed("==", mq, i64(0)))
@@ -323,7 +299,7 @@ def _quantize_head(a: _Attn, t: _Task) -> tuple:
         top = b.call(umax, [b.select(fin, pm.bits(b, ax), pm.const(v32i32, 0))])     # |x| bits order as |x|
         amax = b.select(b.icmp_unsigned(">", top, amax), top, amax)
         xs.append(x)
-    mq, eq = _wide_scale(b, b.select(bad, f32(0.0), b.bitcast(amax, f32)))
+    mq, eq = _q_scale(b, b.select(bad, f32(0.0), b.bitcast(amax, f32)), WIDE_BITS)
     inv = pm.splat(b, _pow2(b, b.sub(i64(0), eq)), v32f64)
     div = pm.splat(b, b.sitofp(b.select(b.icmp_signed("==", mq, i64(0)), i64(1), mq), f64), v32f64)
     zero_codes = pm.splat(b, b.or_(bad, b.icmp_signed("==", mq, i64(0))), ir.VectorType(i1, QK))

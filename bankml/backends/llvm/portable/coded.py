@@ -158,7 +158,18 @@ def define_mul_mat(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     matmul.define_mul_mat for TYPES)."""
     wtype = check(n, g)
     N, K = g[n.inputs[0]].shape
-    wrb, xrb = WEIGHT_TYPES[wtype].row_bytes(K), pq8_bytes(K)
+
+    def add_groups(b, wrows, col, gi, nsub, acc):
+        b.store(add_f32(b, b.load(acc), _group(b, wtype, wrows, col, gi, nsub)), acc)
+    return mul_mat_kernel(m, n, (N, K), (WEIGHT_TYPES[wtype].row_bytes(K), pq8_bytes(K)), add_groups)
+
+
+def mul_mat_kernel(m: ir.Module, n: Node, NK: tuple, row_bytes: tuple, add_groups) -> ir.Function:
+    """A mul_mat kernel of N x K weights (rows of row_bytes[0] bytes; activation rows of
+    row_bytes[1]): a thread's rows eight at a time in a vector's lanes (then one by one), each
+    against every column, an <L x f32> accumulator from -0.0 through add_groups(b, wrows, col,
+    gi, nsub, acc) for each group of 256 elements (then a shorter last), the one NaN stored."""
+    (N, K), (wrb, xrb) = NK, row_bytes
     fn, b = start(m, n)
     out, wp, xp, ith, nth, dims = fn.args
     yp = typed(b, out, f32)
@@ -174,9 +185,9 @@ def define_mul_mat(m: ir.Module, g: Graph, n: Node) -> ir.Function:
             b.store(splat(b, f32(-0.0), L), acc)
             if K // 256:
                 with for_range(b, 0, K // 256, name="g") as gi:
-                    b.store(add_f32(b, b.load(acc), _group(b, wtype, wrows, col, gi, 8)), acc)
+                    add_groups(b, wrows, col, gi, 8, acc)
             if K % 256:
-                b.store(add_f32(b, b.load(acc), _group(b, wtype, wrows, col, i64(K // 256), K % 256 // 32)), acc)
+                add_groups(b, wrows, col, i64(K // 256), K % 256 // 32, acc)
             store_lanes(b, canon_nan(b, b.load(acc)), b.gep(yp, [b.add(b.mul(t, i64(N)), r0)]))
 
     rows_by_eight(b, lo, hi, rows)

@@ -24,11 +24,11 @@ from __future__ import annotations
 
 from llvmlite import ir
 
-from bankml.backends.llvm.emit.core import f32, f64, for_range, i8, i16, i32, i64, intrinsic, size, thread_range, typed
+from bankml.backends.llvm.emit.core import f32, f64, for_range, i8, i16, i32, i64, intrinsic, size, thread_range
 from bankml.backends.llvm.emit.simd import at, v32i8
 from bankml.backends.llvm.portable import coded
 from bankml.backends.llvm.portable.exact import round_i64, round_lanes
-from bankml.backends.llvm.portable.rows import (QNAN, add_f32, canon_nan, pq8_bytes, reduce, splat_v, start, v32f32,
+from bankml.backends.llvm.portable.rows import (QNAN, add_f32, least_scale, pq8_bytes, reduce, splat_v, start, v32f32,
                                                 v32f64, v32i32, vconst)
 from bankml.backends.llvm.registry import kernel
 from bankml.errors import LoweringError
@@ -36,10 +36,10 @@ from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
 from bankml.profiles.portable import orders as po
+from bankml.profiles.portable.quant import WIDE_BITS
 from bankml.quants import Q1_0, Q2_0, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0, WEIGHT_TYPES
 
 TYPES = (Q8_0, Q4_1, Q1_0, Q2_0, Q4_0, Q5_0, Q5_1, Q4_K, Q6_K)      # every block format (coded.sub_block)
-_D = 127 << 9                    # quant._least_scale's 127·2^(17 - WIDE_BITS)
 
 
 @kernel(Op.QUANTIZE, order=po.QUANTIZE_BLOCKS, profile="portable")
@@ -67,15 +67,7 @@ def define_quantize_blocks(m: ir.Module, g: Graph, n: Node) -> ir.Function:
             big = reduce(b, "umax", b.and_(xc, vconst(v32i32, 0x7FFFFFFF)))   # |x| bits order as |x|
             amax = b.select(b.icmp_unsigned(">", big, amax), big, amax)
         bad = b.icmp_unsigned("!=", bad, i8(0))
-        amax = b.select(bad, i32(0), amax)
-        c = b.or_(b.and_(amax, i32(0x7FFFFF)), i32(0x800000))
-        p = b.sub(b.lshr(amax, i32(23)), i32(127))
-        m1 = b.udiv(b.add(c, i32(_D - 1)), i32(_D))
-        m2 = b.udiv(b.add(c, i32(2 * _D - 1)), i32(2 * _D))
-        small = b.icmp_unsigned("<=", m1, i32(255))
-        zero = b.icmp_unsigned("==", amax, i32(0))
-        ms = b.select(zero, i32(0), b.select(small, m1, m2))
-        e = b.select(zero, i32(0), b.select(small, b.sub(p, i32(14)), b.sub(p, i32(13))))
+        ms, e, zero = least_scale(b, b.select(bad, i32(0), amax), WIDE_BITS)
         pow2 = splat_v(b, b.bitcast(b.shl(b.zext(b.sub(i32(1023), e), i64), i64(52)), f64), 32)
         div = splat_v(b, b.uitofp(b.select(zero, i32(1), ms), f64), 32)
         ob = b.mul(ib, i64(B + 4))
@@ -107,31 +99,10 @@ def define_mul_mat_blocks(m: ir.Module, g: Graph, n: Node) -> ir.Function:
                             f"block-format weight and a quantize per its block")
     N, K = w.shape
     B = WEIGHT_TYPES[wtype].block
-    wrb, xrb = WEIGHT_TYPES[wtype].row_bytes(K), pq8_bytes(K, B)
-    fn, b = start(m, n)
-    out, wp, xp, ith, nth, dims = fn.args
-    yp = typed(b, out, f32)
-    M = size(b, dims, n.shape[:-1])
-    lo, hi = thread_range(b, N, ith, nth)
 
-    def rows(r0, L: int) -> None:
-        """Rows r0 .. r0 + L - 1 against every column, the rows in the lanes of <L x ..>."""
-        with b.goto_entry_block():
-            acc = b.alloca(ir.VectorType(f32, L))
-        wrows = [b.gep(wp, [b.mul(b.add(r0, i64(i)), i64(wrb))]) for i in range(L)]
-        with for_range(b, 0, M, name="t") as t:
-            col = b.gep(xp, [b.mul(t, i64(xrb))])
-            b.store(coded.splat(b, f32(-0.0), L), acc)
-            if K // 256:
-                with for_range(b, 0, K // 256, name="g") as gi:
-                    _blocks(b, wtype, wrows, col, gi, 8, acc)
-            if K % 256:
-                _blocks(b, wtype, wrows, col, i64(K // 256), K % 256 // 32, acc)
-            coded.store_lanes(b, canon_nan(b, b.load(acc)), b.gep(yp, [b.add(b.mul(t, i64(N)), r0)]))
-
-    coded.rows_by_eight(b, lo, hi, rows)
-    b.ret_void()
-    return fn
+    def add_blocks(b, wrows, col, gi, nsub, acc):
+        _blocks(b, wtype, wrows, col, gi, nsub, acc)
+    return coded.mul_mat_kernel(m, n, (N, K), (WEIGHT_TYPES[wtype].row_bytes(K), pq8_bytes(K, B)), add_blocks)
 
 
 def _blocks(b: ir.IRBuilder, wtype: int, wrows: list, col, gi, nsub: int, acc) -> None:

@@ -41,7 +41,6 @@ from bankml.quants import F16, Q1_0, Q2_0, Q4_1, Q8_0, WEIGHT_TYPES
 
 BLOCK_BYTES = 36                 # pq8 bytes per 32 values
 TYPES = (F16, Q8_0, Q4_1, Q1_0, Q2_0)
-_D = 127 << 13                   # quant._D
 
 v8i32, v8i64 = ir.VectorType(i32, 8), ir.VectorType(i64, 8)
 v32i32, v32i64, v32i16 = ir.VectorType(i32, 32), ir.VectorType(i64, 32), ir.VectorType(i16, 32)
@@ -93,6 +92,23 @@ def nearest_quotient(b: ir.IRBuilder, x, m):
     return b.call(intrinsic(b.module, f"llvm.roundeven.v{t.count}f64", t, [t]), [y])
 
 
+def least_scale(b: ir.IRBuilder, amax, bits: int):
+    """quant._least_scale of a finite amax >= 0 given by its bits (i32): (m, e, amax == 0), m and
+    e i32, m in 2^(bits-1)..2^bits - 1 the least with 127·m·2^e >= amax ((0, 0) for 0): with C
+    amax's 24-bit significand and p its exponent, m = ceil(C / (127·2^(17-bits))) at e = p - 6 -
+    bits, or past 2^bits - 1 half of it rounded up at e + 1."""
+    d = 127 << (17 - bits)
+    c = b.or_(b.and_(amax, i32(0x7FFFFF)), i32(0x800000))
+    p = b.sub(b.lshr(amax, i32(23)), i32(127))
+    m1 = b.udiv(b.add(c, i32(d - 1)), i32(d))
+    m2 = b.udiv(b.add(c, i32(2 * d - 1)), i32(2 * d))
+    small = b.icmp_unsigned("<=", m1, i32((1 << bits) - 1))
+    zero = b.icmp_unsigned("==", amax, i32(0))
+    m = b.select(zero, i32(0), b.select(small, m1, m2))
+    e = b.select(zero, i32(0), b.select(small, b.sub(p, i32(6 + bits)), b.sub(p, i32(5 + bits))))
+    return m, e, zero
+
+
 @kernel(Op.QUANTIZE, order=po.QUANTIZE, profile="portable")
 def define_quantize(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     x = g[n.inputs[0]]
@@ -111,15 +127,7 @@ def define_quantize(m: ir.Module, g: Graph, n: Node) -> ir.Function:
         xc = b.select(keep, xb, vconst(v32i32, 0))                       # canon; non-finite read as 0
         bad = b.icmp_unsigned("!=", reduce(b, "or", b.zext(nonfinite, ir.VectorType(i8, 32))), i8(0))
         amax = reduce(b, "umax", b.and_(xc, vconst(v32i32, 0x7FFFFFFF)))  # |x| bits order as |x|
-        amax = b.select(bad, i32(0), amax)
-        c = b.or_(b.and_(amax, i32(0x7FFFFF)), i32(0x800000))
-        p = b.sub(b.lshr(amax, i32(23)), i32(127))
-        m1 = b.udiv(b.add(c, i32(_D - 1)), i32(_D))
-        m2 = b.udiv(b.add(c, i32(2 * _D - 1)), i32(2 * _D))
-        small = b.icmp_unsigned("<=", m1, i32(15))
-        zero = b.icmp_unsigned("==", amax, i32(0))
-        ms = b.select(zero, i32(0), b.select(small, m1, m2))
-        e = b.select(zero, i32(0), b.select(small, b.sub(p, i32(10)), b.sub(p, i32(9))))
+        ms, e, zero = least_scale(b, b.select(bad, i32(0), amax), 4)
         # rint(x * 2^-e / m): 2^-e as f64 bits, then nearest_quotient, clamp
         pow2 = b.bitcast(b.shl(b.zext(b.sub(i32(1023), e), i64), i64(52)), f64)
         y = b.fmul(b.fpext(b.bitcast(xc, v32f32), v32f64), splat_v(b, pow2, 32))
