@@ -12,13 +12,11 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
-from llvm_kernel_util import compile_kernel, graph_of, run_kernel  # noqa: E402
+from llvm_kernel_util import compile_kernel, run_kernel  # noqa: E402
 
-from bankml.ir.node import Node  # noqa: E402
-from bankml.ir.ops import Op  # noqa: E402
-from bankml.profiles.portable import coded, orders as po, quant  # noqa: E402
+from bankml.profiles.portable import coded, quant  # noqa: E402
 from bankml.quants import F16, Q1_0, Q2_0, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0, WEIGHT_TYPES  # noqa: E402
-from tests.backends.llvm.test_llvm_portable_matmul import (T_DIM, THREADS, activations, bits,  # noqa: E402
+from tests.backends.llvm.test_llvm_portable_matmul import (T_DIM, THREADS, _graph, activations, bits,  # noqa: E402
                                                            edge_activations, pq8)
 
 CODED = [Q4_0, Q5_0, Q5_1, Q4_K, Q6_K]
@@ -46,14 +44,8 @@ def weights(t: int, n: int, k: int, rng, far: bool = False) -> np.ndarray:
 
 @functools.cache
 def _kernel(kind: str, t: int, k: int, n: int):
-    x = Node(0, Op.INPUT, (), (T_DIM, k), "f32", params={"input": "x"})
-    w = Node(1, Op.WEIGHT, (), (n, k), WEIGHT_TYPES[t].name, params={"tensor": "w", "ggml_type": t})
-    q = Node(2, Op.QUANTIZE, (0,), (T_DIM, k), po.ACT_TYPE, order=po.QUANTIZE, params={"type": po.ACT_TYPE})
-    mm = Node(3, Op.MUL_MAT, (1, 2), (T_DIM, n), "f32", name="mm", order=po.MUL_MAT)
-    ids = Node(4, Op.INPUT, (), (T_DIM,), "i32", params={"input": "ids"})
-    gr = Node(5, Op.GET_ROWS, (1, 4), (T_DIM, k), "f32", name="rows", order=po.GET_ROWS)
-    g = graph_of(x, w, q, mm, ids, gr)
-    g.meta["profile"] = "portable"
+    """(graph, node, compiled kernel) of test_llvm_portable_matmul's graph's "mm" or "rows" node."""
+    g, _, mm, gr = _graph(t, k, T_DIM, n)
     node = mm if kind == "mm" else gr
     return g, node, compile_kernel(g, node)
 
