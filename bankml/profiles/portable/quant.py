@@ -215,10 +215,11 @@ def round_groups(p: np.ndarray, x: np.ndarray, bad: np.ndarray, per: int) -> np.
     rounded once, NaN where `bad` [.., .., blocks] marks a block of the run, the runs added in
     order."""
     T, rows, nblk, _ = p.shape
+    whole = nblk // per * per
     runs = []
-    for lo, hi in ((0, nblk // per * per), (nblk // per * per, nblk)):       # whole runs, then a shorter last
+    for lo, hi, k in ((0, whole, per), (whole, nblk, nblk - whole)):         # whole runs, then a shorter last
         if hi > lo:
-            n, k = (hi - lo) // per or 1, per if hi - lo >= per else hi - lo
+            n = (hi - lo) // k
             r = round_exact(p[:, :, lo:hi].reshape(T, rows, n, -1), x[:, :, lo:hi].reshape(T, rows, n, -1))
             b = bad[:, :, lo:hi].reshape(*bad.shape[:2], n, k).any(-1)
             runs.append(np.where(b, F32(np.nan), r).astype(F32))

@@ -2,7 +2,7 @@
 QUANTIZE in order portable.quantize_blocks and MUL_MAT in order portable.dot_blocks, the bits of
 quant.quantize_blocks and coded.dot_blocks.
 
-The activation buffer is pq8 in blocks of the weight's own block B (32, 64 or 128): per block B
+The activation buffer is pq8 in blocks of the weight's own block B (32, 64, 128 or 256): per block B
 codes, then e (int16), m (uint8) and bad (uint8), as rows.py's blocks of 32.
 
 QUANTIZE, per block: x canonical; bad = any non-finite; amax the largest |x| bits; (m, e) by
@@ -12,13 +12,13 @@ exact f64 product and one f64 division (IEEE, correctly rounded), clamped to +-1
 m = 0 or bad. Threads split the blocks.
 
 MUL_MAT, every block format, eight weight rows at a time in the lanes of a vector (threads split
-the rows; a thread's last ones one by one), per column and weight block:
-the block's exact integer dots Σ coef·code and Σ offs·code over its 32-element sub-blocks
+the rows; a thread's last ones one by one; coded.mul_mat_kernel), per column and weight block: the
+block's exact integer dots Σ coef·code and Σ offs·code over its 32-element sub-blocks
 (coded.sub_block; i32: |.| < 2^28), the terms m·a_sig·Σ coef·code at e + a_exp and, for two-
 scale formats (Q4_1, Q5_1, Q4_K), m·b_sig·Σ offs·code at e + b_exp, summed exactly and rounded
 once (portable.exact: round_i64, or round_lanes for two terms); NaN where the activation block
 is bad; the blocks added in order from -0.0 (arith.add), the one NaN stored.
-A weight with an infinite or NaN scale never gets here: load() refuses it (quant.check_readable).
+A weight with an infinite or NaN scale never gets here: load() refuses it (coded.check_readable).
 """
 from __future__ import annotations
 
