@@ -26,6 +26,7 @@ from bankml.ir.ops import Op
 from bankml.profiles.portable import attention as A
 from bankml.profiles.portable import arith, funcs, quant
 from bankml.profiles.portable import orders as po
+from bankml.profiles.portable.quant import ActScaling
 from bankml.quants import F16, Q1_0, Q2_0, Q4_1, Q8_0, WEIGHT_TYPES
 from bankml.testing import models
 
@@ -542,11 +543,12 @@ def test_activation_exponents_beyond_quantize_acts_are_refused(device_kern):
 DEVICE_OPS = (Op.MUL_MAT, Op.RMS_NORM, Op.FLASH_ATTN, Op.SSM_CONV, Op.GATED_DELTA_NET)
 PORTABLE_ORDERS = {Op.MUL_MAT: po.MUL_MAT, Op.RMS_NORM: po.RMS_NORM, Op.FLASH_ATTN: po.FLASH_ATTN,
                    Op.SSM_CONV: po.SSM_CONV, Op.GATED_DELTA_NET: po.GATED_DELTA_NET}
+PER_BLOCK_ORDERS = {Op.MUL_MAT: po.MUL_MAT_BLOCKS, Op.FLASH_ATTN: po.FLASH_ATTN_BLOCKS}     # act_scaling PerBlock
 
 
-def _portable_key(op: Op) -> tuple:
-    """The reference backend's table entry of op in the portable profile."""
-    return ("portable", op, PORTABLE_ORDERS[op])
+def _portable_key(op: Op, order=None) -> tuple:
+    """The reference backend's table entry of op in the portable profile (its Sub32 order)."""
+    return ("portable", op, order or PORTABLE_ORDERS[op])
 
 
 def _spirv_lowerings(kern, calls: dict, outputs: list | None = None, flip: str | None = None) -> dict:
@@ -565,13 +567,15 @@ def _spirv_lowerings(kern, calls: dict, outputs: list | None = None, flip: str |
 
     def mul_mat(env, g, n, w, a):
         wtype = int(g[n.inputs[0]].params["ggml_type"])
-        return done(g, n, kern.mul_mat(w, wtype, a).reshape(*n.shape[:-1], -1))
+        dot = kern.mul_mat_blocks if n.order == po.MUL_MAT_BLOCKS else kern.mul_mat
+        return done(g, n, dot(w, wtype, a).reshape(*n.shape[:-1], -1))
 
     def rms_norm(env, g, n, x):
         return done(g, n, kern.rmsnorm(x, None, n.params["eps"]))
 
     def flash_attn(env, g, n, q, k, v, mask):
-        return done(g, n, kern.attention_rows(q, k, v, np.asarray(mask, F32), n.params["scale"]))
+        scaling = ActScaling.PER_BLOCK if n.order == po.FLASH_ATTN_BLOCKS else ActScaling.SUB32
+        return done(g, n, kern.attention_rows(q, k, v, np.asarray(mask, F32), n.params["scale"], scaling))
 
     def ssm_conv(env, g, n, x, w, state):
         y, state[...] = kern.conv(x, w, state, silu=False)
@@ -580,8 +584,10 @@ def _spirv_lowerings(kern, calls: dict, outputs: list | None = None, flip: str |
     def gated_delta_net(env, g, n, q, k, v, gate, beta, state):
         y, state[...] = kern.gated_delta_net(q, k, v, gate, beta, state, n.params["scale"])
         return done(g, n, y)
-    return {Op.MUL_MAT: mul_mat, Op.RMS_NORM: rms_norm, Op.FLASH_ATTN: flash_attn, Op.SSM_CONV: ssm_conv,
-            Op.GATED_DELTA_NET: gated_delta_net}
+    fns = {Op.MUL_MAT: mul_mat, Op.RMS_NORM: rms_norm, Op.FLASH_ATTN: flash_attn, Op.SSM_CONV: ssm_conv,
+           Op.GATED_DELTA_NET: gated_delta_net}
+    return {**{_portable_key(op): fn for op, fn in fns.items()},
+            **{_portable_key(op, order): fns[op] for op, order in PER_BLOCK_ORDERS.items()}}
 
 
 @contextlib.contextmanager
@@ -599,8 +605,8 @@ def _kernels_in_place(kern, outputs: list | None = None, flip: str | None = None
         return run_graph(g, env, trace)
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(ref_run, "run", counting_run)
-        for op, fn in _spirv_lowerings(kern, calls, outputs, flip).items():
-            mp.setitem(LOWERINGS.entries, _portable_key(op), fn)
+        for key, fn in _spirv_lowerings(kern, calls, outputs, flip).items():
+            mp.setitem(LOWERINGS.entries, key, fn)
         yield calls, in_graphs
 
 
@@ -608,13 +614,14 @@ def _kernels_in_place(kern, outputs: list | None = None, flip: str | None = None
 def _spec_outputs(outputs: list):
     """Inside, the reference backend's mul_mat, rms_norm and flash_attn (the numpy spec) append
     (op, node, value) of every call to outputs."""
+    keys = [_portable_key(op) for op in DEVICE_OPS] + [_portable_key(op, o) for op, o in PER_BLOCK_ORDERS.items()]
     with pytest.MonkeyPatch.context() as mp:
-        for op in DEVICE_OPS:
-            def recorded(env, g, n, *args, spec=LOWERINGS.entries[_portable_key(op)]):
+        for key in keys:
+            def recorded(env, g, n, *args, spec=LOWERINGS.entries[key]):
                 y = spec(env, g, n, *args)
                 outputs.append((n.op, n.name or n.id, np.array(y, F32)))
                 return y
-            mp.setitem(LOWERINGS.entries, _portable_key(op), recorded)
+            mp.setitem(LOWERINGS.entries, key, recorded)
         yield outputs
 
 
@@ -633,8 +640,9 @@ def _all_on_device(calls: dict, in_graphs: dict) -> bool:
     return calls == in_graphs and all(calls[op] for op in DEVICE_OPS[:3])
 
 
-def _load(name: str, n_ctx: int = 256):
-    return bankml.load(models.path(name), backend="reference", profile="portable", n_ctx=n_ctx)
+def _load(name: str, n_ctx: int = 256, act_scaling: str = "Sub32"):
+    return bankml.load(models.path(name), backend="reference", profile="portable", n_ctx=n_ctx,
+                       act_scaling=act_scaling)
 
 
 # model -> prompt tokens (as tests/runtime/test_portable_llvm.py; the 65-token prefill, and the
@@ -642,23 +650,28 @@ def _load(name: str, n_ctx: int = 256):
 SESSION_MODELS = {"smollm2-q4_1": 9, "smollm2-f16": 9, "smollm2-q8_0": 9, "smollm2-q2_0": 9,
                   "qwen3-small-q1_0": 65, "qwen3-small-f16": 9, "qwen3-small-q2_0": 9,
                   "qwen3-small-untied-q1_0": 9, "qwen3-small-untied-f16": 9, "qwen3-small-untied-q2_0": 9,
-                  "qwen35-small-q1_0": 65, "qwen35-small-f16": 9}
+                  "qwen35-small-q1_0": 65, "qwen35-small-f16": 9, "qwen35-small-q4_k_m": 9,
+                  "smollm2-q5_1": 9, "PerBlock:smollm2-q4_1": 9, "PerBlock:qwen3-small-q1_0": 9,
+                  "PerBlock:qwen35-small-q4_k_m": 9}
 CUTS = ((1, "all"), (7, "last"), (64, "last"))     # prefills of the first tokens, then a decode
 
 
 @pytest.mark.parametrize("name", list(SESSION_MODELS))
 def test_logits_rows_with_the_spirv_kernels_equal_the_specs(device_kern, name):
     """Every mul_mat, rms_norm and flash_attn (and a Qwen3.5's ssm_conv and gated_delta_net) on
-    lavapipe: the prefill of the whole prompt gives
+    lavapipe, Sub32 and ("PerBlock:" models) act_scaling PerBlock, every weight format (Q4_K_M's
+    Q4_K, Q6_K and Q5_0; Q5_1): the prefill of the whole prompt gives
     every op's output and every row of the reference's prefill bit for bit; prefills of its
     first 1, 7 and 64 tokens (all rows, or the last), each followed by a decode, give the same
     rows (a portable row does not depend on the cut: tests/runtime/test_portable_model.py)."""
     n = SESSION_MODELS[name]
+    scaling, _, model = name.rpartition(":")
+    load = lambda: _load(model, act_scaling=scaling or "Sub32")          # noqa: E731
     toks = np.random.default_rng(3).integers(0, 49152, n).tolist()
-    with _spec_outputs([]) as spec_ops, _load(name) as m:
+    with _spec_outputs([]) as spec_ops, load() as m:
         want = m.session().prefill(toks, outputs="all")
     device_ops = []
-    with _kernels_in_place(device_kern, device_ops) as (calls, in_graphs), _load(name) as m:
+    with _kernels_in_place(device_kern, device_ops) as (calls, in_graphs), load() as m:
         got = m.session().prefill(toks, outputs="all")
         assert _first_op_differing(device_ops, spec_ops) is None, _first_op_differing(device_ops, spec_ops)
         assert _same(got, want), f"prefill of {n}: {_diff(got, want)}"
@@ -671,7 +684,7 @@ def test_logits_rows_with_the_spirv_kernels_equal_the_specs(device_kern, name):
             row = s.decode(toks[cut])
             assert _same(row, want[cut]), f"decode after {cut}: {_diff(row, want[cut])}"
     assert _all_on_device(calls, in_graphs), (calls, in_graphs)
-    assert bool(calls[Op.GATED_DELTA_NET] and calls[Op.SSM_CONV]) == name.startswith("qwen35"), calls
+    assert bool(calls[Op.GATED_DELTA_NET] and calls[Op.SSM_CONV]) == model.startswith("qwen35"), calls
 
 
 @pytest.mark.parametrize("flip", ["logits", "mul_mat", "rms_norm", "flash_attn"])

@@ -1,4 +1,5 @@
-"""The portable profile's kernels as SPIR-V: matvec (F16, Q8_0, Q4_1, Q1_0, Q2_0), RMSNorm,
+"""The portable profile's kernels as SPIR-V: matvec (F16, Q8_0, Q4_1, Q1_0, Q2_0, Q4_0, Q5_0, Q5_1,
+Q4_K, Q6_K; Sub32, and PerBlock for the block formats), RMSNorm,
 softmax, the row reductions fmax/absmax/argmax, l2norm and hadamard, the elementwise functions,
 the int8-cache attention of one decode step, and Qwen3.5's conv and Gated-DeltaNet step, bit
 for bit the numpy spec (bankml/profiles/portable/; docs/spirv.md, "The portable kernels").
@@ -34,10 +35,10 @@ from bankml.backends.spirv.portable.emit import EXP, QNAN, SIGN, Emit
 from bankml.errors import BankmlError
 from bankml.profiles.portable import gdn, quant
 from bankml.profiles.portable.tables import exp_table, ln_tables, recip_table, rsqrt_table
-from bankml.quants import F16, Q1_0, Q2_0, Q4_1, Q8_0, WEIGHT_TYPES
+from bankml.quants import F16, Q1_0, Q2_0, Q4_0, Q4_1, Q4_K, Q5_0, Q5_1, Q6_K, Q8_0, WEIGHT_TYPES
 
 LOCAL = 64
-MATVEC_TYPES = (F16, Q8_0, Q4_1, Q1_0, Q2_0)
+MATVEC_TYPES = (F16, Q8_0, Q4_1, Q1_0, Q2_0, Q4_0, Q5_0, Q5_1, Q4_K, Q6_K)
 UNARY = ("exp", "recip", "rsqrt", "ln", "ln1p", "sigmoid", "silu", "softplus")
 _F32 = np.float32
 
@@ -175,7 +176,9 @@ def _is_nan(e: Emit, x: int) -> int:
 # ---- matvec
 def _decode(e: Emit, wtype: int, wbuf: int, rb: int, j: int):
     """Sub-block j (32 weights) of the row at byte rb: (weight(i) -> (int64 q, bad), ws, wx, bad,
-    (ms, mx) for Q4_1)."""
+    (ms, mx) or None): weight i is ws·2^wx·q (+ ms·2^mx), ms times the codes' sum in the dot.
+    Q4_1, Q5_1: ms the min; Q4_K: q = sc·nibble, ms = dmin's significand times -m (coded.py's
+    CodedRow: a·coef + b·offs, the sub-block's offs all -m); Q6_K: q = sc·(code - 32)."""
     if wtype == F16:
         def weight(i):
             elem = e.u("IAdd", e.u("ShiftLeftLogical", j, e.c(5)), i)
@@ -216,6 +219,67 @@ def _decode(e: Emit, wtype: int, wbuf: int, rb: int, j: int):
             byte = _u8(e, wbuf, e.u("IAdd", base, e.u("IAdd", e.u("ShiftRightLogical", t, e.c(2)), e.c(2))))
             code = e.u("BitFieldUExtract", byte, e.u("ShiftLeftLogical", e.u("BitwiseAnd", t, e.c(3)), e.c(1)), e.c(2))
             return e.sext64(e.u("ISub", code, e.c(1))), None
+        return weight, ws, wx, bad, None
+    if wtype in (Q4_0, Q5_0, Q5_1):
+        qh, qs = {Q4_0: (None, 2), Q5_0: (2, 6), Q5_1: (4, 8)}[wtype]
+        base = e.u("IAdd", rb, e.u("IMul", j, e.c(WEIGHT_TYPES[wtype].block_bytes)))
+        ws, wx, bad = _f16_parts(e, _u16(e, wbuf, base))
+
+        def code(i):                       # the low nibble (element i & 15, i >> 4 the half), the fifth bit
+            byte = _u8(e, wbuf, e.u("IAdd", base, e.u("IAdd", e.u("BitwiseAnd", i, e.c(15)), e.c(qs))))
+            c = e.u("BitFieldUExtract", byte, e.u("ShiftLeftLogical", e.u("ShiftRightLogical", i, e.c(4)), e.c(2)),
+                    e.c(4))
+            if qh is None:
+                return c
+            hb = _u8(e, wbuf, e.u("IAdd", base, e.u("IAdd", e.u("ShiftRightLogical", i, e.c(3)), e.c(qh))))
+            return e.u("BitwiseOr", c, e.u("ShiftLeftLogical",
+                                          e.u("BitFieldUExtract", hb, e.u("BitwiseAnd", i, e.c(7)), e.c(1)), e.c(4)))
+        if wtype == Q5_1:
+            ms, mx, mbad = _f16_parts(e, _u16(e, wbuf, e.u("IAdd", base, e.c(2))))
+            return (lambda i: (e.zext64(code(i)), None)), ws, wx, e.b("LogicalOr", bad, mbad), (ms, mx)
+        off = 8 if wtype == Q4_0 else 16
+        return (lambda i: (e.sext64(e.u("ISub", code(i), e.c(off))), None)), ws, wx, bad, None
+    if wtype in (Q4_K, Q6_K):
+        jj = e.u("BitwiseAnd", j, e.c(7))                                # sub-block in the superblock
+        base = e.u("IAdd", rb, e.u("IMul", e.u("ShiftRightLogical", j, e.c(3)), e.c(WEIGHT_TYPES[wtype].block_bytes)))
+    if wtype == Q4_K:
+        ws, wx, bad = _f16_parts(e, _u16(e, wbuf, base))
+        ds, dx, dbad = _f16_parts(e, _u16(e, wbuf, e.u("IAdd", base, e.c(2))))
+        # get_scale_min_k4(jj) of scales[12] at byte 4: bytes lo, lo + 4, lo + 8 (lo = jj & 3)
+        lo = e.u("BitwiseAnd", jj, e.c(3))
+        s0, s4, s8 = (_u8(e, wbuf, e.u("IAdd", base, e.u("IAdd", lo, e.c(4 + k)))) for k in (0, 4, 8))
+        high = e.b("UGreaterThanEqual", jj, e.c(4))
+        sc = e.sel(high, e.u("BitwiseOr", e.u("BitwiseAnd", s8, e.c(15)),
+                             e.u("ShiftLeftLogical", e.u("ShiftRightLogical", s0, e.c(6)), e.c(4))),
+                   e.u("BitwiseAnd", s0, e.c(63)))
+        mn = e.sel(high, e.u("BitwiseOr", e.u("ShiftRightLogical", s8, e.c(4)),
+                             e.u("ShiftLeftLogical", e.u("ShiftRightLogical", s4, e.c(6)), e.c(4))),
+                   e.u("BitwiseAnd", s4, e.c(63)))
+        qbase = e.u("IAdd", base, e.u("IAdd", e.c(16), e.u("ShiftLeftLogical", e.u("ShiftRightLogical", jj, e.c(1)),
+                                                             e.c(5))))
+        nsh = e.u("ShiftLeftLogical", e.u("BitwiseAnd", jj, e.c(1)), e.c(2))
+
+        def weight(i):                     # sc · nibble (0..945)
+            nib = e.u("BitFieldUExtract", _u8(e, wbuf, e.u("IAdd", qbase, i)), nsh, e.c(4))
+            return e.zext64(e.u("IMul", sc, nib)), None
+        # the second scale: dmin's significand times -m (|.| <= 2047·63), at dmin's exponent
+        return weight, ws, wx, e.b("LogicalOr", bad, dbad), (e.u("ISub", e.c(0), e.u("IMul", ds, mn)), dx)
+    if wtype == Q6_K:
+        ws, wx, bad = _f16_parts(e, _u16(e, wbuf, e.u("IAdd", base, e.c(208))))
+        h, kk = e.u("ShiftRightLogical", jj, e.c(2)), e.u("BitwiseAnd", jj, e.c(3))
+        qlb = e.u("IAdd", base, e.u("IAdd", e.u("ShiftLeftLogical", h, e.c(6)),
+                                    e.u("ShiftLeftLogical", e.u("BitwiseAnd", kk, e.c(1)), e.c(5))))
+        qhb = e.u("IAdd", base, e.u("IAdd", e.c(128), e.u("ShiftLeftLogical", h, e.c(5))))
+        lsh = e.u("ShiftLeftLogical", e.u("ShiftRightLogical", kk, e.c(1)), e.c(2))
+        hsh = e.u("ShiftLeftLogical", kk, e.c(1))
+        scb = e.u("IAdd", base, e.u("IAdd", e.c(192), e.u("ShiftLeftLogical", jj, e.c(1))))
+
+        def weight(i):                     # sc[2jj + i/16] · (code - 32), sc int8
+            low = e.u("BitFieldUExtract", _u8(e, wbuf, e.u("IAdd", qlb, i)), lsh, e.c(4))
+            hi2 = e.u("BitFieldUExtract", _u8(e, wbuf, e.u("IAdd", qhb, i)), hsh, e.c(2))
+            c = e.u("ISub", e.u("BitwiseOr", low, e.u("ShiftLeftLogical", hi2, e.c(4))), e.c(32))
+            sc = _s8(e, wbuf, e.u("IAdd", scb, e.u("ShiftRightLogical", i, e.c(4))))
+            return e.sext64(e.u("IMul", sc, c)), None
         return weight, ws, wx, bad, None
     raise BankmlError(f"portable SPIR-V matvec: no kernel for weight type {wtype}")
 
@@ -278,6 +342,74 @@ def emit_matvec(wtype: int, flushing: bool = False, rte: bool = True) -> tuple[i
         r = e.round_terms(P, X, f.load(u32, cnt))
         r = e.flt(e.sel(e.b("INotEqual", f.load(u32, bad), e.c(0)), e.c(QNAN), r))
         first = e.b("IEqual", g, e.c(0))
+        f.store(y, f.select(m.f32, first, r, e.fadd(f.load(m.f32, y), r)))
+    with f.if_then(valid, "store"):
+        _store(e, obuf, e.u("IAdd", e.u("IMul", k.gid_y, rows), row), f.load(m.f32, y))
+    f.end()
+    return tuple(m.words())
+
+
+BLOCK_TYPES = (Q8_0, Q4_1, Q1_0, Q2_0, Q4_0, Q5_0, Q5_1, Q4_K, Q6_K)     # PerBlock: every block format
+
+
+@functools.cache
+def emit_matvec_blocks(wtype: int, flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
+    """PerBlock's dot (coded.dot_blocks): activations quantized per the weight's own block of B
+    elements (quant.quantize_blocks, m in 128..255); per weight block the exact value of
+    am·2^ae·(Σ ws·dot at wx + Σ ms·csum at mx) (its B/32 sub-blocks share the block's
+    scales) rounded once, NaN where the activation block (or a scale) is bad, the blocks added
+    in order (the first as is). One invocation per (row, t) (workgroups of 64 rows, y = t).
+    Bindings: 0 weights (raw GGUF rows), 1 codes, 2 info (one entry per block of B), 3 y f32[T,
+    rows]. Push: rows, K/B, row bytes."""
+    per = WEIGHT_TYPES[wtype].block // 32
+    k = _Module(flushing=flushing, rte=rte)
+    m = k.m
+    wbuf, cbuf, ibuf = k.buffer("weights"), k.buffer("codes"), k.buffer("info")
+    obuf = k.buffer("y", m.f32, writable=True)
+    e, (rows, nblk, row_bytes), row = k.start(["rows", "nblk", "row_bytes"])
+    f = e.f
+    u32, u64 = m.u32, e.u64
+    valid = e.b("ULessThan", row, rows)
+    nb = e.sel(valid, nblk, e.c(0))
+    rb = e.u("IMul", row, row_bytes, name="rowbase")
+    t_blk = e.u("IMul", k.gid_y, nblk, name="act_block0")       # the activation row's first block
+    P, X = e.terms()
+    y = e.var(m.f32, "y", e.fc(0.0))
+    with f.loop(nb, "b") as bi:
+        ab = e.u("IAdd", t_blk, bi)
+        info0 = _word(e, ibuf, e.u("ShiftLeftLogical", ab, e.c(3)))
+        ae = _word(e, ibuf, e.u("IAdd", e.u("ShiftLeftLogical", ab, e.c(3)), e.c(4)))
+        amw = e.zext64(e.u("BitwiseAnd", info0, e.c(0xFF)))
+        abad = e.b("INotEqual", e.u("ShiftRightLogical", info0, e.c(8)), e.c(0))
+        wdot = e.var(u64, "wdot", e.c64(0))                    # Σ ws·dot of the block's sub-blocks
+        mdot = e.var(u64, "mdot", e.c64(0))                    # Σ ms·csum
+        wxv, mxv = e.var(u32, "wx", e.c(0)), e.var(u32, "mx", e.c(0))
+        bad = e.var(u32, "bad", e.sel(abad, e.c(1), e.c(0)))
+        with f.loop(e.c(per), "s") as sj:
+            j = e.u("IAdd", e.u("IMul", bi, e.c(per)), sj)       # the sub-block in the row
+            cbase = e.u("ShiftLeftLogical", e.u("IAdd", e.u("IMul", t_blk, e.c(per)), j), e.c(5))
+            weight, ws, wx, wbad, mins = _decode(e, wtype, wbuf, rb, j)
+            dot = e.var(u64, "dot", e.c64(0))
+            csum = e.var(u32, "csum", e.c(0))
+            with f.loop(e.c(32), "i") as i:
+                a = _s8(e, cbuf, e.u("IAdd", cbase, i))
+                q, _ = weight(i)
+                f.store(dot, e.w("IAdd", f.load(u64, dot), e.w("IMul", q, e.sext64(a))))
+                if mins is not None:
+                    f.store(csum, e.u("IAdd", f.load(u32, csum), a))
+            f.store(wdot, e.w("IAdd", f.load(u64, wdot), e.w("IMul", e.sext64(ws), f.load(u64, dot))))
+            f.store(wxv, wx)
+            if mins is not None:
+                ms, mx = mins
+                f.store(mdot, e.w("IAdd", f.load(u64, mdot), e.w("IMul", e.sext64(ms), e.sext64(f.load(u32, csum)))))
+                f.store(mxv, mx)
+            f.store(bad, e.sel(wbad, e.c(1), f.load(u32, bad)))
+        e.put_term(P, X, e.c(0), e.w("IMul", amw, f.load(u64, wdot)), e.u("IAdd", ae, f.load(u32, wxv)))
+        if mins is not None:
+            e.put_term(P, X, e.c(1), e.w("IMul", amw, f.load(u64, mdot)), e.u("IAdd", ae, f.load(u32, mxv)))
+        r = e.round_terms(P, X, e.c(1 if mins is None else 2))
+        r = e.flt(e.sel(e.b("INotEqual", f.load(u32, bad), e.c(0)), e.c(QNAN), r))
+        first = e.b("IEqual", bi, e.c(0))
         f.store(y, f.select(m.f32, first, r, e.fadd(f.load(m.f32, y), r)))
     with f.if_then(valid, "store"):
         _store(e, obuf, e.u("IAdd", e.u("IMul", k.gid_y, rows), row), f.load(m.f32, y))
@@ -907,17 +1039,38 @@ class PortableKernels:
         return self.mul_mat(w_raw, wtype, a)[0]
 
     def mul_mat(self, w_raw: np.ndarray, wtype: int, a: quant.ActBlocks) -> np.ndarray:
-        """quant.mul_mat(w_raw, wtype, a): activation rows a [T, K] -> f32 [T, rows], one dispatch."""
+        """coded.dot_sub32(w_raw, wtype, a) (quant.mul_mat for the types it reads): activation rows
+        a [T, K] -> f32 [T, rows], one dispatch."""
         w_raw = np.ascontiguousarray(w_raw, np.uint8)
         rows, row_bytes = w_raw.shape
         K = a.q.shape[-1]
-        if wtype not in MATVEC_TYPES or WEIGHT_TYPES[wtype].row_bytes(K) != row_bytes or K % 32:
+        if wtype not in MATVEC_TYPES or WEIGHT_TYPES[wtype].row_bytes(K) != row_bytes \
+                or K % max(32, WEIGHT_TYPES[wtype].block):
             raise BankmlError(f"portable matvec: {rows} rows of {row_bytes} bytes are not type {wtype} rows of {K}")
         _check_exponents(a)
         codes, info = act_buffers(a)
         p = self.program(("matvec", wtype), emit_matvec(wtype, self.flushing, self.rte), 4, 3)
         T = a.q.size // K
         out = p.run([w_raw.tobytes(), codes, info, 4 * rows * T], [rows, K // 32, row_bytes],
+                    (-(-rows // LOCAL), T), {3: (_F32, rows * T)})
+        return out[3].reshape(T, rows)
+
+    def mul_mat_blocks(self, w_raw: np.ndarray, wtype: int, a: quant.ActBlocks) -> np.ndarray:
+        """coded.dot_blocks(w_raw, wtype, a) (PerBlock): activation rows a [T, K] quantized per the
+        weight's block (quant.quantize_blocks(x, coded.block_of(wtype))) -> f32 [T, rows]."""
+        w_raw = np.ascontiguousarray(w_raw, np.uint8)
+        rows, row_bytes = w_raw.shape
+        K = a.q.shape[-1]
+        if wtype not in BLOCK_TYPES or WEIGHT_TYPES[wtype].row_bytes(K) != row_bytes or K % WEIGHT_TYPES[wtype].block:
+            raise BankmlError(f"portable matvec: {rows} rows of {row_bytes} bytes are not type {wtype} rows of {K}")
+        nblk = K // WEIGHT_TYPES[wtype].block
+        if a.m.shape[-1] != nblk:
+            raise BankmlError(f"portable matvec: {a.m.shape[-1]} activation blocks per row, not {nblk} "
+                              f"(PerBlock: blocks of the weight's {WEIGHT_TYPES[wtype].block})")
+        codes, info = act_buffers(a)
+        p = self.program(("matvec_blocks", wtype), emit_matvec_blocks(wtype, self.flushing, self.rte), 4, 3)
+        T = a.q.size // K
+        out = p.run([w_raw.tobytes(), codes, info, 4 * rows * T], [rows, nblk, row_bytes],
                     (-(-rows // LOCAL), T), {3: (_F32, rows * T)})
         return out[3].reshape(T, rows)
 
@@ -999,21 +1152,30 @@ class PortableKernels:
         return p.run([a.tobytes(), b.tobytes(), 4 * a.size], [a.size], -(-a.size // LOCAL),
                      {2: (_F32, a.size)})[2].reshape(a.shape)
 
-    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, scale: float) -> np.ndarray:
-        """attention.attention(q[None], k, v, mask[None], scale)[0]: q f32 [H, D]; k, v cache rows
-        [n_kv, Hkv] (n_kv a multiple of 32); mask f32 [n_kv] -> f32 [H, D]."""
-        return self.attention_rows(np.asarray(q)[None], k, v, np.asarray(mask)[None], scale)[0]
+    def attention(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, scale: float,
+                  scaling: quant.ActScaling = quant.ActScaling.SUB32) -> np.ndarray:
+        """attention.attention(q[None], k, v, mask[None], scale, scaling)[0]: q f32 [H, D]; k, v
+        cache rows [n_kv, Hkv] (n_kv a multiple of 32); mask f32 [n_kv] -> f32 [H, D]."""
+        return self.attention_rows(np.asarray(q)[None], k, v, np.asarray(mask)[None], scale, scaling)[0]
 
-    def attention_rows(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, scale: float
-                       ) -> np.ndarray:
-        """attention.attention(q, k, v, mask, scale) in one dispatch: q f32 [M, H, D]; k, v cache
-        rows [n_kv, Hkv] (n_kv a multiple of 32); mask f32 [M, n_kv] -> f32 [M, H, D]."""
+    def attention_rows(self, q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, scale: float,
+                       scaling: quant.ActScaling = quant.ActScaling.SUB32) -> np.ndarray:
+        """attention.attention(q, k, v, mask, scale, scaling) in one dispatch: q f32 [M, H, D]; k, v
+        cache rows [n_kv, Hkv] (n_kv a multiple of 32); mask f32 [M, n_kv] -> f32 [M, H, D]. Under
+        PerBlock each head is one block of wide scale, its m and e given to every block of 32 (the
+        exact score is the one term's, as attention.attention computes it)."""
         M, H, D = q.shape
         n_kv, Hkv = k.shape
         if n_kv % 32 or D % 32 or H % Hkv or np.shape(mask) != (M, n_kv):
             raise BankmlError(f"portable attention: n_kv {n_kv} and D {D} must be multiples of 32, H {H} of Hkv "
                               f"{Hkv}, the mask [{M}, {n_kv}] not {list(np.shape(mask))}")
-        codes, info = act_buffers(quant.quantize_act(np.asarray(q, _F32).reshape(M * H, D)))
+        rows = np.asarray(q, _F32).reshape(M * H, D)
+        if scaling is quant.ActScaling.PER_BLOCK:
+            w = quant.quantize_blocks(rows, D)
+            a = quant.ActBlocks(w.q, *(np.repeat(f, D // 32, -1) for f in (w.m, w.e, w.bad)))
+        else:
+            a = quant.quantize_act(rows)
+        codes, info = act_buffers(a)
         p = self.program("attention", emit_attention(self.flushing, self.rte), 8, 6)
         out = p.run([codes, info, np.ascontiguousarray(k).tobytes(), np.ascontiguousarray(v).tobytes(),
                      np.ascontiguousarray(mask, _F32).tobytes(), self.tables, 4 * M * H * n_kv, 4 * M * H * D],
