@@ -20,7 +20,8 @@ import bankml
 from bankml.backends.reference import run as ref_run  # its import fills LOWERINGS
 from bankml.backends.reference.lowerings import LOWERINGS
 from bankml.backends.spirv import builder as B, runtime
-from bankml.backends.spirv.portable import kernels as PK
+from bankml.backends.spirv.portable import kernels as PK, quantize as SQ
+from bankml.backends.spirv.portable.rope import rope_run
 from bankml.gguf.reader import read_gguf
 from bankml.ir.ops import Op
 from bankml.profiles.portable import attention as A
@@ -540,10 +541,23 @@ def test_activation_exponents_beyond_quantize_acts_are_refused(device_kern):
 
 
 # ---- whole sessions with the kernels in place of the spec's ops
-DEVICE_OPS = (Op.MUL_MAT, Op.RMS_NORM, Op.FLASH_ATTN, Op.SSM_CONV, Op.GATED_DELTA_NET)
+DEVICE_OPS = (Op.MUL_MAT, Op.RMS_NORM, Op.FLASH_ATTN, Op.SSM_CONV, Op.GATED_DELTA_NET, Op.QUANTIZE, Op.ROPE,
+              Op.SET_ROWS)
 PORTABLE_ORDERS = {Op.MUL_MAT: po.MUL_MAT, Op.RMS_NORM: po.RMS_NORM, Op.FLASH_ATTN: po.FLASH_ATTN,
-                   Op.SSM_CONV: po.SSM_CONV, Op.GATED_DELTA_NET: po.GATED_DELTA_NET}
-PER_BLOCK_ORDERS = {Op.MUL_MAT: po.MUL_MAT_BLOCKS, Op.FLASH_ATTN: po.FLASH_ATTN_BLOCKS}     # act_scaling PerBlock
+                   Op.SSM_CONV: po.SSM_CONV, Op.GATED_DELTA_NET: po.GATED_DELTA_NET, Op.QUANTIZE: po.QUANTIZE,
+                   Op.ROPE: po.ROPE, Op.SET_ROWS: po.SET_ROWS}
+PER_BLOCK_ORDERS = {Op.MUL_MAT: po.MUL_MAT_BLOCKS, Op.FLASH_ATTN: po.FLASH_ATTN_BLOCKS,      # act_scaling PerBlock
+                    Op.QUANTIZE: po.QUANTIZE_BLOCKS}
+
+
+def _record(y) -> np.ndarray:
+    """An op's output as one array to compare by bits: f32 values as they are, the bytes of
+    activation blocks (codes, m, e, bad) and of cache rows as values."""
+    if isinstance(y, quant.ActBlocks):
+        return np.concatenate([np.frombuffer(np.ascontiguousarray(f).tobytes(), np.uint8) for f in y]).astype(F32)
+    if y.dtype.names:
+        return np.frombuffer(np.ascontiguousarray(y).tobytes(), np.uint8).astype(F32)
+    return np.array(y, F32)
 
 
 def _portable_key(op: Op, order=None) -> tuple:
@@ -552,9 +566,9 @@ def _portable_key(op: Op, order=None) -> tuple:
 
 
 def _spirv_lowerings(kern, calls: dict, outputs: list | None = None, flip: str | None = None) -> dict:
-    """mul_mat, rms_norm, flash_attn, ssm_conv and gated_delta_net of the reference backend's
-    portable table, run by the SPIR-V kernels (one dispatch each; the recurrent states written
-    back in place, as the reference lowerings leave them).
+    """mul_mat, rms_norm, flash_attn, ssm_conv, gated_delta_net, quantize, rope and set_rows of the
+    reference backend's portable table, run by the SPIR-V kernels (one dispatch each; the
+    recurrent states and the cache rows written back in place, as the reference lowerings do).
     outputs: gets (op, node, value) of every call. flip: the first call of that op (or the
     logits' mul_mat, "logits") flips the low bit of its first value (a device one bit off)."""
     def done(g, n, y):
@@ -562,7 +576,7 @@ def _spirv_lowerings(kern, calls: dict, outputs: list | None = None, flip: str |
         if flip == n.op.value and calls[n.op] == 1 or flip == "logits" and n.id == g.outputs.get("logits"):
             y.reshape(-1).view(np.uint32)[0] ^= 1
         if outputs is not None:
-            outputs.append((n.op, n.name or n.id, y.copy()))
+            outputs.append((n.op, n.name or n.id, _record(y)))
         return y
 
     def mul_mat(env, g, n, w, a):
@@ -584,16 +598,30 @@ def _spirv_lowerings(kern, calls: dict, outputs: list | None = None, flip: str |
     def gated_delta_net(env, g, n, q, k, v, gate, beta, state):
         y, state[...] = kern.gated_delta_net(q, k, v, gate, beta, state, n.params["scale"])
         return done(g, n, y)
+    def quantize(env, g, n, x):
+        rows = x.reshape(-1, x.shape[-1])
+        if n.order == po.QUANTIZE_BLOCKS:
+            return done(g, n, SQ.quantize_blocks(kern, rows, n.params["block"]))
+        return done(g, n, SQ.quantize_act(kern, rows))
+
+    def rope(env, g, n, x, pos):
+        p = n.params
+        assert p["ext_factor"] == 0 and p["attn_factor"] == 1
+        return done(g, n, rope_run(kern, x, pos, p["n_dims"], p["freq_base"], p["freq_scale"], p["mode"]))
+
+    def set_rows(env, g, n, cache, values, pos):
+        cache[pos] = SQ.cache_rows(kern, values)
+        return done(g, n, cache[: n.shape[0]])
     fns = {Op.MUL_MAT: mul_mat, Op.RMS_NORM: rms_norm, Op.FLASH_ATTN: flash_attn, Op.SSM_CONV: ssm_conv,
-           Op.GATED_DELTA_NET: gated_delta_net}
+           Op.GATED_DELTA_NET: gated_delta_net, Op.QUANTIZE: quantize, Op.ROPE: rope, Op.SET_ROWS: set_rows}
     return {**{_portable_key(op): fn for op, fn in fns.items()},
             **{_portable_key(op, order): fns[op] for op, order in PER_BLOCK_ORDERS.items()}}
 
 
 @contextlib.contextmanager
 def _kernels_in_place(kern, outputs: list | None = None, flip: str | None = None):
-    """Inside, reference-backend runs of the portable profile lower mul_mat, rms_norm and
-    flash_attn to the SPIR-V kernels. Yields {op: device dispatches} and {op: that op's nodes in
+    """Inside, reference-backend runs of the portable profile lower DEVICE_OPS to the SPIR-V
+    kernels. Yields {op: device dispatches} and {op: that op's nodes in
     the graphs run}: equal when every one of them ran on the device."""
     calls, in_graphs = dict.fromkeys(DEVICE_OPS, 0), dict.fromkeys(DEVICE_OPS, 0)
     run_graph = ref_run.run
@@ -619,7 +647,7 @@ def _spec_outputs(outputs: list):
         for key in keys:
             def recorded(env, g, n, *args, spec=LOWERINGS.entries[key]):
                 y = spec(env, g, n, *args)
-                outputs.append((n.op, n.name or n.id, np.array(y, F32)))
+                outputs.append((n.op, n.name or n.id, _record(y)))
                 return y
             mp.setitem(LOWERINGS.entries, key, recorded)
         yield outputs
@@ -636,8 +664,10 @@ def _first_op_differing(got: list, want: list) -> str | None:
 
 
 def _all_on_device(calls: dict, in_graphs: dict) -> bool:
-    """Every node of the device ops ran there; mul_mat, rms_norm and flash_attn in every model."""
-    return calls == in_graphs and all(calls[op] for op in DEVICE_OPS[:3])
+    """Every node of the device ops ran there; mul_mat, rms_norm, flash_attn, quantize, rope and
+    set_rows in every model."""
+    recurrent = (Op.SSM_CONV, Op.GATED_DELTA_NET)
+    return calls == in_graphs and all(calls[op] for op in DEVICE_OPS if op not in recurrent)
 
 
 def _load(name: str, n_ctx: int = 256, act_scaling: str = "Sub32"):
@@ -658,8 +688,8 @@ CUTS = ((1, "all"), (7, "last"), (64, "last"))     # prefills of the first token
 
 @pytest.mark.parametrize("name", list(SESSION_MODELS))
 def test_logits_rows_with_the_spirv_kernels_equal_the_specs(device_kern, name):
-    """Every mul_mat, rms_norm and flash_attn (and a Qwen3.5's ssm_conv and gated_delta_net) on
-    lavapipe, Sub32 and ("PerBlock:" models) act_scaling PerBlock, every weight format (Q4_K_M's
+    """Every mul_mat, rms_norm, flash_attn, quantize, rope and K/V cache write (set_rows), and a
+    Qwen3.5's ssm_conv and gated_delta_net, on lavapipe, Sub32 and ("PerBlock:" models) act_scaling PerBlock, every weight format (Q4_K_M's
     Q4_K, Q6_K and Q5_0; Q5_1): the prefill of the whole prompt gives
     every op's output and every row of the reference's prefill bit for bit; prefills of its
     first 1, 7 and 64 tokens (all rows, or the last), each followed by a decode, give the same
