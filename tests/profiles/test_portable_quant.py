@@ -181,3 +181,33 @@ def test_f16_parts_are_exact_for_every_half():
     ok = ~bad
     assert np.array_equal(np.ldexp(sig[ok].astype(np.float64), exp[ok]), h[ok].astype(np.float64))
     assert bad.sum() == 2 * 1024                           # the infinities and NaNs
+
+
+def test_the_documents_small_names():
+    """ftz flushes a denormal to a zero of its sign and keeps NaN payloads (canon makes them one);
+    rne rounds ties to even; f32_to_f16 keeps subnormals and overflows to inf; NAN is 0x7FC00000;
+    INV_127 is 1/127 rounded once; act_scale/wide_scale give an ActScale; ActRow is ActBlocks."""
+    import bankml.profiles.portable as P
+    den = np.array([1, 0x80000001, 0x7FC00001, 0x00800000], np.uint32).view(np.float32)
+    assert P.ftz(den).view(np.uint32).tolist() == [0, 0x80000000, 0x7FC00001, 0x00800000]
+    assert P.rne([0.5, 1.5, 2.5, -0.5, -1.5, 2.4999]).tolist() == [0, 2, 2, 0, -2, 2]
+    h = P.f32_to_f16(np.array([6e-8, 2.0 ** -25, 65520.0, 65519.0, 1 + 2.0 ** -11], np.float32))
+    assert h.view(np.uint16).tolist() == [1, 0, 0x7C00, 0x7BFF, 0x3C00]
+    assert P.NAN.view(np.uint32) == 0x7FC00000
+    assert P.INV_127 == np.float32(1 / 127)
+    s = P.block_scale(np.array([127 * 8 * 2.0 ** -3], np.float32))
+    assert isinstance(s, P.ActScale) and (s.m.tolist(), s.e.tolist()) == ([8], [-3])
+    assert P.ActRow is quant.ActBlocks
+
+
+def test_rne_div_is_the_nearest_integer_of_the_exact_quotient():
+    """rne_div against Python's exact rationals on ties (k + 1/2)·m·2^e and their f32 neighbours, for
+    every m of both scalings."""
+    for m in list(range(8, 16)) + list(range(128, 256, 7)):
+        for e in (-20, 0, 5):
+            k = np.arange(-127, 127) + 0.5
+            x = (k * m * 2.0 ** e).astype(np.float32)
+            x = np.concatenate([x, np.nextafter(x, np.float32(np.inf)), np.nextafter(x, np.float32(-np.inf))])
+            got = quant.rne_div(x, m, e)
+            want = [round(Fraction(float(v)) / (m * Fraction(2) ** e)) for v in x]      # Python's round: ties to even
+            assert got.tolist() == want, (m, e)

@@ -36,6 +36,29 @@ def canon(x) -> np.ndarray:
     return x
 
 
+NAN = QNAN.view(F32)   # the one NaN the engine produces: quiet, no payload, no sign
+
+
+def ftz(x) -> np.ndarray:
+    """x with a denormal flushed to a zero of its sign. (canon also makes every NaN the one NaN.)"""
+    x = np.array(x, F32, copy=True)
+    b = x.view(U32)
+    b[(b & _EXP) == 0] &= _SIGN
+    return x
+
+
+def rne(x) -> np.ndarray:
+    """x rounded to the nearest whole number, ties to even, as an integer (int64)."""
+    return np.rint(np.asarray(x, np.float64)).astype(np.int64)
+
+
+def f32_to_f16(x) -> np.ndarray:
+    """x rounded to binary16, to nearest with ties to even, subnormals kept, past the top infinite
+    (numpy's cast is IEEE's conversion)."""
+    with np.errstate(over="ignore"):
+        return np.asarray(x, F32).astype(np.float16)
+
+
 def add(a, b) -> np.ndarray:
     with np.errstate(all="ignore"):
         return canon(np.add(canon(a), canon(b), dtype=F32))

@@ -49,7 +49,25 @@ class ActBlocks(NamedTuple):
         return np.ldexp(self.m.astype(np.float64), self.e).astype(F32)
 
 
-def _least_scale(amax: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+class ActScale(NamedTuple):
+    """An activation block's scale m·2^e: m in 8..15 per ActScaling::Sub32 block, in 128..255 per
+    ActScaling::PerBlock block. (Arrays: one per block.)"""
+    m: np.ndarray
+    e: np.ndarray
+
+
+def rne_div(x, m, e) -> np.ndarray:
+    """The nearest integer to x / (m·2^e), ties to even, exactly (int64; x finite f32, m >= 1):
+    x·2^-e is exact in f64 and one f64 division rounds the quotient so closely that rint (ties
+    to even) gives the nearest integer of the exact quotient (|x·2^-e| < 2^15 has a granularity
+    of 2^-8 or finer, so a quotient that is not a tie lies at least 2^-8/255 from one, far
+    beyond f64's error there)."""
+    with np.errstate(all="ignore"):
+        y = np.ldexp(np.asarray(x, F32).astype(np.float64), -np.asarray(e)) / np.asarray(m)
+    return np.rint(np.where(np.isfinite(y), y, 0)).astype(np.int64)
+
+
+def _least_scale(amax: np.ndarray, bits: int) -> ActScale:
     """(m, e) of the least m * 2^e, m in 2^(bits-1)..2^bits - 1, with 127 * m * 2^e >= amax (finite,
     >= 0; (0, 0) for 0). With C the 24-bit significand of amax = C * 2^(p-23): m = ceil(C / (127 *
     2^k)) at e = p - 6 - bits, k = 17 - bits (just above 2^(bits-1) up to just above 2^bits), or,
@@ -63,16 +81,16 @@ def _least_scale(amax: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
     m = np.where(small, m1, m2)
     e = np.where(small, p - 6 - bits, p - 5 - bits)
     zero = amax == 0
-    return np.where(zero, 0, m), np.where(zero, 0, e)
+    return ActScale(np.where(zero, 0, m), np.where(zero, 0, e))
 
 
-def act_scale(amax: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def act_scale(amax: np.ndarray) -> ActScale:
     """block_scale: the least scale m·2^e (m in 8..15) with 127·m·2^e ≥ amax, for a finite
     positive amax ((0, 0) for 0)."""
     return _least_scale(amax, SUB_BITS)
 
 
-def wide_scale(amax: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def wide_scale(amax: np.ndarray) -> ActScale:
     """The least scale m·2^e (m in 128..255) with 127·m·2^e ≥ amax, for a finite positive amax
     ((0, 0) for 0)."""
     return _least_scale(amax, WIDE_BITS)
@@ -97,13 +115,8 @@ def _quantize(x: np.ndarray, block: int, scale) -> ActBlocks:
         bad = ~np.all(np.isfinite(xb), axis=-1)
         amax = np.where(bad, F32(0), np.max(np.abs(np.where(np.isfinite(xb), xb, F32(0))), axis=-1)).astype(F32)
     m, e = scale(amax)
-    # x / (m 2^e): x * 2^-e is exact in f64 and one f64 division rounds the quotient so closely
-    # that rint (ties to even) gives the nearest integer of the exact quotient (|x·2^-e| < 2^15
-    # has a granularity of 2^-8 or finer, so a quotient that is not a tie lies at least
-    # 2^-8/255 from one, far beyond f64's error there).
-    with np.errstate(all="ignore"):
-        y = np.ldexp(xb.astype(np.float64), -e[..., None]) / np.where(m == 0, 1, m)[..., None]
-    q = np.clip(np.rint(np.where(np.isfinite(y), y, 0)), -127, 127).astype(np.int8)
+    q = np.clip(rne_div(np.where(bad[..., None], F32(0), xb), np.where(m == 0, 1, m)[..., None], e[..., None]),
+                -127, 127).astype(np.int8)                          # |x / scale| <= 127 in a block that is not bad
     q = np.where((m == 0)[..., None] | bad[..., None], 0, q).astype(np.int8)
     return ActBlocks(q.reshape(x.shape), m, e, bad)
 
