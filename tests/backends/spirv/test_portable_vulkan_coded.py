@@ -56,11 +56,6 @@ def _act_rows(rng, k: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("tname", list(CODED))
-def test_coded_modules_pass_spirv_val(tname):
-    B.validate(list(PK.emit_matvec(CODED[tname])))
-
-
-@pytest.mark.parametrize("tname", list(CODED))
 def test_coded_matvec_random_rows_equal_dot_sub32(kern, tname):
     wtype = CODED[tname]
     for k in KS[wtype]:
@@ -124,9 +119,12 @@ def _ks_blocks(wtype: int) -> tuple[int, int]:
     return b, {32: 576, 64: 576, 128: 640, 256: 512}[b]
 
 
-@pytest.mark.parametrize("tname", list(BLOCKS))
-def test_blocks_modules_pass_spirv_val(tname):
-    B.validate(list(PK.emit_matvec_blocks(BLOCKS[tname])))
+MODULES = [(PK.emit_matvec, t) for t in CODED] + [(PK.emit_matvec_blocks, t) for t in BLOCKS]
+
+
+@pytest.mark.parametrize("emit,tname", MODULES, ids=[f"{e.__name__}-{t}" for e, t in MODULES])
+def test_modules_pass_spirv_val(emit, tname):
+    B.validate(list(emit(BLOCKS[tname])))
 
 
 @pytest.mark.parametrize("tname", list(BLOCKS))

@@ -284,19 +284,23 @@ def _decode(e: Emit, wtype: int, wbuf: int, rb: int, j: int):
     raise BankmlError(f"portable SPIR-V matvec: no kernel for weight type {wtype}")
 
 
+def _matvec_start(flushing: bool, rte: bool, count: str):
+    """A matvec kernel's module: (module, Emit, its buffers (weights, codes, info, y), its push
+    constants (rows, count, row bytes), the row, whether the row is one of the rows)."""
+    k = _Module(flushing=flushing, rte=rte)
+    bufs = (k.buffer("weights"), k.buffer("codes"), k.buffer("info"), k.buffer("y", k.m.f32, writable=True))
+    e, push, row = k.start(["rows", count, "row_bytes"])
+    return k, e, bufs, push, row, e.b("ULessThan", row, push[0])
+
+
 @functools.cache
 def emit_matvec(wtype: int, flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
     """y[t, r] = quant.group_dot(weight row r, activation row t): one invocation per (row, t)
     (workgroups of 64 rows, y = t). Bindings: 0 weights (raw GGUF rows), 1 codes, 2 info,
     3 y f32[T, rows]. Push: rows, K/32, row bytes."""
-    k = _Module(flushing=flushing, rte=rte)
-    m = k.m
-    wbuf, cbuf, ibuf = k.buffer("weights"), k.buffer("codes"), k.buffer("info")
-    obuf = k.buffer("y", m.f32, writable=True)
-    e, (rows, nsub, row_bytes), row = k.start(["rows", "nsub", "row_bytes"])
-    f = e.f
+    k, e, (wbuf, cbuf, ibuf, obuf), (rows, nsub, row_bytes), row, valid = _matvec_start(flushing, rte, "nsub")
+    m, f = k.m, e.f
     u32, u64 = m.u32, e.u64
-    valid = e.b("ULessThan", row, rows)
     ngroups = e.sel(valid, e.u("ShiftRightLogical", e.u("IAdd", nsub, e.c(7)), e.c(3)), e.c(0))
     rb = e.u("IMul", row, row_bytes, name="rowbase")
     t_row = e.u("IMul", k.gid_y, nsub, name="act_block0")       # the activation row's first block
@@ -339,14 +343,25 @@ def emit_matvec(wtype: int, flushing: bool = False, rte: bool = True) -> tuple[i
             f.store(cnt, t)
             anybad = e.b("LogicalOr", e.b("LogicalOr", abad, wbad), e.b("INotEqual", f.load(u32, ebad), e.c(0)))
             f.store(bad, e.sel(anybad, e.c(1), f.load(u32, bad)))
-        r = e.round_terms(P, X, f.load(u32, cnt))
-        r = e.flt(e.sel(e.b("INotEqual", f.load(u32, bad), e.c(0)), e.c(QNAN), r))
-        first = e.b("IEqual", g, e.c(0))
-        f.store(y, f.select(m.f32, first, r, e.fadd(f.load(m.f32, y), r)))
-    with f.if_then(valid, "store"):
-        _store(e, obuf, e.u("IAdd", e.u("IMul", k.gid_y, rows), row), f.load(m.f32, y))
-    f.end()
-    return tuple(m.words())
+        _add_rounded(e, y, P, X, f.load(u32, cnt), f.load(u32, bad), e.b("IEqual", g, e.c(0)))
+    return _store_row(k, e, obuf, (rows, row, valid), y)
+
+
+def _add_rounded(e: Emit, y: int, P: int, X: int, n: int, bad: int, first: int) -> None:
+    """y (an f32 variable) = the n terms' exact sum rounded once (NaN where bad is not 0), as is
+    when first, else added to y (the rounded units added in order)."""
+    f, f32 = e.f, e.m.f32
+    r = e.flt(e.sel(e.b("INotEqual", bad, e.c(0)), e.c(QNAN), e.round_terms(P, X, n)))
+    f.store(y, f.select(f32, first, r, e.fadd(f.load(f32, y), r)))
+
+
+def _store_row(k: _Module, e: Emit, obuf: int, where: tuple, y: int) -> tuple[int, ...]:
+    """y[t, row] = the f32 variable y where the row is one of the rows; the module's words."""
+    rows, row, valid = where
+    with e.f.if_then(valid, "store"):
+        _store(e, obuf, e.u("IAdd", e.u("IMul", k.gid_y, rows), row), e.f.load(k.m.f32, y))
+    e.f.end()
+    return tuple(k.m.words())
 
 
 BLOCK_TYPES = (Q8_0, Q4_1, Q1_0, Q2_0, Q4_0, Q5_0, Q5_1, Q4_K, Q6_K)     # PerBlock: every block format
@@ -362,14 +377,9 @@ def emit_matvec_blocks(wtype: int, flushing: bool = False, rte: bool = True) -> 
     Bindings: 0 weights (raw GGUF rows), 1 codes, 2 info (one entry per block of B), 3 y f32[T,
     rows]. Push: rows, K/B, row bytes."""
     per = WEIGHT_TYPES[wtype].block // 32
-    k = _Module(flushing=flushing, rte=rte)
-    m = k.m
-    wbuf, cbuf, ibuf = k.buffer("weights"), k.buffer("codes"), k.buffer("info")
-    obuf = k.buffer("y", m.f32, writable=True)
-    e, (rows, nblk, row_bytes), row = k.start(["rows", "nblk", "row_bytes"])
-    f = e.f
+    k, e, (wbuf, cbuf, ibuf, obuf), (rows, nblk, row_bytes), row, valid = _matvec_start(flushing, rte, "nblk")
+    m, f = k.m, e.f
     u32, u64 = m.u32, e.u64
-    valid = e.b("ULessThan", row, rows)
     nb = e.sel(valid, nblk, e.c(0))
     rb = e.u("IMul", row, row_bytes, name="rowbase")
     t_blk = e.u("IMul", k.gid_y, nblk, name="act_block0")       # the activation row's first block
@@ -407,14 +417,8 @@ def emit_matvec_blocks(wtype: int, flushing: bool = False, rte: bool = True) -> 
         e.put_term(P, X, e.c(0), e.w("IMul", amw, f.load(u64, wdot)), e.u("IAdd", ae, f.load(u32, wxv)))
         if mins is not None:
             e.put_term(P, X, e.c(1), e.w("IMul", amw, f.load(u64, mdot)), e.u("IAdd", ae, f.load(u32, mxv)))
-        r = e.round_terms(P, X, e.c(1 if mins is None else 2))
-        r = e.flt(e.sel(e.b("INotEqual", f.load(u32, bad), e.c(0)), e.c(QNAN), r))
-        first = e.b("IEqual", bi, e.c(0))
-        f.store(y, f.select(m.f32, first, r, e.fadd(f.load(m.f32, y), r)))
-    with f.if_then(valid, "store"):
-        _store(e, obuf, e.u("IAdd", e.u("IMul", k.gid_y, rows), row), f.load(m.f32, y))
-    f.end()
-    return tuple(m.words())
+        _add_rounded(e, y, P, X, e.c(1 if mins is None else 2), f.load(u32, bad), e.b("IEqual", bi, e.c(0)))
+    return _store_row(k, e, obuf, (rows, row, valid), y)
 
 
 # ---- rmsnorm, softmax
