@@ -61,6 +61,7 @@ class Batch:
     kv_size: int       # cells of the whole cache (llama_kv_cache's size: n_ctx padded)
     n_kv_swa: int | None = None     # cells the sliding-window layers read from their own cache
     kv_size_swa: int | None = None  # cells of the sliding-window layers' whole cache
+    seqs: bool = False              # each token its own sequence (a batch of decodes): its own cache and cells
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,8 @@ class AttnInput:
     k_idxs: Node                    # the tokens' cells: their positions (bankml's cache is unified)
     kq_mask_swa: Node | None = None
     k_idxs_swa: Node | None = None  # the cells find_slot gave the tokens in the sliding-window cache
+    kv_cells: Node | None = None    # a batch of sequences: each row's own n_kv (and in its sliding-window cache)
+    kv_cells_swa: Node | None = None
 
 
 # Where llama.cpp's graph puts a layer's nodes (src/models/*.cpp, llama-graph.cpp:build_attn): nodes of
@@ -134,6 +137,8 @@ class Builder:
         self.arch = arch or lookup(plan.arch)       # the architecture whose graph this builds
         self.g = Graph(meta={"arch": plan.arch, "n_tokens": batch.n_tokens, "n_kv": batch.n_kv,
                              "n_outputs": batch.n_outputs})
+        if batch.seqs:
+            self.g.meta["seqs"] = True      # passes: each row's mul_mat column and attention as its sequence's alone
         self._weights: dict[str, Node] = {}
         self._inputs: dict[str, Node] = {}
         self.model = Weights(self)
@@ -188,9 +193,11 @@ class Builder:
         return self._input("out_ids", (self.batch.n_outputs,), "i32")
 
     def inp_attn(self) -> AttnInput:
-        """build_attn_inp_kv: the KQ mask over n_kv cells; the tokens go to the cells of their positions."""
-        k_idxs = self.inp_pos()
-        return AttnInput(self._input("kq_mask", (self.batch.n_tokens, self.batch.n_kv), "f16"), k_idxs)
+        """build_attn_inp_kv: the KQ mask over n_kv cells; the tokens go to the cells of their positions.
+        In a batch of sequences (Batch.seqs) each row also has its own cell count, kv_cells."""
+        k_idxs, T = self.inp_pos(), self.batch.n_tokens
+        cells = self._input("kv_cells", (T,), "i32") if self.batch.seqs else None
+        return AttnInput(self._input("kq_mask", (T, self.batch.n_kv), "f16"), k_idxs, kv_cells=cells)
 
     def inp_attn_iswa(self) -> AttnInput:
         """build_attn_inp_kv_iswa (llama_kv_cache_iswa): inp_attn's mask and, for the sliding-window
@@ -201,8 +208,9 @@ class Builder:
             raise BankmlError(f"the {self.arch.name} graph asks for a sliding-window cache, but the model "
                               "has no sliding window (n_swa 0)")
         base = self.inp_attn()
+        cells = self._input("kv_cells_swa", (T,), "i32") if self.batch.seqs else None
         return AttnInput(base.kq_mask, base.k_idxs, self._input("kq_mask_swa", (T, n_kv_swa), "f16"),
-                         self._input("swa_idxs", (T,), "i32"))
+                         self._input("swa_idxs", (T,), "i32"), base.kv_cells, cells)
 
     # ---- llama-graph.cpp blocks ----
     def inp_embd(self, tok_embd: Weight, tok_scale: float = 1.0) -> Node:
@@ -298,10 +306,13 @@ class Builder:
         cells, reshape "kqv_out-il", V's rotation undone (the same transform), then wo. Through an
         iSWA input a sliding-window layer (hp.is_swa) writes and reads its own cache: the cells
         find_slot gave its tokens, n_kv_swa of them read through the SWA mask. Without wo (None,
-        as qwen35 passes nullptr) the attention's output rows are returned."""
+        as qwen35 passes nullptr) the attention's output rows are returned. In a batch of sequences
+        (Batch.seqs) each row writes and reads its own sequence's cache (the CACHE node is one per
+        row, param seqs), the first of its own kv_cells (the flash_attn node's fifth input)."""
         hp, b, kv = self.hp, self.batch, self.kv
         swa = inp.kq_mask_swa is not None and hp.is_swa(il)
-        mask, idxs = (inp.kq_mask_swa, inp.k_idxs_swa) if swa else (inp.kq_mask, inp.k_idxs)
+        mask, idxs, cells = ((inp.kq_mask_swa, inp.k_idxs_swa, inp.kv_cells_swa) if swa
+                             else (inp.kq_mask, inp.k_idxs, inp.kv_cells))
         if kv.rot_k:
             q = self.hadamard(q, kv.rot_k, self._ggml_name(il, "q"))
         if kv.rot_v:
@@ -311,11 +322,13 @@ class Builder:
         kv_shape = (b.n_kv_swa if swa else b.n_kv, hp.n_head_kv, hp.head_dim)
         caches = []
         for kind, x, typ in (("k", k, kv.k), ("v", v, kv.v)):
+            seqs = {"seqs": True} if b.seqs else {}
             cache = self.node(Op.CACHE, (), kv_shape, typ, layer=il, kind=kind,
-                              cells=b.kv_size_swa if swa else b.kv_size)
+                              cells=b.kv_size_swa if swa else b.kv_size, **seqs)
             caches.append(self.node(Op.SET_ROWS, (cache, x, idxs), kv_shape, typ,
                                     name=f"cache_{kind}_l{il} (view)", order=_SET_ROWS[typ]))
-        fa = self.node(Op.FLASH_ATTN, (q, caches[0], caches[1], mask), q.shape, scale=kq_scale)
+        fa_in = (q, caches[0], caches[1], mask) + ((cells,) if b.seqs else ())
+        fa = self.node(Op.FLASH_ATTN, fa_in, q.shape, scale=kq_scale)
         cur = self.cb(self.reshape(fa, (b.n_tokens, hp.n_head * hp.head_dim)), "kqv_out", il)
         if kv.rot_v:
             cur = self.hadamard(cur, kv.rot_v, self._ggml_name(il, "kqv"))

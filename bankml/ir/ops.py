@@ -41,10 +41,10 @@ LEAVES = frozenset({Op.INPUT, Op.WEIGHT, Op.CACHE})
 EFFECTS = frozenset({Op.SET_ROWS, Op.SSM_CONV, Op.GATED_DELTA_NET})   # write state: never dead, even unread
 STATE_KINDS = ("conv", "ssm")   # CACHE kinds of a recurrent layer's state (one per sequence, no cells); else k, v
 
-# arity of each op (inputs it takes)
+# arity of each op (inputs it takes; flash_attn's fifth, in a batch of sequences, is each row's cells)
 ARITY = {
     Op.INPUT: 0, Op.WEIGHT: 0, Op.CACHE: 0, Op.GET_ROWS: 2, Op.RMS_NORM: 1, Op.MUL: 2, Op.ADD: 2,
-    Op.QUANTIZE: 1, Op.MUL_MAT: 2, Op.RESHAPE: 1, Op.ROPE: 2, Op.SET_ROWS: 3, Op.FLASH_ATTN: 4,
+    Op.QUANTIZE: 1, Op.MUL_MAT: 2, Op.RESHAPE: 1, Op.ROPE: 2, Op.SET_ROWS: 3, Op.FLASH_ATTN: (4, 5),
     Op.SWIGLU: 2, Op.GEGLU: 2, Op.SCALE: 1, Op.HADAMARD: 1,
     Op.SLICE: 1, Op.SILU: 1, Op.SIGMOID: 1, Op.SOFTPLUS: 1, Op.SSM_CONV: 3, Op.GATED_DELTA_NET: 6, Op.L2_NORM: 1,
 }

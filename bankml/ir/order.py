@@ -117,6 +117,11 @@ FA_TILED = FloatOrder("flash_attn_ext_tiled", fma=True, acc="f64", expf="ggml_v_
 # one_chunk per thread chunk of keys, then ggml_flash_attn_ext_reduce_partials
 FA_SPLIT = FloatOrder("flash_attn_ext_split_kv", lanes=8, accs=4, fold="f32x8_reduce", fma=True,
                       f16_at=("q", "v_acc"), expf="glibc")
+# a batch of sequences (each row its own sequence, its own cache and cells): every row the order its
+# sequence's decode takes alone, FA_REFERENCE below 512 of its cells, FA_SPLIT from 512 (by its own
+# cell count and llama_threads), as choose_attention_kernel decides for one row
+FA_ROWS = FloatOrder("flash_attn_ext_f16 per sequence: one_chunk|split_kv", lanes=8, accs=4, fold="f32x8_reduce",
+                     fma=True, f16_at=("q", "v_acc"), expf="glibc")
 
 # ---- K-quants against q8_K activations (backends/reference/matmul_kquants.py spells them out) ----
 # ggml-cpu.c:ggml_compute_forward_mul_mat: tiled/tiled.cpp:tiled_run_microtile_avx2 when src1 has

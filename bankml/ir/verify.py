@@ -40,6 +40,7 @@ _INPUTS = {
     "tokens": (("n_tokens",), I32), "pos": (("n_tokens",), I32), "swa_idxs": (("n_tokens",), I32),
     "out_ids": (("n_outputs",), I32), "kq_mask": (("n_tokens", "n_kv"), MASK),
     "kq_mask_swa": (("n_tokens", None), MASK),
+    "kv_cells": (("n_tokens",), I32), "kv_cells_swa": (("n_tokens",), I32),   # a batch of sequences' rows
 }
 
 
@@ -99,9 +100,10 @@ def _structure(g: Graph, n: Node) -> None:
         raise Broken(f"op {n.op!r} is not an Op")
     if g.nodes.get(n.id) is not n:
         raise Broken("is stored under another id")
-    if len(n.inputs) != ARITY[n.op]:
-        k = ARITY[n.op]
-        raise Broken(f"{n.op.value} takes {k} input{'' if k == 1 else 's'}, it has {len(n.inputs)}")
+    arity = ARITY[n.op] if isinstance(ARITY[n.op], tuple) else (ARITY[n.op],)
+    if len(n.inputs) not in arity:
+        k = " or ".join(map(str, arity))
+        raise Broken(f"{n.op.value} takes {k} input{'' if k == '1' else 's'}, it has {len(n.inputs)}")
     for i in n.inputs:
         if i not in g.nodes:
             raise Broken(f"input %{i} is not in the graph")
@@ -346,8 +348,12 @@ def _set_rows(g: Graph, n: Node, t: Types) -> None:
 @rule(Op.FLASH_ATTN)
 def _flash_attn(g: Graph, n: Node, t: Types) -> None:
     """q [T, H, D] (f32), k and v caches [KV, Hkv, D] (H a multiple of Hkv), mask f16 [T, KV]:
-    f32 [T, H, Dv]."""
-    q, k, v, mask = (g[i] for i in n.inputs)
+    f32 [T, H, Dv]. In a batch of sequences (caches with param seqs, one per row) a fifth input,
+    i32 [T], holds each row's own cell count."""
+    q, k, v, mask, *cells = (g[i] for i in n.inputs)
+    seqs = g[_cache_of(g, k)].params.get("seqs", False)
+    if len(cells) != seqs or (cells and (cells[0].dtype != I32 or cells[0].shape != q.shape[:1])):
+        raise Broken("a batch of sequences' caches come with each row's cells (i32 [T]), and only they")
     _f32(q, "q")
     _tokens_by_heads(q, "q")
     for kind, c in (("k", k), ("v", v)):
@@ -365,6 +371,11 @@ def _flash_attn(g: Graph, n: Node, t: Types) -> None:
     _f32(n, "the output")
     if n.shape != (*q.shape[:2], v.shape[2]):
         raise Broken(f"not [{_s((*q.shape[:2], v.shape[2]))}]")
+
+
+def _cache_of(g: Graph, n: Node) -> int:
+    """The CACHE node a SET_ROWS writes (or the cache itself)."""
+    return _cache_of(g, g[n.inputs[0]]) if n.op is Op.SET_ROWS else n.id
 
 
 @rule(Op.SLICE)

@@ -24,6 +24,10 @@ q4_0_8x8_q8_0; llama.cpp's tied output, a duplicate of token_embd, is loaded as 
 and repacked too): its mul_mat is the repack's forward_mul_mat, whose gemm (groups of 4
 columns) and gemv (the rest) make the same per-output chain, Q4_0_REPACK.
 Thread count never changes the bits (it only splits outputs and src1 block ranges).
+In a batch of sequences (g.meta["seqs"]: each column one sequence's decode token) every column
+takes the path ggml takes for that sequence alone, one column: the order for one column, and
+params["per_column"] for the orders that hold two paths picked by the column count (Q4_K, Q6_K),
+so that a sequence's bits do not depend on what else is in the batch.
 Each weight type's share of this rule (its vec_dot order, the shapes that leave it) is its
 entry in bankml/quants' table (WeightType.vec_dot, .by_shape).
 """
@@ -49,10 +53,14 @@ def matmul_order(wtype: int, n_rows: int, n_cols: int) -> fo.FloatOrder:
 def choose_matmul_kernel(g: Graph) -> Graph:
     """Attach matmul_order to every mul_mat whose src0 is a weight (for every column count a
     generic graph's sizes allow: the variants are cut so that one order holds)."""
+    seqs = g.meta.get("seqs", False)
+
     def pick(n: Node) -> Node | None:
         w = g[n.inputs[0]]
         if w.op is not Op.WEIGHT:
             return None
         wtype, n_rows = int(w.params["ggml_type"]), w.shape[0]
+        if seqs:                # each column alone: one column's order, every column through its path
+            return n.replace(order=matmul_order(wtype, n_rows, 1), params={**n.params, "per_column": True})
         return n.replace(order=decide(lambda n_cols: matmul_order(wtype, n_rows, n_cols), prod_range(n.shape[:-1])))
     return g.map(pick, Op.MUL_MAT)

@@ -13,6 +13,9 @@ is cut wherever a pass would choose another order, so that within it every node 
 (choose_attention_kernel: split at one row and 512 cells, tiled from 64 rows;
 choose_matmul_kernel: F16's one column against tinyBLAS.) A one-token micro-batch that wants
 no logits runs `decode` and drops them; the cache writes are the same.
+
+    decode-seqs   T=2..16  KV=256..ctx  O=T   a batch of sequences, one decode token each
+                                              (seqs_variant: every row its own cache, cells and kernels)
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from bankml.ir.dims import Dim
 from bankml.passes.choose_attention_kernel import SPLIT_MIN_KV, TILE_Q
 
 DECODE_KV = 256          # llama_kv_cache::get_n_kv pads to 256: below 512 cells a decode reads 256
+SEQS_MAX = 16            # sequences one decode-seqs run takes (a larger batch runs in several)
 
 
 @dataclass(frozen=True)
@@ -32,6 +36,7 @@ class Variant:
     n_kv: int | Dim
     n_outputs: int | Dim
     n_kv_swa: int | Dim | None = None   # the sliding-window cache's cells (KVS), for models with one
+    seqs: bool = False                  # each token its own sequence (Batch.seqs)
 
 
 def variants(n_ubatch: int, kv_size: int, kv_size_swa: int | None = None) -> list[Variant]:
@@ -53,6 +58,16 @@ def variants(n_ubatch: int, kv_size: int, kv_size_swa: int | None = None) -> lis
         out.append(Variant(f"{name}-all", T, KV, T, kvs(DECODE_KV)))
         out.append(Variant(f"{name}-last", T, KV, Dim("O", 0, 1), kvs(DECODE_KV)))
     return out
+
+
+def seqs_variant(kv_size: int, kv_size_swa: int | None = None) -> Variant:
+    """The batch of sequences' variant: 2..SEQS_MAX rows, each one sequence's decode token; KV (and
+    KVS) the widest row's cells, each row reading its own."""
+    T = Dim("T", 2, SEQS_MAX)
+    kvs = None if kv_size_swa is None else Dim("KVS", min(DECODE_KV, kv_size_swa), kv_size_swa)
+    if kvs is not None and kvs.lo == kvs.hi:
+        kvs = kvs.lo
+    return Variant("decode-seqs", T, Dim("KV", DECODE_KV, kv_size), T, kvs, seqs=True)
 
 
 def choose_variant(vs: list[Variant], n_tokens: int, n_kv: int, n_outputs: int,

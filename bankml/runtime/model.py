@@ -26,7 +26,7 @@ from bankml.gguf import read_gguf
 from bankml.arch.plan import plan as make_plan
 from bankml.ir.graph import Graph
 from bankml.passes.pipeline import run_passes
-from bankml.passes.variants import Variant, choose_variant, variants
+from bankml.passes.variants import Variant, choose_variant, seqs_variant, variants
 from bankml.profiles.portable import coded, quant
 from bankml.quants import F32
 from bankml.quants.kv_cache import KvCacheTypes
@@ -34,6 +34,7 @@ from bankml.runtime.options import ModelOptions
 from bankml.backends.llvm import jit_cache
 
 if TYPE_CHECKING:
+    from bankml.runtime.batch import SessionBatch
     from bankml.runtime.session import Session
 
 
@@ -73,6 +74,7 @@ class Model:
             self.kv_size_swa = self.kv_size if o.swa_full else small
         self.shapes = {name: t.shape for name, t in self.gguf.tensors.items()}
         self.variants = variants(o.n_ubatch, self.kv_size, self.kv_size_swa)
+        self.seqs_variant = seqs_variant(self.kv_size, self.kv_size_swa)    # Model.batch's decode step
         self.compile_seconds = 0.0      # time this model spent compiling native code so far (llvm backend)
         self._graphs: dict[str, Graph] = {}         # variant name -> generic graph after the passes
         self._ready: set[str] = set()               # variants the backend has prepared
@@ -94,13 +96,14 @@ class Model:
         """The concrete IR of one micro-batch after every pass."""
         return run_passes(self.build_graph(n_tokens, n_kv, n_outputs))
 
-    def build_graph(self, n_tokens, n_kv, n_outputs, n_kv_swa=None, want: str = "logits") -> Graph:
+    def build_graph(self, n_tokens, n_kv, n_outputs, n_kv_swa=None, want: str = "logits", seqs: bool = False) -> Graph:
         """The IR of one micro-batch as the architecture file builds it, before passes; sizes
         may be numbers or Dims (a generic graph). `want`: the output kept, "logits" or "embd" (the
-        final-norm rows, llama.cpp's t_embd; the output head is then dead code)."""
+        final-norm rows, llama.cpp's t_embd; the output head is then dead code). `seqs`: each
+        token its own sequence's decode (a batch of sessions, runtime/batch.py)."""
         if n_kv_swa is None and self.kv_size_swa:
             n_kv_swa = self.n_kv_swa_for(n_kv)
-        b = Builder(self.plan, Batch(n_tokens, n_kv, n_outputs, self.kv_size, n_kv_swa, self.kv_size_swa),
+        b = Builder(self.plan, Batch(n_tokens, n_kv, n_outputs, self.kv_size, n_kv_swa, self.kv_size_swa, seqs),
                     self.shapes, self.kv, self.architecture)
         self.architecture.build(b)
         g = b.g
@@ -122,7 +125,8 @@ class Model:
         key = _key(v, want)
         with self._prepare_lock:                   # sessions of several threads share the model
             if key not in self._graphs:
-                self._graphs[key] = run_passes(self.build_graph(v.n_tokens, v.n_kv, v.n_outputs, v.n_kv_swa, want))
+                self._graphs[key] = run_passes(self.build_graph(v.n_tokens, v.n_kv, v.n_outputs, v.n_kv_swa, want,
+                                                                v.seqs))
             return self._graphs[key]
 
     def prepare(self, v: Variant, want: str = "logits") -> float:
@@ -146,11 +150,15 @@ class Model:
         self._ready.add(key)
         return seconds
 
-    def compile(self, embeddings: bool = False) -> float:
-        """Prepare every variant a session can need (with `embeddings`, Session.embeddings' too);
-        afterwards nothing compiles again."""
+    def compile(self, embeddings: bool = False, batch: bool = False) -> float:
+        """Prepare every variant a session can need (with `embeddings`, Session.embeddings' too;
+        with `batch`, Model.batch's decode step where the model has one); afterwards nothing
+        compiles again."""
         wants = ("logits", "embd") if embeddings else ("logits",)
-        return sum(self.prepare(v, want) for want in wants for v in self.variants)
+        seconds = sum(self.prepare(v, want) for want in wants for v in self.variants)
+        if batch and self.batch_refusal() is None:
+            seconds += self.prepare(self.seqs_variant)
+        return seconds
 
     def warm_up(self) -> None:
         """One single-token decode on a throwaway session, as llama.cpp's common_init_from_params
@@ -208,6 +216,37 @@ class Model:
             self.prepare(v, want)
             ready = self._ready_for[sizes] = (self.generic_graph(v, want), values)
         return self.runner.run(*ready, inputs, caches, trace)
+
+    def run_seqs(self, n_seqs: int, n_kv: int, inputs: dict, caches: dict, n_kv_swa: int | None = None) -> dict:
+        """One decode token of each of n_seqs sequences through the decode-seqs graph (runtime/batch.py):
+        caches maps each (layer, kind) to the list of the sequences' caches, in row order."""
+        if self.runner is None:
+            raise BankmlError(f"{self.path.name}: the model is closed")
+        self.prepare(self.seqs_variant)
+        values = {"T": n_seqs, "KV": n_kv, "O": n_seqs}
+        if n_kv_swa is not None:
+            values["KVS"] = n_kv_swa
+        return self.runner.run(self.generic_graph(self.seqs_variant), values, inputs, caches)
+
+    def batch_refusal(self) -> str | None:
+        """Why this model's sessions cannot decode in one step (Model.batch), or None."""
+        if self.profile != "ggml":
+            return f"the {self.profile} profile decodes one session at a time"
+        if self.kv.quantized:
+            return f"a {self.cache_type} K/V cache decodes one session at a time (batches run over f16 caches)"
+        if self.device is not None:
+            return "a decode placed on the GPU runs one session at a time"
+        from bankml.runtime.session import cache_layouts
+        from bankml.ir.ops import STATE_KINDS
+        if any(kind in STATE_KINDS for _, kind in cache_layouts(self.generic_graph(self.variants[0]))):
+            return f"{self.arch}'s recurrent states decode one session at a time"
+        return None
+
+    def batch(self, sessions) -> "SessionBatch":
+        """Sessions of this model that decode one token each in one graph run, each row the bits of
+        its session's decode alone (runtime/batch.py): model.batch([a, b]).decode([ta, tb])."""
+        from bankml.runtime.batch import SessionBatch
+        return SessionBatch(self, sessions)
 
     # ---- weights ----
     def weight(self, name: str) -> np.ndarray:

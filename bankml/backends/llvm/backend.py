@@ -64,6 +64,7 @@ class _Buffers:
         self.values: Bindings = {}                      # the last call's sizes
         self.shaped_for: Bindings | None = None         # the sizes `shaped` and `outputs` are for
         self.cache_ids: tuple[int, ...] = ()           # id() of each cache array last bound (held in leaves)
+        self.row_tables: dict[int, np.ndarray] = {}     # a batch of sequences' CACHE node -> its rows' cache addresses
         self.shaped: list[tuple[str, np.ndarray, tuple[int, ...]]] = []   # (input, buffer, shape) at these values
         self.outputs: list[tuple[str, np.ndarray]] = []  # (key, view of its buffer) at these values, once placed
         self.in_arena: list[tuple[int, int]] = []       # (table slot, arena offset)
@@ -116,7 +117,11 @@ class _Buffers:
         if ids != self.cache_ids:
             for (n, _), a in zip(self.cache_nodes, arrays):
                 if self.leaves.get(n.id) is not a:
-                    self.table[cg.slot[n.id]] = _checked(n, a).ctypes.data
+                    if n.params.get("seqs"):        # a list of the rows' caches: a table of their addresses
+                        rows = self.row_tables[n.id] = np.array([_checked(n, c).ctypes.data for c in a], np.int64)
+                        self.table[cg.slot[n.id]] = rows.ctypes.data
+                    else:
+                        self.table[cg.slot[n.id]] = _checked(n, a).ctypes.data
                     self.leaves[n.id] = a
                     self.stale = True
             self.cache_ids = ids

@@ -10,6 +10,7 @@ from bankml.backends.reference import attention, attention_quant, glu, matmul, n
 from bankml.backends.reference.lowerings import lowers
 from bankml.ir import order as fo
 from bankml.ir.ops import Op
+from bankml.passes.choose_attention_kernel import attention_order
 from bankml.quants import WEIGHT_TYPES
 
 BOTH = ("ggml", "portable")
@@ -27,6 +28,7 @@ def _weight(env, g, n):
 
 @lowers(Op.CACHE, profile=BOTH)
 def _cache(env, g, n):
+    """The session's cache; in a batch of sequences (param seqs) the list of each row's."""
     return env.caches[(n.params["layer"], n.params["kind"])]
 
 
@@ -65,9 +67,23 @@ def _mul_mat(env, g, n, w, x):
     y, gpu = None, getattr(env, "gpu", None)      # backends/spirv/device.py: decode's Q1_0 matvecs on Vulkan
     if gpu is not None and "device" in n.params:    # placed there by passes/place_on_device.py
         y = gpu.gpu_matvec(wn.params["tensor"], w, x)   # None when the device kernel does not fit
+    if y is None and n.params.get("per_column"):     # a batch of sequences: each column as one alone
+        y = np.concatenate([matmul.mul_mat(w, wn.params["ggml_type"], _column(x, i), n.order)
+                            for i in range(_columns(x))])
     if y is None:
         y = matmul.mul_mat(w, wn.params["ggml_type"], x, n.order)
     return y.reshape(*lead, y.shape[-1])
+
+
+def _columns(x) -> int:
+    return (x.q if isinstance(x, tuple) else x.reshape(-1, x.shape[-1])).shape[0]
+
+
+def _column(x, i: int):
+    """Column i of a mul_mat's activation: f32/f16 rows, or a quantized Q8Act / Q8KAct."""
+    if isinstance(x, tuple):
+        return type(x)(*(None if a is None else a[i:i + 1] for a in x))
+    return x.reshape(-1, x.shape[-1])[i:i + 1]
 
 
 @lowers(Op.RESHAPE, profile=BOTH)
@@ -85,6 +101,10 @@ def _rope(env, g, n, x, pos):
 
 @lowers(Op.SET_ROWS, order=(fo.SET_ROWS_F16, fo.SET_ROWS_Q8_0, fo.SET_ROWS_Q4_0))
 def _set_rows(env, g, n, cache, values, pos):
+    if g[n.inputs[0]].params.get("seqs"):        # row t into its own sequence's cache, at its position
+        for t, (c, p) in enumerate(zip(cache, pos)):
+            c[p] = values[t].astype(np.float16)
+        return cache
     if n.dtype == "f16":
         cache[pos] = values.astype(np.float16)      # ggml_cpu_fp32_to_fp16: RNE
     else:                                           # a quantized cache: quantize_row_q8_0 / _q4_0_ref
@@ -99,6 +119,15 @@ def _flash_attn(env, g, n, q, k, v, mask):
         return attention_quant.flash_attn_quant(q, k, v, kn.dtype, vn.dtype, kn.shape[1], mask, n.params["scale"],
                                                 n.order)
     return attention.flash_attn(q, k, v, mask, n.params["scale"], n.order, n.params.get("n_threads", 1))
+
+
+@lowers(Op.FLASH_ATTN, order=fo.FA_ROWS)
+def _flash_attn_rows(env, g, n, q, k, v, mask, cells):
+    """A batch of sequences: row t over the first cells[t] cells of its own caches, by the kernel
+    its decode takes alone (choose_attention_kernel.attention_order of one row and its cells)."""
+    return np.concatenate([attention.flash_attn(q[t:t + 1], k[t][:c], v[t][:c], mask[t:t + 1, :c], n.params["scale"],
+                                                attention_order(1, int(c)), n.params["n_threads"])
+                           for t, c in enumerate(cells)])
 
 
 @lowers(Op.HADAMARD, order=fo.FWHT)

@@ -190,9 +190,12 @@ def define_set_rows(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     fn, b = _start(m, n)
     out, _cache_in, vp, pp, ith, nth, dims = fn.args        # out is the cache (aliased by the runner)
     T = dim(b, dims, vals.shape[0])
+    seqs = cache.params.get("seqs", False)     # a batch of sequences: out is a table of the rows' caches
     ys, xs, ps = typed(b, out, f16), typed(b, vp, f32), typed(b, pp, i32)
     lo, hi = thread_range(b, T, ith, nth)
     with for_range(b, lo, hi, name="t") as t:
+        if seqs:
+            ys = b.inttoptr(b.load(b.gep(typed(b, out, i64), [t])), f16.as_pointer())
         dst = b.gep(ys, [b.mul(b.sext(b.load(b.gep(ps, [t])), i64), i64(row))])
         src = b.gep(xs, [b.mul(t, i64(row))])
         with for_range(b, 0, row, name="j") as j:

@@ -34,6 +34,11 @@ Out f32 [M, n_head, DV]. Head h reads kv head h // (n_head // n_head_kv).
   out = r(VKQ * (S == 0 ? 0 : r(1/S))).
   ggml_v_expf's slow path (|n| > 126 in some lane) is computed only for a row whose scores need it.
 
+- FA_ROWS (a batch of sequences, passes/choose_attention_kernel.py): k and v are tables of the rows'
+  own caches (one pointer per row, the runner binds them) and a fifth input holds each row's own
+  cell count; per (row, head), split over threads, the row's decode alone: FA_SPLIT's loop from
+  SPLIT_MIN_KV of its cells, else one_chunk over them (mask row stride: the widest row's n_kv).
+
 The tiled kernel is in backends/llvm/ggml/attention/tiled.py. Scratch lives on the stack (allocas in the entry block): a few KiB for one_chunk/split, about
 (64*D + 2*64*DV + 64*64 + 200) floats for tiled (112 KiB at D = 128).
 """
@@ -54,7 +59,8 @@ from bankml.ir.dims import Dim, upper
 from bankml.ir.graph import Graph
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
-from bankml.ir.order import FA_REFERENCE, FA_SPLIT
+from bankml.ir.order import FA_REFERENCE, FA_ROWS, FA_SPLIT
+from bankml.passes.choose_attention_kernel import SPLIT_MIN_KV
 
 v8f16 = ir.VectorType(f16, 8)
 NEG_INF_F16_BITS = 0xFC00
@@ -67,9 +73,9 @@ class Emit:
 
     def __init__(self, g: Graph, n: Node, fn: ir.Function, b: ir.IRBuilder):
         self.b, self.m = b, b.module
-        out, q, k, v, mask, self.ith, self.nth, self.dims = fn.args
+        out, q, k, v, mask, *cells, self.ith, self.nth, self.dims = fn.args
         M, self.H, self.DV = n.shape
-        qn, kn, vn, mn = (g[i] for i in n.inputs)
+        qn, kn, vn, mn = (g[i] for i in n.inputs[:4])
         self.D, self.Hkv, n_kv = qn.shape[2], kn.shape[1], mn.shape[1]
         if (qn.shape[:2] != (M, self.H) or self.H % self.Hkv or kn.shape[2] != self.D
                 or vn.shape[1:] != (self.Hkv, self.DV) or mn.shape[0] != M
@@ -82,6 +88,7 @@ class Emit:
         self.M, self.n_kv = dim(b, self.dims, M), dim(b, self.dims, n_kv)   # i64 values of this call
         self.out, self.q = typed(b, out, f32), typed(b, q, f32)
         self.k, self.v = typed(b, k, f16), typed(b, v, f16)
+        self.tables = (typed(b, k, i64), typed(b, v, i64), typed(b, cells[0], i32)) if cells else None  # FA_ROWS
         self.mask, self.mask16 = typed(b, mask, f16), typed(b, mask, i16)
         self.scale = f32(float(np.float32(n.params["scale"])))
         self.expf = intrinsic(self.m, "expf", f32, [f32])
@@ -252,53 +259,62 @@ def _define_one_chunk(e: Emit) -> None:
                     heads(mrow, [h])
 
 
+def _split_heads(e: Emit, mrow, hs, n_kv) -> None:
+    """Split-KV of query row mrow over its first n_kv cells for each head of hs (one or a pair):
+    one_chunk over each chunk of ceil(n_kv / llama_threads) keys, then the reduction and the output."""
+    b = e.b
+    nt = llama_threads(b, e.dims)
+    cs = ceil_div(b, n_kv, nt, name="chunk")
+    n_chunks = ceil_div(b, n_kv, cs, name="n_chunks")
+    maxnum = intrinsic(e.m, "llvm.maxnum.f32", f32, [f32, f32])
+    # per head: r (the (row, head) item), its K/V head, Q16, the chunk's and the total VKQ, M and S
+    state = [(b.add(b.mul(mrow, i64(e.H)), h), b.sdiv(h, i64(e.grp)), e.alloca(f32, e.D, "q16"),
+              e.alloca(f32, e.DV, "vkq_c"), e.alloca(f32, e.DV, "vkq"),
+              *(e.alloca(f32, 1, nm) for nm in ("M_c", "S_c", "M", "S"))) for h in hs]
+    for r, hk, qbuf, vkq, acc, Mp, Sp, Mt, St in state:
+        e.q16(qbuf, b.mul(r, i64(e.D)))
+        e.reset(acc, Mt, St)
+    with for_range(b, 0, n_chunks, name="c") as c:
+        k0 = b.mul(c, cs)
+        k1 = smin(b, b.add(k0, cs), n_kv)
+        for r, hk, qbuf, vkq, acc, Mp, Sp, Mt, St in state:
+            e.reset(vkq, Mp, Sp)
+        e.one_chunk(mrow, [(hk, qbuf, vkq, Mp, Sp) for r, hk, qbuf, vkq, acc, Mp, Sp, Mt, St in state], k0, k1)
+        for r, hk, qbuf, vkq, acc, Mp, Sp, Mt, St in state:
+            s_c = b.load(Sp)
+            with b.if_then(b.fcmp_unordered("!=", s_c, f32(0.0))):       # ggml_flash_attn_ext_reduce_partials
+                m, m_c = b.load(Mt), b.load(Mp)
+                mn = b.call(maxnum, [m, m_c])
+                a = b.call(e.expf, [b.fsub(m, mn)])
+                w = b.call(e.expf, [b.fsub(m_c, mn)])
+                ab, wb = broadcast(b, a), broadcast(b, w)
+                for i in range(0, e.DV, 8):
+                    part = b.fmul(e.vload(vkq, i64(i), 32), wb)
+                    e.vstore(fma(b, e.vload(acc, i64(i), 32), ab, part), acc, i64(i), 32)
+                b.store(fma(b, b.load(St), a, b.fmul(s_c, w)), St)
+                b.store(mn, Mt)
+    for r, hk, qbuf, vkq, acc, Mp, Sp, Mt, St in state:
+        S = b.load(St)
+        sb = broadcast(b, b.fdiv(f32(1.0), S))
+        keep = b.fcmp_unordered("!=", S, f32(0.0))
+        out_off = b.mul(r, i64(e.DV))
+        for i in range(0, e.DV, 8):
+            x = e.vload(acc, i64(i), 32)
+            e.vstore(b.select(keep, b.fmul(x, sb), x), e.out, b.add(out_off, i64(i)))
+
+
 def _define_split(e: Emit) -> None:
-    """One query row: per head, one_chunk over each key chunk, reduced as the partials are.
-    The chunks are ceil(n_kv / llama_threads) keys, from this call's sizes. With DV 64 a thread
-    takes its heads two at a time (one_chunk's VKQ chains side by side; 16 vectors of state)."""
+    """One query row: per head, one_chunk over each key chunk, reduced as the partials are
+    (_split_heads). The chunks are ceil(n_kv / llama_threads) keys, from this call's sizes. With
+    DV 64 a thread takes its heads two at a time (one_chunk's VKQ chains side by side; 16 vectors
+    of state)."""
     b = e.b
     if e.M_static != 1:
         raise LoweringError(f"llvm backend: split-KV attention takes 1 query row, not {e.M_static or 'T'}")
-    nt = llama_threads(b, e.dims)
-    cs = ceil_div(b, e.n_kv, nt, name="chunk")
-    n_chunks = ceil_div(b, e.n_kv, cs, name="n_chunks")
-    maxnum = intrinsic(e.m, "llvm.maxnum.f32", f32, [f32, f32])
     lo, hi = thread_range(b, e.H, e.ith, e.nth)
 
     def heads(hs):
-        """One head's (or a pair's) split-KV: chunk by chunk, then the reduction and the output."""
-        state = [(h, b.sdiv(h, i64(e.grp)), e.alloca(f32, e.D, "q16"), e.alloca(f32, e.DV, "vkq_c"),
-                  e.alloca(f32, e.DV, "vkq"), *(e.alloca(f32, 1, nm) for nm in ("M_c", "S_c", "M", "S"))) for h in hs]
-        for h, hk, qbuf, vkq, acc, Mp, Sp, Mt, St in state:
-            e.q16(qbuf, b.mul(h, i64(e.D)))
-            e.reset(acc, Mt, St)
-        with for_range(b, 0, n_chunks, name="c") as c:
-            k0 = b.mul(c, cs)
-            k1 = smin(b, b.add(k0, cs), e.n_kv)
-            for h, hk, qbuf, vkq, acc, Mp, Sp, Mt, St in state:
-                e.reset(vkq, Mp, Sp)
-            e.one_chunk(i64(0), [(hk, qbuf, vkq, Mp, Sp) for h, hk, qbuf, vkq, acc, Mp, Sp, Mt, St in state], k0, k1)
-            for h, hk, qbuf, vkq, acc, Mp, Sp, Mt, St in state:
-                s_c = b.load(Sp)
-                with b.if_then(b.fcmp_unordered("!=", s_c, f32(0.0))):       # ggml_flash_attn_ext_reduce_partials
-                    m, m_c = b.load(Mt), b.load(Mp)
-                    mn = b.call(maxnum, [m, m_c])
-                    a = b.call(e.expf, [b.fsub(m, mn)])
-                    w = b.call(e.expf, [b.fsub(m_c, mn)])
-                    ab, wb = broadcast(b, a), broadcast(b, w)
-                    for i in range(0, e.DV, 8):
-                        part = b.fmul(e.vload(vkq, i64(i), 32), wb)
-                        e.vstore(fma(b, e.vload(acc, i64(i), 32), ab, part), acc, i64(i), 32)
-                    b.store(fma(b, b.load(St), a, b.fmul(s_c, w)), St)
-                    b.store(mn, Mt)
-        for h, hk, qbuf, vkq, acc, Mp, Sp, Mt, St in state:
-            S = b.load(St)
-            sb = broadcast(b, b.fdiv(f32(1.0), S))
-            keep = b.fcmp_unordered("!=", S, f32(0.0))
-            out_off = b.mul(h, i64(e.DV))
-            for i in range(0, e.DV, 8):
-                x = e.vload(acc, i64(i), 32)
-                e.vstore(b.select(keep, b.fmul(x, sb), x), e.out, b.add(out_off, i64(i)))
+        _split_heads(e, i64(0), hs, e.n_kv)
 
     if e.DV > 64:
         with for_range(b, lo, hi, name="h") as h:
@@ -322,5 +338,29 @@ def flash_attn_kernel(body: Callable[[Emit], None]) -> Callable[[ir.Module, Grap
     return define
 
 
+def _define_rows(e: Emit) -> None:
+    """A batch of sequences: a thread's share of the (row, head) items, each its row's decode alone
+    over the row's own caches and cells: split-KV from SPLIT_MIN_KV cells, else one_chunk."""
+    b = e.b
+    k_rows, v_rows, cells = e.tables
+    qbuf, vkq = e.alloca(f32, e.D, "q16"), e.alloca(f32, e.DV, "vkq")
+    Mp, Sp = e.alloca(f32, 1, "M"), e.alloca(f32, 1, "S")
+    lo, hi = thread_range(b, b.mul(e.M, i64(e.H)), e.ith, e.nth)
+    with for_range(b, lo, hi, name="item") as r:
+        mrow, h = b.sdiv(r, i64(e.H)), b.srem(r, i64(e.H))
+        e.k = b.inttoptr(b.load(b.gep(k_rows, [mrow])), f16.as_pointer())      # the row's own caches
+        e.v = b.inttoptr(b.load(b.gep(v_rows, [mrow])), f16.as_pointer())
+        n_kv = b.sext(b.load(b.gep(cells, [mrow])), i64)
+        with b.if_else(b.icmp_signed(">=", n_kv, i64(SPLIT_MIN_KV))) as (split, one):
+            with split:
+                _split_heads(e, mrow, [h], n_kv)
+            with one:
+                e.q16(qbuf, b.mul(r, i64(e.D)))
+                e.reset(vkq, Mp, Sp)
+                e.one_chunk(mrow, [(b.sdiv(h, i64(e.grp)), qbuf, vkq, Mp, Sp)], i64(0), n_kv)
+                e.store_normalised(vkq, b.load(Sp), b.mul(r, i64(e.DV)))
+
+
 define_one_chunk = kernel(Op.FLASH_ATTN, order=FA_REFERENCE)(flash_attn_kernel(_define_one_chunk))
 define_split = kernel(Op.FLASH_ATTN, order=FA_SPLIT)(flash_attn_kernel(_define_split))
+define_rows = kernel(Op.FLASH_ATTN, order=FA_ROWS)(flash_attn_kernel(_define_rows))

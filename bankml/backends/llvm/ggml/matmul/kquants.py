@@ -3,7 +3,8 @@
 The same paths and float chains as backends/reference/matmul_kquants.py (read its docstring);
 the column rule too: ggml's tiled kernel from 8 columns, its vec_dot below (Q4_K_MUL_MAT,
 Q6_K_MUL_MAT), and for repacked Q4_K the gemm for columns below M - M % 4, the gemv after
-(Q4_K_REPACK). The integers are exact int32 sums (vpmaddubsw, then vpmaddwd with the sub-block
+(Q4_K_REPACK); with params["per_column"] (a batch of sequences) every column takes its one-column
+path, vec_dot or gemv. The integers are exact int32 sums (vpmaddubsw, then vpmaddwd with the sub-block
 scales), so any grouping of them gives ggml's; each output is one chain of f32 steps over the
 super-blocks. The gemm and the tiled kernel run tiles of LANE_TILES columns (widest first)
 in the lanes of their float chains (activations interleaved once per tile, see _Scratch), the
@@ -524,7 +525,12 @@ def define_mul_mat_kquant(m: ir.Module, g, n) -> ir.Function:
                         for j, v in enumerate(res):
                             b.store(v, b.gep(yp, [b.add(b.mul(b.add(c, i64(j)), rows_n), r)]))
 
-    if n.order is fo.Q4_K_REPACK:
+    if n.params.get("per_column"):          # a batch of sequences: every column as one alone
+        if n.order is fo.Q4_K_REPACK:
+            columns(_Repacked(1), i64(0), M, ())
+        else:
+            columns(_VecDot(wtype), i64(0), M, (TILE_COLS,))
+    elif n.order is fo.Q4_K_REPACK:
         split = b.sub(M, b.srem(M, i64(GEMM_COLS)))           # gemm below, gemv from here
         columns(_Repacked(4), i64(0), split, LANE_TILES[wtype])
         columns(_Repacked(1), split, M, ())
