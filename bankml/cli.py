@@ -367,7 +367,7 @@ def serve(model, host, port, threads, llama_threads, n_ctx, n_slots, queue_size,
             raise BankmlError(f"{m.path.name}: pooling 'rank' (a reranker's head) is not served; choose --pooling")
     click.echo(f"bankml serve: {cache_line(m.kv, m.hparams, m.n_ctx)} per slot", err=True)
     t0 = time.perf_counter()
-    m.compile(embeddings)                       # every variant now: no request waits for the JIT
+    m.compile(embeddings, batch=n_slots > 1)    # every variant now (the slots' shared step too): no request waits
     m.warm_up()                                 # as llama-server's warm-up run
     gc.collect()
     _freeze_loaded()
@@ -421,7 +421,8 @@ def _template_file(path: str) -> str:
 def compile_cmd(model: str | None, out_dir: str | None, n_ctx: int, n_ubatch: int, list_cache: bool,
                 clear_cache: bool, cache_type_k: str, cache_type_v: str) -> None:
     """Compile every graph variant of MODEL, so that no run, prompt length or context length
-    compiles again (any thread count); the code lands in the compiled-code cache."""
+    compiles again (any thread count; the slots' shared decode step of `serve --parallel` too);
+    the code lands in the compiled-code cache."""
     import bankml
     from bankml.ir.printer import dump
     from bankml.backends.llvm import jit_cache
@@ -439,7 +440,8 @@ def compile_cmd(model: str | None, out_dir: str | None, n_ctx: int, n_ubatch: in
                      cache_type_v=cache_type_v) as m:
         out.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
-        with click.progressbar(m.variants, label=f"compiling {len(m.variants)} graphs", file=sys.stderr,
+        variants = m.variants + ([m.seqs_variant] if m.batch_refusal() is None else [])
+        with click.progressbar(variants, label=f"compiling {len(variants)} graphs", file=sys.stderr,
                                item_show_func=lambda v: v and v.name) as bar:
             for v in bar:
                 m.prepare(v)
@@ -450,10 +452,10 @@ def compile_cmd(model: str | None, out_dir: str | None, n_ctx: int, n_ubatch: in
         plan = _plan_json(m)
         plan["compiled"] = {"n_ctx": m.n_ctx, "n_ubatch": m.n_ubatch, "seconds": round(seconds, 3),
                             "variants": [{"name": v.name, "n_tokens": str(v.n_tokens), "n_kv": str(v.n_kv),
-                                          "n_outputs": str(v.n_outputs)} for v in m.variants],
+                                          "n_outputs": str(v.n_outputs)} for v in variants],
                             "jit_cache": str(jit_cache.jit_dir()) if jit_cache.enabled() else None}
         (out / "plan.json").write_text(json.dumps(plan, indent=1) + "\n")
-    click.echo(f"compiled {len(m.variants)} graphs in {seconds:.1f}s ({misses} objects compiled, {hits} loaded "
+    click.echo(f"compiled {len(variants)} graphs in {seconds:.1f}s ({misses} objects compiled, {hits} loaded "
                f"from the cache); "
                f"plan and IR in {out}")
 

@@ -24,10 +24,11 @@ setting: `sampling time` per sampled token against `eval time` per run.
 serve (run.py --rows serve): for each C of --serve-clients, `bankml serve --parallel C` and
 `llama-server -np C --jinja` (same model, -t and per-slot context: llama-server's -c is the
 total, so ctx x C), alternated over --reps rounds, each round a new process of each: started,
-sent --serve-requests chat requests (user messages not sent before in this run, max_tokens
---serve-tokens, llama.cpp's default sampling with a seed each) from C client threads over
-urllib, stopped. The figure: completion tokens over the requests' wall time (start-up apart), best
-round and first round. bankml's first start has an empty BANKML_CACHE (cold: it compiles every
+sent max(--serve-requests, 2C) chat requests (user messages not sent before in this run, max_tokens
+--serve-tokens, llama.cpp's default sampling with a seed each, streamed with usage) from C client
+threads over urllib, stopped. The figures: completion tokens over the requests' wall time
+(start-up apart), best round and first round; and each request's time to its first token (from
+sending it to the first content chunk), median and slowest of the best round. bankml's first start has an empty BANKML_CACHE (cold: it compiles every
 graph before /health answers); later starts reuse it (warm).
 """
 from __future__ import annotations
@@ -46,7 +47,7 @@ import numpy as np
 
 import bankml
 from bankml.oracle.completion import completion
-from bankml.oracle.server import LlamaServer, chat_reply
+from bankml.oracle.server import LlamaServer
 from bankml.testing.serve import BankmlServer
 
 PROMPT = "The history of the printing press begins"
@@ -170,11 +171,26 @@ def sampler_share(path: Path, backend: str, threads: int, n: int, seed: int, cac
 # ---- serve: bankml serve vs llama-server ----
 
 def _chat(url: str, content: str, seed: int, max_tokens: int) -> dict:
-    body = {"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, "seed": seed}
+    """One streamed chat request: its text, completion tokens (the usage chunk) and time to first token."""
+    body = {"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, "seed": seed,
+            "stream": True, "stream_options": {"include_usage": True}}
     req = urllib.request.Request(url + "/v1/chat/completions", data=json.dumps(body).encode(),
                                  headers={"Content-Type": "application/json"})
+    t0, ttft, text, usage = time.perf_counter(), None, "", None
     with urllib.request.urlopen(req, timeout=900) as r:
-        return chat_reply(json.loads(r.read()))
+        for line in r:
+            if not line.startswith(b"data: {"):
+                continue
+            chunk = json.loads(line[6:])
+            for choice in chunk.get("choices") or []:
+                piece = (choice.get("delta") or {}).get("content")
+                if piece:
+                    ttft = time.perf_counter() - t0 if ttft is None else ttft
+                    text += piece
+            usage = chunk.get("usage") or usage
+    if usage is None:
+        raise RuntimeError(f"{url}: a streamed chat answer without usage")
+    return {"text": text, "completion_tokens": int(usage["completion_tokens"]), "ttft_s": ttft or 0.0}
 
 
 def _requests_round(url: str, requests: list[tuple[str, int]], clients: int) -> dict:
@@ -198,8 +214,9 @@ def _requests_round(url: str, requests: list[tuple[str, int]], clients: int) -> 
     if errors:
         raise errors[0]
     tokens = sum(r["completion_tokens"] for r in replies)
+    ttft = [r["ttft_s"] for r in replies]
     return {"tok_s": tokens / wall, "tokens": tokens, "wall_s": wall, "texts": [r["text"] for r in replies],
-            "server_tok_s": float(np.mean([r["predicted_per_second"] for r in replies]))}
+            "ttft_s": (float(np.median(ttft)), max(ttft))}
 
 
 def _peak_rss_mb(pid: int) -> float:
@@ -228,11 +245,11 @@ def _serve_round(side: str, model: str, path: Path, a, clients: int, requests, e
 
 def serve_rows(name: str, model: str, path: Path, a) -> list[dict]:
     rows = []
-    k = a.serve_requests
     with tempfile.TemporaryDirectory(prefix="bankml-bench-serve-") as cache:
         env = {**os.environ, "BANKML_CACHE": cache}
         used = 0                            # chat messages sent so far: every round's are new
         for clients in a.serve_clients:
+            k = max(a.serve_requests, 2 * clients)
             rounds = {"bankml": [], "llama": []}
             for _ in range(a.reps):
                 requests = [(CHATS[(used + i) % len(CHATS)], a.seed + used + i, a.serve_tokens) for i in range(k)]
@@ -253,7 +270,7 @@ def _serve_row(name: str, clients: int, k: int, rounds: dict) -> dict:
             "ratio": best["bankml"]["tok_s"] / best["llama"]["tok_s"],
             "first": (rounds["bankml"][0]["tok_s"], rounds["llama"][0]["tok_s"]),
             "tokens": (best["bankml"]["tokens"], best["llama"]["tokens"]),
-            "server_tok_s": (best["bankml"]["server_tok_s"], best["llama"]["server_tok_s"]),
+            "ttft_s": (best["bankml"]["ttft_s"], best["llama"]["ttft_s"]),
             "start_s": ([r["start_s"] for r in rounds["bankml"]], [r["start_s"] for r in rounds["llama"]]),
             "rss": (max(r["rss_mb"] for r in rounds["bankml"]), max(r["rss_mb"] for r in rounds["llama"])),
             "same": (same, total)}
@@ -277,7 +294,9 @@ def print_sampler(r: dict) -> None:
 def print_serve(r: dict) -> None:
     b, ll = r["start_s"]
     print(f"{r['model']:20} {r['test']:22} {r['bankml']:8.2f} tok/s {r['llama']:8.2f} tok/s {r['ratio']:7.3f}  "
-          f"{r['requests']} requests, {r['tokens'][0]} vs {r['tokens'][1]} tokens; first round "
+          f"{r['requests']} requests, {r['tokens'][0]} vs {r['tokens'][1]} tokens; first token median "
+          f"{r['ttft_s'][0][0]:.2f} vs {r['ttft_s'][1][0]:.2f} s (slowest {r['ttft_s'][0][1]:.2f} vs "
+          f"{r['ttft_s'][1][1]:.2f} s); first round "
           f"{r['first'][0]:.2f} vs {r['first'][1]:.2f} tok/s; start {', '.join(f'{s:.1f}' for s in b)} s vs "
           f"{', '.join(f'{s:.1f}' for s in ll)} s; same text {r['same'][0]}/{r['same'][1]}", flush=True)
 
@@ -319,18 +338,22 @@ def markdown(rows: list[dict], a) -> list[str]:
     if mine := [r for r in rows if r["kind"] == "serve"]:
         lines += ["## What a user runs: `bankml serve` and `llama-server`", "",
                   f"`bankml serve --parallel C` and `llama-server -np C --jinja`, -t {a.threads}, {GEN_CTX} "
-                  f"tokens a slot; {mine[0]['requests']} chat requests a round (new user messages, "
+                  f"tokens a slot; max({a.serve_requests}, 2C) chat requests a round (new user messages, "
                   f"max_tokens {a.serve_tokens}, llama.cpp's default sampling with a seed each) from C "
                   f"client threads; {a.reps} round{'s' if a.reps > 1 else ''}, each a new process of each side, "
                   "alternated. tok/s: "
-                  "completion tokens over the round's wall time, start-up apart. Start-up: to /health; "
+                  "completion tokens over the round's wall time, start-up apart (bankml's slots share each decode "
+                  "step: continuous batching, docs/SERVER.md). First token: each streamed request's time from "
+                  "sending to its first content chunk, median and slowest, best round. Start-up: to /health; "
                   "bankml's first start has an empty BANKML_CACHE (cold: every graph compiled before it "
                   "answers), later ones reuse it.", "",
                   "| model | clients | bankml tok/s | llama-server tok/s | ratio | first round bankml / llama | "
+                  "first token s, median (slowest) bankml / llama | "
                   "completion tokens | bankml start s | llama-server start s | max RSS MB bankml / llama | "
-                  "same text |", "|---|---|---|---|---|---|---|---|---|---|---|"] + [
+                  "same text |", "|---|---|---|---|---|---|---|---|---|---|---|---|"] + [
                   f"| {r['model']} | {r['clients']} | {r['bankml']:.2f} | {r['llama']:.2f} | {r['ratio']:.3f} | "
-                  f"{r['first'][0]:.2f} / {r['first'][1]:.2f} | {r['tokens'][0]} / {r['tokens'][1]} | "
+                  f"{r['first'][0]:.2f} / {r['first'][1]:.2f} | {r['ttft_s'][0][0]:.2f} ({r['ttft_s'][0][1]:.2f}) / "
+                  f"{r['ttft_s'][1][0]:.2f} ({r['ttft_s'][1][1]:.2f}) | {r['tokens'][0]} / {r['tokens'][1]} | "
                   f"{', '.join(f'{s:.1f}' for s in r['start_s'][0])} | "
                   f"{', '.join(f'{s:.1f}' for s in r['start_s'][1])} | {r['rss'][0]:.0f} / {r['rss'][1]:.0f} | "
                   f"{r['same'][0]}/{r['same'][1]} |" for r in mine] + [""]

@@ -3,7 +3,7 @@ feels (the first logits of a prompt length never run before, the steadiness of a
 
     python bench/run.py [--backend llvm] [--threads 2] [--reps 2] [--models smollm2-q4_1,...]
                         [--rows pp,tg,fresh,long,gen,serve] [--fresh-lengths 5] [--long-tokens 1100]
-                        [--gen-tokens 128,1024] [--serve-requests 6] [--serve-tokens 128] [--serve-clients 1,3]
+                        [--gen-tokens 128,1024] [--serve-requests 6] [--serve-tokens 128] [--serve-clients 1,2,4,8]
                         [--seed S] [--write-docs] [-ctk q8_0 -ctv q8_0]
 
 For each model, bankml and the oracle build's `llama-bench` run interleaved on the same
@@ -539,7 +539,7 @@ def main() -> None:
     ap.add_argument("--gen-tokens", default="128,1024", help="gen: the -n of each bankml run / llama-completion pair")
     ap.add_argument("--serve-requests", type=int, default=6, help="serve: chat requests a round")
     ap.add_argument("--serve-tokens", type=int, default=128, help="serve: max_tokens of each request")
-    ap.add_argument("--serve-clients", default="1,3", help="serve: clients at once (and slots, -np) of each row")
+    ap.add_argument("--serve-clients", default="1,2,4,8", help="serve: clients at once (and slots, -np) of each row")
     ap.add_argument("--seed", type=int, help="draws the fresh lengths and all token ids (default: a new one)")
     ap.add_argument("--write-docs", action="store_true")
     ap.add_argument("-ctk", "--cache-type-k", default="f16", help="K cache type (llama-bench's -ctk)")

@@ -34,16 +34,16 @@ def test_compile_writes_plan_and_ir_and_the_next_run_compiles_nothing(tmp_path, 
 
     r = bankml(cache, "compile", smollm2, "-o", str(out))
     assert r.returncode == 0, r.stderr
-    assert "compiled 6 graphs in" in r.stdout
+    assert "compiled 7 graphs in" in r.stdout
     plan = json.loads((out / "plan.json").read_text())
     assert plan["arch"] == "llama" and plan["hparams"]["n_layer"] == 30
     assert plan["logits_matrix"] == "token_embd.weight" and plan["matrix_type"] == "Q4_1"
     names = [v["name"] for v in plan["compiled"]["variants"]]
-    assert names == ["decode", "decode-split", "small-all", "small-last", "large-all", "large-last"]
+    assert names == ["decode", "decode-split", "small-all", "small-last", "large-all", "large-last", "decode-seqs"]
     assert (out / "decode.ir").read_text().startswith("# graph ")
     assert "[T,576]" in (out / "large-all.ir").read_text()
     entries = sorted(p.name for p in (cache / "jit").glob("*.o"))
-    n = len(entries)        # each graph's glue, the distinct kernels of all six graphs (graphs that
+    n = len(entries)        # each graph's glue, the distinct kernels of all seven graphs (graphs that
     compiled = int(re.search(r"\((\d+) objects compiled, ", r.stdout)[1])    # share a kernel load it)
     distinct = len({(cache / "jit" / e).read_bytes() for e in entries})     # and each kernel's spec
     assert n > compiled >= distinct > 6                                      # entry (the same object)

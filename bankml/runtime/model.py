@@ -230,6 +230,11 @@ class Model:
 
     def batch_refusal(self) -> str | None:
         """Why this model's sessions cannot decode in one step (Model.batch), or None."""
+        if not hasattr(self, "_batch_refusal"):
+            self._batch_refusal = self._why_no_batch()
+        return self._batch_refusal
+
+    def _why_no_batch(self) -> str | None:
         if self.profile != "ggml":
             return f"the {self.profile} profile decodes one session at a time"
         if self.kv.quantized:

@@ -35,6 +35,7 @@ from bankml.runtime.grammar.pieces import Pieces
 from bankml.server import webui
 from bankml.server.api import embeddings, native, ollama, openai, props, refused, structured, tools, utility
 from bankml.server.engine import Job, run_job, timings_so_far
+from bankml.server.steps import DecodeSteps
 from bankml.server.fields import (BadRequest, Vocab, boolean, chat_logprobs, child_seed, job_fields, n_cmpl,
                                   nested_values, response_fields, slot_asked, sse_ping)
 from bankml.server.guard import HttpOptions, guarded
@@ -55,6 +56,10 @@ class Server:
         self.name = model.path.name
         self.pool = SlotPool(model, n_slots, queue_size, cache_ram_mib, swa_full)
         self.workers = {s.id: ThreadPoolExecutor(1, thread_name_prefix=f"bankml-slot-{s.id}") for s in self.pool.slots}
+        # the slots' decodes in shared steps (continuous batching, each slot's solo bits): server/steps.py
+        self.steps = DecodeSteps(model) if n_slots > 1 else None
+        if self.steps is not None and self.metrics is not None:
+            self.steps.on_step = self.metrics.step
         self.ping_s = ping_s                    # SSE ping interval (<= 0: none)
         self.vocab = Vocab.of(model)            # what logit_bias and ignore_eos read
         tok = tokenizer_for(model)
@@ -118,9 +123,9 @@ class Server:
         def work():
             on_text = (lambda s, t, p: put(("text", s, p, t))) if stream else (lambda s, t, p: None)
             try:
-                r = run_job(self.model, slot, job, on_text, cancel.is_set)
+                r = run_job(self.model, slot, job, on_text, cancel.is_set, self.steps)
                 if self.metrics is not None:
-                    self.metrics.record(r)
+                    self.metrics.record(r, shared_steps=self.steps is not None and self.steps.enabled)
                 put(("done", r, None, None))
             except Exception as e:          # a bankml bug: reported to the client and logged
                 print(f"bankml serve: generation failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)

@@ -15,6 +15,7 @@ tokens or a full context ("length" / LIMIT), or a cancel (a client gone).
 from __future__ import annotations
 
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -24,6 +25,7 @@ from bankml.runtime.sampler import LLAMA_DEFAULT_SEED, SamplerParams
 from bankml.tokenizer import tokenizer_for
 from bankml.server import checkpoints as ckpt
 from bankml.server.slots import Slot, prefix_state
+from bankml.server.steps import DecodeSteps
 
 
 @dataclass
@@ -103,9 +105,31 @@ def find_partial_stop(text: str, word: str) -> int:
 
 
 def run_job(model, slot: Slot, job: Job, on_text: Callable[..., None] = lambda s, t, p: None,
-            cancelled: Callable[[], bool] = lambda: False) -> Result:
+            cancelled: Callable[[], bool] = lambda: False, steps: DecodeSteps | None = None) -> Result:
     """Generate in `slot` (its session, its held ids); on_text(text, token, prob) for each token as
-    it comes (prob: its Prob when n_probs > 0 and its text is complete UTF-8, else None)."""
+    it comes (prob: its Prob when n_probs > 0 and its text is complete UTF-8, else None). With
+    `steps` (the server's, --parallel > 1) each decode after the prompt shares one step with the
+    other slots' (server/steps.py): the slot is a member from its first sampled token to its last."""
+    with ExitStack() as stack:
+        def join() -> None:
+            if steps is not None:
+                stack.enter_context(steps.member(slot.session))
+        return _run_job(model, slot, job, on_text, cancelled, steps, join)
+
+
+def _prefill(model, sess, tokens: list[int], steps: DecodeSteps | None):
+    """sess.prefill(tokens, outputs="last")'s last row. With the server's shared steps, one
+    micro-batch at a time (the cut llama_decode makes), each after any decode step that is ready,
+    so that a long prompt holds the generating slots up by one micro-batch at most."""
+    if steps is None:
+        return sess.prefill(tokens, outputs="last")[-1]
+    for start, stop, _ in model.micro_batches(len(tokens), "last"):
+        steps.wait_turn()
+        row = sess.prefill(tokens[start:stop], outputs="last")[-1]
+    return row
+
+
+def _run_job(model, slot, job, on_text, cancelled, steps, join) -> Result:
     tok = tokenizer_for(model)
     sess = slot.session
     n_cached = prefix_state(slot, job.prompt, job.cache_prompt)
@@ -116,14 +140,15 @@ def run_job(model, slot: Slot, job: Job, on_text: Callable[..., None] = lambda s
         states = sess.recurrent_states if slot.recurrent else None
         for start, stop in ckpt.batches(n_cached, len(job.prompt), set(job.user_starts), slot.checkpoints,
                                         slot.n_tasks, states):
-            row = sess.prefill(job.prompt[start:stop], outputs="last")[-1]
+            row = _prefill(model, sess, job.prompt[start:stop], steps)
     else:
-        row = sess.prefill(rest, outputs="last")[-1]
+        row = _prefill(model, sess, rest, steps)
     slot.tokens = list(job.prompt)
     grammar = job.grammar.clone() if job.grammar is not None else None
     sampler = start_sampler(job.params, job.seed, tok, job.prompt, grammar)   # init_sampler
     t1 = time.perf_counter()
     slot.progress = (len(job.prompt), n_cached, (t1 - t0) * 1e3, t1)    # what timings_so_far reads
+    join()
     out: list[int] = []
     probs: list[Prob] = []
     raw = bytearray()           # every piece so far
@@ -186,7 +211,7 @@ def run_job(model, slot: Slot, job: Job, on_text: Callable[..., None] = lambda s
             finish, stop_type, has_next = "stop", "eos", False
         if not has_next:
             break
-        row = sess.decode(t)
+        row = steps.decode(sess, t) if steps is not None else sess.decode(t)
         slot.tokens.append(t)
     t2 = time.perf_counter()
     n_stop = len(model.tokenize(word, add_special=False, parse_special=False)) if probs and word else 0

@@ -3,6 +3,7 @@ in the Prometheus text format by prometheus_client under llama-server's names.
 
     m = Metrics(n_batch=2048)
     m.record(result)                       # after each generation (engine.Result)
+    m.step(n_slots)                        # a decode step the slots shared (server/steps.py)
     body = m.exposition(busy=1, queued=0)  # GET /metrics; the rate gauges restart at each scrape
 
 Counters since the start (tools/server/server-common.h server_metrics): prompt tokens computed
@@ -10,7 +11,8 @@ and taken from the cache, the seconds they took, generated tokens and their seco
 calls (a prompt's share of n_batch tokens each, then one per generated token but the last, whose
 logits nobody reads) and the longest sequence a decode saw. Gauges: the prompt and generation
 rates since the last scrape (decode steps over their time: a generation's first token comes with
-its prompt), requests being processed and waiting, busy slots per decode.
+its prompt), requests being processed and waiting, busy slots per decode (the slots a decode
+step took, averaged over every llama_decode; a prompt's decode takes its one slot).
 """
 from __future__ import annotations
 
@@ -48,15 +50,16 @@ class Metrics:
         self._lock = threading.Lock()
         self.prompt, self.predict = _Bucket(), _Bucket()
         self.prompt_window, self.predict_window = _Bucket(), _Bucket()
-        self.n_prompt_cached = self.n_tokens_max = self.n_decode = 0
+        self.n_prompt_cached = self.n_tokens_max = self.n_decode = self.n_busy_slots = 0
         self.registry = CollectorRegistry(auto_describe=False)     # this server's own, no global state
         self._scrape: tuple[int, int] = (0, 0)
         self.registry.register(self)
 
-    def record(self, r) -> None:
-        """One finished generation (engine.Result), as llama-server counts it."""
+    def record(self, r, shared_steps: bool = False) -> None:
+        """One finished generation (engine.Result), as llama-server counts it; with shared_steps its
+        tokens' decodes were the slots' shared steps, which step() counts."""
         n_gen = len(r.tokens)
-        decodes = -(-r.n_processed // self.n_batch) + max(n_gen - 1, 0)
+        decodes = -(-r.n_processed // self.n_batch) + (0 if shared_steps else max(n_gen - 1, 0))
         with self._lock:
             for b in (self.prompt, self.prompt_window):
                 b.add(r.n_processed, r.n_processed, r.t_prompt_ms / 1e3)
@@ -64,7 +67,14 @@ class Metrics:
                 b.add(n_gen, max(n_gen - 1, 0), r.t_gen_ms / 1e3)
             self.n_prompt_cached += r.n_cached
             self.n_decode += decodes
+            self.n_busy_slots += decodes
             self.n_tokens_max = max(self.n_tokens_max, r.n_prompt + max(n_gen - 1, 0))
+
+    def step(self, n_slots: int) -> None:
+        """One decode step that took n_slots slots' tokens (one llama_decode)."""
+        with self._lock:
+            self.n_decode += 1
+            self.n_busy_slots += n_slots
 
     def collect(self):
         """prometheus_client's collector interface: llama-server's counters, then its gauges."""
@@ -89,9 +99,8 @@ class Metrics:
                    self.predict_window.rate()),
                   ("requests_processing", "Number of requests processing", busy),
                   ("requests_deferred", "Number of requests deferred", queued),
-                  # each of bankml's decodes is one slot's (no batch of slots yet): 1 once any ran
                   ("n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call",
-                   min(self.n_decode, 1)))
+                   self.n_busy_slots / self.n_decode if self.n_decode else 0))
         for name, doc, value in gauges:
             yield GaugeMetricFamily(PREFIX + name, doc, value=value)
 
