@@ -28,8 +28,9 @@ sent max(--serve-requests, 2C) chat requests (user messages not sent before in t
 --serve-tokens, llama.cpp's default sampling with a seed each, streamed with usage) from C client
 threads over urllib, stopped. The figures: completion tokens over the requests' wall time
 (start-up apart), best round and first round; and each request's time to its first token (from
-sending it to the first content chunk), median and slowest of the best round. bankml's first start has an empty BANKML_CACHE (cold: it compiles every
-graph before /health answers); later starts reuse it (warm).
+sending it to the first content chunk), median and slowest of the best round. bankml's first
+start has an empty BANKML_CACHE (cold: it compiles every graph before /health answers); later
+starts reuse it (warm).
 """
 from __future__ import annotations
 
