@@ -297,7 +297,7 @@ def _env(name: str) -> dict:
 @click.option("--ctx", "n_ctx", default=4096, show_default=True, **_env("CTX"),
               help="Context size of each slot in tokens.")
 @click.option("--parallel", "n_slots", default=1, show_default=True, **_env("PARALLEL"),
-              help="Slots: requests generated at once.")
+              help="Slots: requests generated at once, their decodes in shared steps (each its solo bits).")
 @click.option("--queue", "queue_size", default=16, show_default=True, **_env("QUEUE"),
               help="Requests that may wait for a slot; one more gets 503.")
 @click.option("--cache-ram", "cache_ram", default=8192, show_default=True, **_env("CACHE_RAM"),

@@ -44,8 +44,11 @@ class SessionBatch:
         """One token for each session (tokens[i] to sessions[i]): the logits rows [n_sessions, n_vocab],
         row i the bits sessions[i].decode(tokens[i]) gives alone. Every token and every session's room
         is checked before anything runs."""
-        tokens = list(tokens) if not isinstance(tokens, (str, bytes)) else tokens
-        if not isinstance(tokens, list) or len(tokens) != len(self.sessions):
+        try:
+            tokens = list(tokens) if not isinstance(tokens, (str, bytes)) else None
+        except TypeError:
+            tokens = None
+        if tokens is None or len(tokens) != len(self.sessions):
             raise BankmlError(f"batch.decode takes one token per session ({len(self.sessions)})")
         checked = [s._checked([t])[0] for s, t in zip(self.sessions, tokens)]
         if len(self.sessions) == 1:

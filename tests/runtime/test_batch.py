@@ -110,8 +110,9 @@ def test_bad_calls_are_refused_and_leave_every_session_as_it_was():
         a, b = m.session(), m.session()
         a.prefill([1, 2, 3])
         b.prefill([4] * 255)
-        with pytest.raises(bankml.BankmlError, match="one token per session"):
-            m.batch([a, b]).decode([5])
+        for bad in ([5], 5, "ab"):
+            with pytest.raises(bankml.BankmlError, match="one token per session"):
+                m.batch([a, b]).decode(bad)
         with pytest.raises(bankml.BankmlError, match="token id 49152 is out of range"):
             m.batch([a, b]).decode([5, 49152])
         b.decode(6)
