@@ -27,7 +27,7 @@ class DecodeSteps:
         self.enabled = model.batch_refusal() is None
         self._cond = threading.Condition()
         self._members: set = set()          # sessions in their generation loop
-        self._tokens: dict = {}             # session -> its token for the next step, in hand-in order
+        self._tokens: dict = {}             # session -> its token for the next step
         self._rows: dict = {}               # session -> its row (or the step's exception)
         self._running = False
         self._batch = None                  # the last step's Model.batch (kept while its members stay)
@@ -76,10 +76,10 @@ class DecodeSteps:
         self._running = True
         self._cond.release()
         try:
-            sessions = list(tokens)
+            sessions = sorted(tokens, key=id)     # one order while the members stay: the batch is kept
             if self._batch is None or self._batch.sessions != sessions:
                 self._batch = self.model.batch(sessions)
-            rows = self._batch.decode(list(tokens.values()))
+            rows = self._batch.decode([tokens[s] for s in sessions])
             results = dict(zip(sessions, rows))
         except BaseException as e:          # every member of the step hears of it
             results = dict.fromkeys(tokens, e)
