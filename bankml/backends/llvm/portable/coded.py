@@ -3,9 +3,10 @@ does not read: Q4_0, Q5_0, Q5_1 and the K-quants Q4_K and Q6_K, as coded rows
 (profiles/portable/coded.py: every weight a·coef + b·offs of its segment, a and b f16 scales
 held exactly).
 
-Per 32-element sub-block j of a row (sub_block): the coefficients coef (<32 x i32>) and the
-first scale a; for two-scale formats the second scale b and the offsets' sum with the codes
-(Q5_1: Σcode; Q4_K: -m_j·Σcode):
+Per 32-element sub-block j of a row (sub_block, a SubBlock): the coefficients coef as int8
+codes q times an optional multiplier (a K-quant's sub-block scales) and the first scale a; for
+two-scale formats the second scale b and the offsets' sum with the codes (Q5_1: Σcode; Q4_K:
+-m_j·Σcode):
     Q4_0  coef = nibble - 8, a = d                 Q5_0  coef = code - 16, a = d
     Q5_1  coef = code, a = d; b = m, offs 1        Q6_K  coef = sc_16·(code - 32), a = d
     Q4_K  coef = sc_j·nibble, a = d; b = dmin, offs = -m_j
@@ -43,7 +44,6 @@ from bankml.profiles.portable import orders as po
 from bankml.quants import Q4_0, Q4_K, Q5_0, Q5_1, Q6_K, WEIGHT_TYPES
 
 TYPES = (Q4_0, Q5_0, Q5_1, Q4_K, Q6_K)
-v16i64 = ir.VectorType(i64, 16)
 
 
 class SubBlock(NamedTuple):
