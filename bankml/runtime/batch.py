@@ -37,8 +37,8 @@ class SessionBatch:
         if any(s.model is not model for s in sessions):
             raise BankmlError("model.batch: every session must belong to this model")
         self.model, self.sessions = model, sessions
-        self._caches: dict[tuple[int, int], dict] = {}      # a run's caches by its sessions' range (kept: the
-                                                            # backend binds the same lists without looking again)
+        self._caches: dict[int, dict] = {}      # a run's caches by its first session (kept: the backend
+                                                # binds the same lists without looking again)
 
     def decode(self, tokens) -> np.ndarray:
         """One token for each session (tokens[i] to sessions[i]): the logits rows [n_sessions, n_vocab],
@@ -51,8 +51,6 @@ class SessionBatch:
         if tokens is None or len(tokens) != len(self.sessions):
             raise BankmlError(f"batch.decode takes one token per session ({len(self.sessions)})")
         checked = [s._checked([t])[0] for s, t in zip(self.sessions, tokens)]
-        if len(self.sessions) == 1:
-            return self.sessions[0].decode(checked[0])[None]
         rows = [self._run(i, self.sessions[i:i + SEQS_MAX], checked[i:i + SEQS_MAX])
                 for i in range(0, len(self.sessions), SEQS_MAX)]
         return np.concatenate(rows)
@@ -71,22 +69,16 @@ class SessionBatch:
                   "out_ids": np.arange(S, dtype=np.int64), "kv_cells": cells}
         n_kv_swa = None
         if m.kv_size_swa:           # each session's own sliding-window cells, as its _ubatch finds them
-            idxs, swa_cells, masks = [], [], []
-            for s, p in zip(sessions, pos):
-                i = s.swa.find_slot(1)
-                s.swa.apply(i, [p])
-                idxs += i
-                swa_cells.append(s.swa.n_kv())
-                masks.append(s.swa.mask([p], swa_cells[-1])[0])
+            idxs, swa_cells, masks = zip(*(s.swa.place(pos[i:i + 1]) for i, s in enumerate(sessions)))
             n_kv_swa = max(swa_cells)
             mask_swa = np.full((S, n_kv_swa), -np.inf, np.float16)
             for i, row in enumerate(masks):
-                mask_swa[i, :len(row)] = row
-            inputs.update(swa_idxs=np.asarray(idxs, np.int32), kq_mask_swa=mask_swa,
+                mask_swa[i, :row.shape[1]] = row[0]
+            inputs.update(swa_idxs=np.concatenate(idxs).astype(np.int32), kq_mask_swa=mask_swa,
                           kv_cells_swa=np.asarray(swa_cells, np.int32))
-        caches = self._caches.get((first, S))
+        caches = self._caches.get(first)
         if caches is None:
-            caches = self._caches[first, S] = {key: [s.caches[key] for s in sessions] for key in sessions[0].caches}
+            caches = self._caches[first] = {key: [s.caches[key] for s in sessions] for key in sessions[0].caches}
         out = m.run_seqs(S, KV, inputs, caches, n_kv_swa)
         for s in sessions:
             s.n_past += 1

@@ -70,6 +70,14 @@ class SwaCells:
             self.pos[gone] = -1
             self.head = min(self.head, int(np.argmax(gone)))
 
+    def place(self, positions) -> tuple[list[int], int, np.ndarray]:
+        """A micro-batch of these positions placed (find_slot, then apply_ubatch): its cells, the
+        n_kv the attention then reads and the mask [tokens, n_kv] it reads through."""
+        idxs = self.find_slot(len(positions))
+        self.apply(idxs, positions)
+        n_kv = self.n_kv()
+        return idxs, n_kv, self.mask(positions, n_kv)
+
     def n_kv(self) -> int:
         """llama_kv_cache::get_n_kv: the cells attention reads."""
         used = np.nonzero(self.pos >= 0)[0]

@@ -146,11 +146,8 @@ class Session:
         if self.swa is not None:
             # the sliding-window layers' cache: cells by llama.cpp's slot search, its own n_kv,
             # and its mask (is_masked_swa: p1 - p0 >= n_swa is hidden)
-            idxs = self.swa.find_slot(T)
-            self.swa.apply(idxs, pos)
-            n_kv_swa = self.swa.n_kv()
+            idxs, n_kv_swa, inputs["kq_mask_swa"] = self.swa.place(pos)
             inputs["swa_idxs"] = np.asarray(idxs, np.int32)
-            inputs["kq_mask_swa"] = self.swa.mask(pos, n_kv_swa)
         ub = self._ubatch_index
         trace = (lambda n, v: self.trace(ub, n, v)) if self.trace else None
         out = m.run_ubatch(T, n_kv, len(out_ids), inputs, self.caches, trace, n_kv_swa, want)
