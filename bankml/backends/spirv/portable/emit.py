@@ -96,6 +96,10 @@ class Emit:
     def bits(self, x):
         return self.f.bitcast(self.m.u32, x)
 
+    def mag(self, x):
+        """x's magnitude bits (its f32 bits, the sign cleared), u32."""
+        return self.u("BitwiseAnd", self.bits(x), self.c(MAG))
+
     def flt(self, b, name=None):
         return self.f.bitcast(self.m.f32, b, name=name)
 

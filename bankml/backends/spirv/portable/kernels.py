@@ -123,8 +123,9 @@ def _f32_at(e: Emit, buf: int, idx: int) -> int:
     return e.canon(e.f.load(e.m.f32, e.f.chain(B.SC_STORAGE_BUFFER, e.m.f32, buf, e.c(0), idx)))
 
 
-def _store(e: Emit, buf: int, idx: int, v: int) -> None:
-    e.f.store(e.f.chain(B.SC_STORAGE_BUFFER, e.m.f32, buf, e.c(0), idx), v)
+def _store(e: Emit, buf: int, idx: int, v: int, t: int | None = None) -> None:
+    """buf[idx] = v, an f32 buffer's (or of element type t)."""
+    e.f.store(e.f.chain(B.SC_STORAGE_BUFFER, e.m.f32 if t is None else t, buf, e.c(0), idx), v)
 
 
 def _f16_parts(e: Emit, h: int) -> tuple[int, int, int]:
@@ -170,7 +171,7 @@ def _fold(e: Emit, n: int, value, name: str) -> int:
 
 
 def _is_nan(e: Emit, x: int) -> int:
-    return e.b("UGreaterThan", e.u("BitwiseAnd", e.bits(x), e.c(0x7FFFFFFF)), e.c(EXP))
+    return e.b("UGreaterThan", e.mag(x), e.c(EXP))
 
 
 # ---- matvec
@@ -577,7 +578,7 @@ def emit_absmax(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
     f, u32 = e.f, k.m.u32
     amax = e.var(u32, "amax", e.c(0))
     with f.loop(nn, "amax") as i:
-        mag = e.u("BitwiseAnd", e.bits(_f32_at(e, xbuf, e.u("IAdd", base, i))), e.c(0x7FFFFFFF))
+        mag = e.mag(_f32_at(e, xbuf, e.u("IAdd", base, i)))
         up = e.b("LogicalAnd", e.b("ULessThanEqual", mag, e.c(EXP)), e.b("UGreaterThan", mag, f.load(u32, amax)))
         f.store(amax, e.sel(up, mag, f.load(u32, amax)))
     with f.if_then(valid, "store"):

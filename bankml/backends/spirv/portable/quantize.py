@@ -38,19 +38,14 @@ import functools
 
 import numpy as np
 
-from bankml.backends.spirv import builder as B
 from bankml.backends.spirv.portable.emit import EXP, MAG, SIGN, Emit
-from bankml.backends.spirv.portable.kernels import LOCAL, _f16_to_f32, _f32_at, _Module
+from bankml.backends.spirv.portable.kernels import LOCAL, _f16_to_f32, _f32_at, _Module, _store
 from bankml.errors import BankmlError
 from bankml.profiles.portable import attention, quant
 from bankml.profiles.portable.tables import constants
 
 BLOCKS = (32, 64, 128, 256)
 MAX_GROUPS = 65535                # workgroups in x per dispatch (Vulkan's minimum limit)
-
-
-def _mag(e: Emit, x: int) -> int:
-    return e.u("BitwiseAnd", e.bits(x), e.c(MAG))
 
 
 def _least_scale(e: Emit, amax: int, bits: int) -> tuple[int, int]:
@@ -98,10 +93,6 @@ def _pack(e: Emit, codes: list[int]) -> int:
     return w
 
 
-def _put(e: Emit, buf: int, idx: int, v: int) -> None:
-    e.f.store(e.f.chain(B.SC_STORAGE_BUFFER, e.m.u32, buf, e.c(0), idx), v)
-
-
 @functools.cache
 def emit_quantize(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
     """quant._quantize per block: bindings 0 x f32[blocks*block], 1 codes u32[blocks*block/4],
@@ -119,7 +110,7 @@ def emit_quantize(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
         base = e.u("IMul", blk, block)
         amax, bad = e.var(u32, "amax", e.c(0)), e.var(u32, "bad", e.c(0))
         with f.loop(block, "amax") as i:
-            mag = _mag(e, _f32_at(e, xbuf, e.u("IAdd", base, i)))
+            mag = e.mag(_f32_at(e, xbuf, e.u("IAdd", base, i)))
             fin = e.b("ULessThan", mag, e.c(EXP))
             f.store(amax, e.sel(e.b("LogicalAnd", fin, e.b("UGreaterThan", mag, f.load(u32, amax))),
                                 mag, f.load(u32, amax)))
@@ -131,10 +122,10 @@ def emit_quantize(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
         with f.loop(e.u("ShiftRightLogical", block, e.c(2)), "codes") as w:
             i0 = e.u("IAdd", base, e.u("ShiftLeftLogical", w, e.c(2)))
             cs = [_code(e, e.bits(_f32_at(e, xbuf, e.u("IAdd", i0, e.c(j)))), m1, ex) for j in range(4)]
-            _put(e, cbuf, e.u("ShiftRightLogical", i0, e.c(2)), e.sel(dead, e.c(0), _pack(e, cs)))
-        _put(e, ibuf, e.u("ShiftLeftLogical", blk, e.c(1)),
-             e.u("BitwiseOr", ms, e.sel(isbad, e.c(1 << 8), e.c(0))))
-        _put(e, ibuf, e.u("IAdd", e.u("ShiftLeftLogical", blk, e.c(1)), e.c(1)), ex)
+            _store(e, cbuf, e.u("ShiftRightLogical", i0, e.c(2)), e.sel(dead, e.c(0), _pack(e, cs)), u32)
+        _store(e, ibuf, e.u("ShiftLeftLogical", blk, e.c(1)),
+               e.u("BitwiseOr", ms, e.sel(isbad, e.c(1 << 8), e.c(0))), u32)
+        _store(e, ibuf, e.u("IAdd", e.u("ShiftLeftLogical", blk, e.c(1)), e.c(1)), ex, u32)
     f.end()
     return tuple(m.words())
 
@@ -188,14 +179,14 @@ def emit_cache_row(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
         base = e.u("IMul", row, D)
         amax = e.var(u32, "amax", e.c(0))
         with f.loop(D, "amax") as i:
-            mag = _mag(e, _f32_at(e, xbuf, e.u("IAdd", base, i)))
+            mag = e.mag(_f32_at(e, xbuf, e.u("IAdd", base, i)))
             up = e.b("LogicalAnd", e.b("ULessThanEqual", mag, e.c(EXP)), e.b("UGreaterThan", mag, f.load(u32, amax)))
             f.store(amax, e.sel(up, mag, f.load(u32, amax)))
         t = e.fmul(e.flt(f.load(u32, amax)), e.fc(float(constants()["INV_127"])))
         h = _f16_bits(e, e.bits(t))
-        _put(e, sbuf, row, h)
+        _store(e, sbuf, row, h, u32)
         inv = e.recip(_f16_to_f32(e, h))
-        dead = e.b("IEqual", e.u("BitwiseAnd", e.bits(inv), e.c(MAG)), e.c(EXP))
+        dead = e.b("IEqual", e.mag(inv), e.c(EXP))
         words = e.u("ShiftRightLogical", e.u("IAdd", D, e.c(3)), e.c(2))
         with f.loop(words, "codes") as w:
             i0 = e.u("ShiftLeftLogical", w, e.c(2))
@@ -205,7 +196,7 @@ def emit_cache_row(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
                 ok = e.b("ULessThan", i, D)
                 x = _f32_at(e, xbuf, e.u("IAdd", base, e.sel(ok, i, e.c(0))))
                 cs.append(e.sel(ok, _rint_code(e, e.bits(e.fmul(x, inv))), e.c(0)))
-            _put(e, cbuf, e.u("IAdd", e.u("IMul", row, words), w), e.sel(dead, e.c(0), _pack(e, cs)))
+            _store(e, cbuf, e.u("IAdd", e.u("IMul", row, words), w), e.sel(dead, e.c(0), _pack(e, cs)), u32)
     f.end()
     return tuple(m.words())
 
