@@ -200,6 +200,52 @@ def test_the_documents_small_names():
     assert P.ActRow is quant.ActBlocks
 
 
+DOCUMENT_NAMES = """ActRow ActScale CodedRow Logged Scale Segment Unreadable ActScaling FpUnit Words ACT_BLOCK
+    COEF_BOUND GROUP INV_127 LANES NAN SUM_WINDOW VALUE_BLOCK WIDE_BITS absmax argmax attend_int8 attend_vector
+    block_scale cache_row conv dot exact_sum exp f32_to_f16 fadd fdot fmax fmul fsub fsum ftz gdn_flush gdn_fold
+    gdn_fold_trailing gdn_read gdn_row gdn_update hadamard int8_codes int8_score l2norm ldexp ln ln1p quantize
+    quantize_blocks quantize_head reads recip rmsnorm rne rne_div rope rsqrt scaled_to_f32 sigmoid silu softmax
+    softplus tree weighted_int8 wide_scale""".split()
+
+
+def test_every_name_of_the_document_is_importable_as_what_it_names():
+    """Each struct, enum, constant and function the document lists is in bankml.profiles.portable
+    under its name (rope the function, not a module); the two enums whose variants the document
+    leaves unstated hold bankml's choices (docs/PORTABLE.md, "FpUnit and Words")."""
+    import enum
+    import inspect
+
+    import bankml.profiles.portable as P
+    assert set(DOCUMENT_NAMES) <= set(P.__all__)
+    for name in DOCUMENT_NAMES:
+        obj = getattr(P, name)
+        assert not inspect.ismodule(obj), name
+        assert inspect.isclass(obj) or callable(obj) or isinstance(obj, (int, float, np.floating)), name
+    assert issubclass(P.FpUnit, enum.Enum) and [u.name for u in P.FpUnit] == ["VECTOR", "CARD"]
+    assert issubclass(P.Words, enum.Enum) and [w.name for w in P.Words] == ["I8"]
+    x = np.array([1.5, -2.25, 3.0, 0.5], np.float32)
+    cos, sin = P.rotary.rope_table([3], 4, 10000.0, 1.0)
+    assert P.rope(x[None], cos, sin, "neox").shape == (1, 4)
+
+
+def test_attend_int8_takes_words_and_scaling_and_refuses_others():
+    """attend_int8(q, k, v, scale, words, scaling): Words.I8 gives the bits of the default call;
+    anything that is not a Words or an ActScaling is refused, never read as one."""
+    import bankml.profiles.portable as P
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal(64).astype(np.float32)
+    k = P.cache_row(rng.standard_normal((9, 64)).astype(np.float32))
+    v = P.cache_row(rng.standard_normal((9, 64)).astype(np.float32))
+    want = P.attend_int8(q, k, v, 0.125)
+    for sc in P.ActScaling:
+        got = P.attend_int8(q, k, v, 0.125, P.Words.I8, sc)
+        assert got.view(np.uint32).tolist() == P.attend_int8(q, k, v, 0.125, scaling=sc).view(np.uint32).tolist()
+    assert P.attend_int8(q, k, v, 0.125, P.Words.I8).view(np.uint32).tolist() == want.view(np.uint32).tolist()
+    for bad in ("i8", 8, P.ActScaling.SUB32):
+        with pytest.raises(ValueError, match="attend_int8"):
+            P.attend_int8(q, k, v, 0.125, bad)
+
+
 def test_rne_div_is_the_nearest_integer_of_the_exact_quotient():
     """rne_div against Python's exact rationals on ties (k + 1/2)·m·2^e and their f32 neighbours, for
     every m of both scalings."""

@@ -6,7 +6,7 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from bankml.profiles.portable import attention, rope
+from bankml.profiles.portable import attention, rotary
 from bankml.profiles.portable.arith import add, mul, sub
 from bankml.profiles.portable.tables import rope_turns
 
@@ -16,7 +16,7 @@ F32 = np.float32
 @pytest.mark.parametrize("n_dims,base", [(64, 10000.0), (128, 1e6)])
 def test_rope_table_angle_is_exact_in_turns_so_its_error_does_not_grow_with_position(n_dims, base):
     pos = np.concatenate([np.arange(64), np.arange(4096, 131072, 4093)])
-    cos, sin = rope.rope_table(pos, n_dims, base, 1.0)
+    cos, sin = rotary.rope_table(pos, n_dims, base, 1.0)
     t = rope_turns(n_dims, base, 1.0).astype(np.float64)        # the f32 turn rates, read exactly
     frac = np.array([[float((int(p) * Fraction(float(ti))) % 1) for ti in t] for p in pos])
     assert np.abs(cos - np.cos(2 * np.pi * frac)).max() < 4e-7
@@ -28,8 +28,8 @@ def test_rope_table_angle_is_exact_in_turns_so_its_error_does_not_grow_with_posi
 def test_rope_pairs_and_rotation_order(mode):
     rng = np.random.default_rng(0)
     x = rng.standard_normal((3, 2, 8)).astype(F32)
-    cos, sin = rope.rope_table(np.array([0, 5, 900]), 8, 10000.0, 1.0)
-    y = rope.rope(x, cos, sin, mode)
+    cos, sin = rotary.rope_table(np.array([0, 5, 900]), 8, 10000.0, 1.0)
+    y = rotary.rope(x, cos, sin, mode)
     pairs = [(2 * i, 2 * i + 1) for i in range(4)] if mode == "norm" else [(i, i + 4) for i in range(4)]
     for i, (a, b) in enumerate(pairs):
         c, s = cos[:, None, i], sin[:, None, i]
@@ -165,7 +165,7 @@ def test_attention_is_attend_int8_over_each_rows_live_cells(scaling):
     out = attention.attention(q, k, v, mask, 0.125, sc)
     for m, last in enumerate([0, 31, 32, 70]):
         for h in range(4):
-            want = attention.attend_int8(q[m, h], k[:last + 1, h // 2], v[:last + 1, h // 2], 0.125, sc)
+            want = attention.attend_int8(q[m, h], k[:last + 1, h // 2], v[:last + 1, h // 2], 0.125, scaling=sc)
             assert out[m, h].view(np.uint32).tolist() == want.view(np.uint32).tolist(), (m, h)
 
 

@@ -14,7 +14,7 @@ import numpy as np
 from bankml.backends.reference.lowerings import lowers
 from bankml.errors import LoweringError
 from bankml.ir.ops import Op
-from bankml.profiles.portable import arith, attention, coded, funcs, gdn, orders as po, quant, rope
+from bankml.profiles.portable import arith, attention, coded, funcs, gdn, orders as po, quant, rotary
 from bankml.profiles.portable.arith import add, mul
 
 
@@ -79,8 +79,8 @@ def _rope(env, g, n, x, pos):
     if p["ext_factor"] != 0 or p["attn_factor"] != 1:
         raise LoweringError(f"portable profile: rope {n.name or n.id} with YaRN scaling is not defined")
     nd = p["n_dims"]
-    cos, sin = rope.rope_table(pos, nd, p["freq_base"], p["freq_scale"])
-    y = rope.rope(x[..., :nd], cos, sin, p["mode"])
+    cos, sin = rotary.rope_table(pos, nd, p["freq_base"], p["freq_scale"])
+    y = rotary.rope(x[..., :nd], cos, sin, p["mode"])
     return y if nd == x.shape[-1] else np.concatenate([y, arith.canon(x[..., nd:])], axis=-1)
 
 

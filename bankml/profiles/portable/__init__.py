@@ -11,15 +11,15 @@ conformance table against the decode-arithmetic document, ../shared/specs/decode
                 (reads, Unreadable), the exact group dot
   coded.py      coded rows (Scale, Segment, CodedRow, COEF_BOUND; K-quants too) and `dot` under
                 either ActScaling
-  rope.py       the rotation table (angles in turns, exact) and the rotation
+  rotary.py     the rotation table (angles in turns, exact) and the rotation (the document's rope)
   attention.py  the int8 K/V cache (int8_codes, cache_row) and the attention over it (quantize_head,
                 int8_score, weighted_int8, attend_int8; attend_vector over f32 rows)
   orders.py     the profile's float orders as IR data
 
 The document's names are importable from here where bankml has them (fadd is arith.add, ActRow
-is quant.ActBlocks, ...); its `rope` is `rope.rope` (the module keeps the name).
+is quant.ActBlocks, ...).
 """
-from bankml.profiles.portable.arith import LANES, NAN, SUM_WINDOW, f32_to_f16, fdot, ftz, rne, tree
+from bankml.profiles.portable.arith import LANES, NAN, SUM_WINDOW, FpUnit, f32_to_f16, fdot, ftz, rne, tree
 from bankml.profiles.portable.arith import round_exact as exact_sum
 from bankml.profiles.portable.arith import add as fadd
 from bankml.profiles.portable.arith import fold_sum as fsum
@@ -34,12 +34,13 @@ from bankml.profiles.portable.gdn import (Logged, conv, gdn_flush, gdn_fold, gdn
 from bankml.profiles.portable.attention import (VALUE_BLOCK, attend_int8, attend_vector, cache_row, int8_codes,
                                                 int8_score, quantize_head, weighted_int8)
 from bankml.profiles.portable.coded import COEF_BOUND, CodedRow, Scale, Segment, dot, reads
-from bankml.profiles.portable.quant import (GROUP, WIDE_BITS, ActScale, ActScaling, Unreadable, quantize_blocks,
-                                            rne_div, wide_scale)
+from bankml.profiles.portable.quant import (GROUP, WIDE_BITS, ActScale, ActScaling, Unreadable, Words,
+                                            quantize_blocks, rne_div, wide_scale)
 from bankml.profiles.portable.quant import ActBlocks as ActRow
 from bankml.profiles.portable.quant import QK as ACT_BLOCK
 from bankml.profiles.portable.quant import act_scale as block_scale
 from bankml.profiles.portable.quant import quantize_act as quantize
+from bankml.profiles.portable.rotary import rope
 from bankml.profiles.portable.tables import constants as _constants
 
 INV_127 = _constants()["INV_127"]            # 1/127 rounded once to f32: the int8 cache's scale per unit of absmax
@@ -52,4 +53,4 @@ __all__ = ["LANES", "GROUP", "SUM_WINDOW", "exact_sum", "fadd", "fsub", "fmul", 
            "quantize_head", "int8_score", "weighted_int8", "attend_int8", "VALUE_BLOCK", "reads", "Unreadable",
            "ACT_BLOCK", "WIDE_BITS", "ActScaling", "block_scale", "wide_scale", "quantize", "quantize_blocks",
            "dot", "Scale", "Segment", "CodedRow", "COEF_BOUND", "ActRow", "ActScale", "INV_127", "NAN", "f32_to_f16",
-           "ftz", "rne", "rne_div"]
+           "ftz", "rne", "rne_div", "rope", "FpUnit", "Words"]

@@ -17,6 +17,8 @@
 """
 from __future__ import annotations
 
+import enum
+
 import numpy as np
 
 F32, U32 = np.float32, np.uint32
@@ -34,6 +36,18 @@ def canon(x) -> np.ndarray:
     b[tiny] &= _SIGN
     b[np.isnan(x)] = QNAN
     return x
+
+
+class FpUnit(enum.Enum):
+    """The multiplier an f32 product is computed by. Its add is the engine's either way: the card's
+    block adds as fadd does.
+
+    The document names the enum and no variant; these are the two places bankml multiplies
+    (docs/PORTABLE.md, "FpUnit and Words"), and both give `mul`'s bits (the document's fmul):
+    the vector units by IEEE multiplies with the flushes here and in the llvm kernels, the card
+    by OpFMul under NoContraction with its denormals and NaNs repaired by integer bit tests."""
+    VECTOR = "vector"       # numpy here, the llvm kernels' vmulps
+    CARD = "card"           # the SPIR-V kernels' OpFMul
 
 
 NAN = QNAN.view(F32)   # the one NaN the engine produces: quiet, no payload, no sign

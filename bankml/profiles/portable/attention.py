@@ -28,7 +28,8 @@ import numpy as np
 
 from bankml.profiles.portable.arith import F32, add, canon, fdot, fields, int_to_f32, mul, round_exact
 from bankml.profiles.portable.funcs import absmax, recip, softmax
-from bankml.profiles.portable.quant import GROUP, QK, ActBlocks, ActScaling, f16_parts, quantize_act, quantize_blocks
+from bankml.profiles.portable.quant import (GROUP, QK, ActBlocks, ActScaling, Words, f16_parts, quantize_act,
+                                            quantize_blocks)
 from bankml.profiles.portable.tables import constants
 from bankml.quants.kv_cache import i8_row
 
@@ -120,11 +121,13 @@ def weighted_int8(p: np.ndarray, rows: np.ndarray) -> np.ndarray:
     return canon(out)
 
 
-def attend_int8(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
+def attend_int8(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float, words: Words = Words.I8,
                 scaling: ActScaling = ActScaling.SUB32) -> np.ndarray:
     """One query head's attention over its cached int8 rows on the array: the query quantized as
-    scaling names (quantize_head), each position's int8_score times scale, the softmax, the
-    weighted_int8 sum. q f32 [D]; k, v cache rows [n] -> f32 [D]."""
+    words and scaling name (quantize_head), each position's int8_score times scale, the softmax,
+    the weighted_int8 sum. q f32 [D]; k, v cache rows [n] -> f32 [D]."""
+    if not isinstance(words, Words) or not isinstance(scaling, ActScaling):
+        raise ValueError(f"attend_int8: words {words!r} and scaling {scaling!r} must be a Words and an ActScaling")
     qh = quantize_head(q, scaling)
     s = np.array([int8_score(qh, row) for row in k], F32)
     return weighted_int8(softmax(mul(s, F32(scale))), v)

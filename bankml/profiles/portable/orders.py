@@ -32,7 +32,7 @@ GET_ROWS = FloatOrder("portable.get_rows")
 RMS_NORM = FloatOrder("portable.rmsnorm", lanes=8, fold="tree8")
 # arith.add / arith.mul: one rounding, flush to zero
 ELEMENTWISE = FloatOrder("portable.f32")
-# rope.rope_table + rope.rope: a cos/sin table from exact turns, three roundings per output
+# rotary.rope_table + rotary.rope: a cos/sin table from exact turns, three roundings per output
 ROPE = FloatOrder("portable.rope_table")
 # funcs.silu(gate) * up, silu(x) = x * recip(1 + exp(-x))
 SWIGLU = FloatOrder("portable.swiglu", expf="portable")

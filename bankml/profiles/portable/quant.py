@@ -37,6 +37,15 @@ class ActScaling(enum.Enum):
     PER_BLOCK = "PerBlock"      # the weight's own blocks, m in 128..255; each block rounded once, added in order
 
 
+class Words(enum.Enum):
+    """Words an activation crosses the array in.
+
+    The document names the enum and no variant; every code it defines is a whole number within
+    +-127 (block_scale: 127*m*2^e >= absmax; int8_codes), so one variant: a signed byte a code.
+    (The SPIR-V kernels read four of those bytes from each 32-bit buffer word: the same bytes.)"""
+    I8 = "i8"
+
+
 class ActBlocks(NamedTuple):
     """Quantized activations: codes int8 [..., K], m and e int64 [..., K/32], bad bool [..., K/32]."""
     q: np.ndarray

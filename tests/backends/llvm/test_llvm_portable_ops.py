@@ -15,7 +15,7 @@ from bankml.errors import LoweringError
 from bankml.ir.dims import Dim
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
-from bankml.profiles.portable import attention, funcs, orders as po, rope
+from bankml.profiles.portable import attention, funcs, orders as po, rotary
 from bankml.profiles.portable.arith import add, mul
 from bankml.profiles.portable.quant import ActScaling
 from tests.backends.llvm.llvm_kernel_util import compile_kernel, graph_of, run_kernel
@@ -241,9 +241,9 @@ def test_rope_bits_equal_spec(mode, heads, hd, base):
     params = {**ROPE_PARAMS, "mode": mode, "n_dims": hd, "freq_base": base, "freq_scale": 1.0}
     n = g.add(Node(2, Op.ROPE, (0, 1), (T, heads, hd), "f32", "Qcur-0", po.ROPE, params))
     x = _values(T * heads * hd, hd + heads).reshape(T, heads, hd)
-    cos, sin = rope.rope_table(pos, hd, base, 1.0)
+    cos, sin = rotary.rope_table(pos, hd, base, 1.0)
     with np.errstate(all="ignore"):
-        want = rope.rope(x, cos, sin, mode)
+        want = rotary.rope(x, cos, sin, mode)
     for nth, out in _run_all_nth(g, n, x.shape, np.float32, [x, pos]):
         _same(out, want, f"nth={nth}")
 

@@ -11,7 +11,7 @@ import pytest
 from bankml.backends.reference import portable as reference
 from bankml.ir.node import Node
 from bankml.ir.ops import Op
-from bankml.profiles.portable import funcs, orders as po, rope
+from bankml.profiles.portable import funcs, orders as po, rotary
 from tests.backends.llvm.llvm_kernel_util import compile_kernel, run_kernel
 from tests.backends.llvm.test_llvm_portable_ops import EPS, ROPE_PARAMS, _inp, _pgraph, _run_all_nth, _same, _values
 
@@ -55,8 +55,8 @@ def test_partial_rope_rotates_the_first_n_dims_and_keeps_the_rest(mode, heads, h
     x = _values(T * heads * hd, nd).reshape(T, heads, hd)
     with np.errstate(all="ignore"):
         want = reference._rope(None, g, n, x, pos)
-        cos, sin = rope.rope_table(pos, nd, 1e7, 1.0)
-        assert np.array_equal(want[..., :nd].view(np.uint32), rope.rope(x[..., :nd], cos, sin, mode).view(np.uint32))
+        cos, sin = rotary.rope_table(pos, nd, 1e7, 1.0)
+        assert np.array_equal(want[..., :nd].view(np.uint32), rotary.rope(x[..., :nd], cos, sin, mode).view(np.uint32))
     for nth, out in _run_all_nth(g, n, x.shape, F32, [x, pos]):
         _same(out, want, f"nth={nth}")
 

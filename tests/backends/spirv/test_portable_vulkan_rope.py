@@ -1,5 +1,5 @@
 """The portable RoPE as a SPIR-V kernel on Vulkan (lavapipe in CI) equals the reference lowering
-of Op.ROPE (rope.rope_table + rope.rope, the dims past n_dims copied) bit for bit: modes norm and
+of Op.ROPE (rotary.rope_table + rotary.rope, the dims past n_dims copied) bit for bit: modes norm and
 neox, head dims 64 and 128, partial ropes, positions 0, 1, up to 2^17 - 1 and random, freq_base
 10000 and 1e6, freq_scale 1 and 0.25 (and a tiny one: t_i of small exponents, some flushed to 0),
 x with NaN, inf, denormals and huge values; on the device and as the worst denormal-flushing

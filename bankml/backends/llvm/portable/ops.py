@@ -8,8 +8,8 @@ reference backend's (backends/reference/portable.py) for every thread count:
 - L2_NORM   funcs.l2norm: x * rsqrt(fold_sum(x*x) + eps)
 - ADD, MUL  arith.add / arith.mul, an operand of fewer dims broadcast over the leading ones
 - SWIGLU    mul(silu(gate), up)
-- ROPE      rope.rope_table (the fraction of a turn from integer arithmetic on t_i's bits) and
-            rope.rope, pairs (2i, 2i+1) in mode norm, (i, i + n/2) in mode neox, over the first
+- ROPE      rotary.rope_table (the fraction of a turn from integer arithmetic on t_i's bits) and
+            rotary.rope, pairs (2i, 2i+1) in mode norm, (i, i + n/2) in mode neox, over the first
             n_dims of each head (the rest as they are: Qwen3.5's partial rope); YaRN refused
 - SET_ROWS  attention.cache_row into the int8 cache rows (f16 scale, then int8 codes)
 
@@ -199,7 +199,7 @@ def define_swiglu(m: ir.Module, g: Graph, n: Node) -> ir.Function:
 # ---------------------------------------------------------------- ROPE
 
 def _rope_turn(b: ir.IRBuilder, pos: ir.Value, sig: ir.Value, s: ir.Value):
-    """rope.rope_table's integer part at one position for one pair or 8 (pos, sig, s i64 of one
+    """rotary.rope_table's integer part at one position for one pair or 8 (pos, sig, s i64 of one
     lane count; t = sig * 2^-s turns): (j, the table point as i32; rest as f32, rounded once;
     the f64 scale 2^-s). frac and j are >= 0: logical shifts."""
     it = s.type
@@ -219,7 +219,7 @@ def _rope_turn(b: ir.IRBuilder, pos: ir.Value, sig: ir.Value, s: ir.Value):
 
 
 def _rope_cos_sin(b: ir.IRBuilder, jj: ir.Value, rest: ir.Value, scale: ir.Value, C, S):
-    """rope.rope_table's f32 steps for one pair or 8 (jj i32, rest f32, scale f64 of one lane
+    """rotary.rope_table's f32 steps for one pair or 8 (jj i32, rest f32, scale f64 of one lane
     count): d = rest * 2^-s rounded to f32 (flushed), rho, the polynomials, the table points."""
     c = tables.constants()
     t = rest.type

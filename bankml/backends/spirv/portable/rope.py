@@ -1,4 +1,4 @@
-"""The portable RoPE as SPIR-V: rope.rope_table and rope.rope in one kernel, bit for bit the
+"""The portable RoPE as SPIR-V: rotary.rope_table and rotary.rope in one kernel, bit for bit the
 reference lowering (bankml/backends/reference/portable.py, Op.ROPE; docs/spirv.md).
 
 One invocation per (row = token·H + head, lane): lane i < n_dims/2 makes pair i's cos/sin at
@@ -62,7 +62,7 @@ def _ldexp_rest(e: Emit, rest, s):
 
 
 def _cos_sin(e: Emit, data, pos, i):
-    """rope.rope_table's (cos, sin) of pair i at position pos (u32 < 2^17)."""
+    """rotary.rope_table's (cos, sin) of pair i at position pos (u32 < 2^17)."""
     f, m = e.f, e.m
     u32 = m.u32
 
@@ -93,7 +93,7 @@ def _cos_sin(e: Emit, data, pos, i):
 
 @functools.cache
 def emit_rope(flushing: bool = False, rte: bool = True) -> tuple[int, ...]:
-    """rope.rope_table + rope.rope over rows of D (row = t·H + h), the dims past n_dims copied.
+    """rotary.rope_table + rotary.rope over rows of D (row = t·H + h), the dims past n_dims copied.
     Bindings: 0 x f32[rows*D], 1 pos u32[T], 2 data u32 (rope_data), 3 y f32.
     Push: rows, H, D, n_dims, mode (0 norm, 1 neox), row0 (the dispatch's first row).
     Invocations: x = lane (n_dims/2 + D - n_dims of them), y = row - row0."""
