@@ -18,8 +18,8 @@ from __future__ import annotations
 from llvmlite import ir
 
 from bankml.backends.llvm.emit.core import (f32, for_range, i8, i16, i32, i64, intrinsic, kernel_arg, new_function,
-    size, smin, thread_range, typed)
-from bankml.backends.llvm.ggml.matmul.tiling import CHUNK_BYTES
+    prefetch, size, smin, thread_range, typed)
+from bankml.backends.llvm.ggml.matmul.tiling import CHUNK_BYTES, PREFETCH_MAX_COLS
 from bankml.backends.llvm.ggml.rows import row_element
 from bankml.backends.llvm.emit.simd import (alloca, at, block_loop, hsum8, load_h, madd, maddubs, scratch, splat,
     v16i16, v32i8, v8i32, zero8)
@@ -501,10 +501,20 @@ def define_mul_mat_kquant(m: ir.Module, g, n) -> ir.Function:
     lo, hi = thread_range(b, rows_n, ith, nth)
 
     chunk = max(1, CHUNK_BYTES // wrb)
+    few = b.icmp_signed("<=", M, i64(PREFETCH_MAX_COLS))
+
+    def prefetch_next(r):
+        """Row r + chunk's cache lines while row r runs (few columns: tiling.Tiler.prefetch's reason)."""
+        nxt = b.add(r, i64(chunk))
+        with b.if_then(b.and_(few, b.icmp_signed("<", nxt, hi))):
+            base = b.mul(nxt, i64(wrb))
+            for o in range(0, wrb, 64):
+                prefetch(b, b.gep(wp, [b.add(base, i64(o))]), 3)
 
     def columns(chain, c0, c1, widths):
         """Columns [c0, c1) through one chain: per chunk of this thread's rows (weights that stay
-        in L2), tiles of widths[0] columns, then of widths[1], ..., then one column at a time."""
+        in L2), tiles of widths[0] columns, then of widths[1], ..., then one column at a time;
+        the next chunk prefetched row by row."""
         bounds = [c0]
         for C in widths:
             start = bounds[-1]
@@ -521,6 +531,7 @@ def define_mul_mat_kquant(m: ir.Module, g, n) -> ir.Function:
                     if lanes:
                         scr.fill(b, K, xrows)
                     with for_range(b, r0, r1, name="row") as r:
+                        prefetch_next(r)
                         res = _tile(b, chain, wtype, K, b.gep(wp, [b.mul(r, i64(wrb))]), xrows, scr)
                         for j, v in enumerate(res):
                             b.store(v, b.gep(yp, [b.add(b.mul(b.add(c, i64(j)), rows_n), r)]))

@@ -61,16 +61,18 @@ class Tiler:
     chunk(b, K, w0, n, n_max, scratch): optional, per chunk of n (<= n_max) weight rows from w0
     (i8*), before its column tiles; only where the rows run in chunks (several column tiles).
     prefetch: while a chunk runs, prefetch the next chunk's weights (a share of its cache lines
-    before each tile) when the micro-batch has at most PREFETCH_MAX_COLS columns. Few columns
-    give a chunk too few tiles to hide its first pass over weights fresh from DRAM; F16 (2 bytes
-    a value, the least work per byte) gains there (docs/PERFORMANCE.md, 2026-12-02).
+    before each tile) when the micro-batch has at most PREFETCH_MAX_COLS columns: one thread's
+    hardware prefetch here streams a matrix at 10-16 GB/s where the kernels would take it at
+    twice that, and a chunk's first pass (the chunk step's scales) would otherwise wait on DRAM
+    (bench/mul_mat_columns.py; docs/PERFORMANCE.md, 2026-12-06). A kernel of one column tile
+    runs in chunks for it too, its columns prepared once and no chunk step.
     """
     shape: Callable[[int], tuple[int, int]]
     alloc: Callable
     prep: Callable
     tile: Callable
     chunk: Callable | None = None
-    prefetch: bool = False
+    prefetch: bool = True
 
 
 TILERS: dict[tuple[int, object], Tiler] = {}       # (ggml weight type, FloatOrder) -> Tiler
@@ -162,14 +164,21 @@ def define_mul_mat(m: ir.Module, g: Graph, n: Node) -> ir.Function:
             with for_range(b, b.add(rlo, b.mul(groups, i64(R))), rhi, name="rt") as r:
                 emit(r, 1)
 
+    one_tile = M_lo == M_hi and len(col_tiles) == 1 and M_lo == C
+    if one_tile:                     # prepared once; no chunk pass (nothing to share between tiles)
+        xrows = [b.gep(xp, [i64(j * xrb)]) for j in range(C)]
+        cols = tiler.prep(b, K, xrows, scr)
+
     def columns(rlo, rhi):
-        for R, c, count, first in col_tiles:
+        if one_tile:
+            return rows(R, rlo, rhi, xrows, cols, i64(0))
+        for Rt, c, count, first in col_tiles:
             with for_range(b, 0, count, name=f"ct{c}") as t:
                 m0 = b.add(dim(b, dims, first), b.mul(t, i64(c)))
-                xrows = [b.gep(xp, [b.mul(b.add(m0, i64(j)), i64(xrb))]) for j in range(c)]
-                rows(R, rlo, rhi, xrows, tiler.prep(b, K, xrows, scr), m0)
+                xr = [b.gep(xp, [b.mul(b.add(m0, i64(j)), i64(xrb))]) for j in range(c)]
+                rows(Rt, rlo, rhi, xr, tiler.prep(b, K, xr, scr), m0)
 
-    if M_lo == M_hi and len(col_tiles) == 1 and M_lo == C:
+    if one_tile and not tiler.prefetch:
         columns(lo, hi)
     else:
         R = max(r for r, _, _, _ in col_tiles)          # powers of two: chunks cut no row group
@@ -183,10 +192,11 @@ def define_mul_mat(m: ir.Module, g: Graph, n: Node) -> ir.Function:
             if tiler.prefetch:        # the next chunk's lines, a share before each tile of this chunk
                 end = b.mul(smin(b, b.add(r1, i64(chunk)), hi), i64(wrb))
                 calls = b.mul(tiles, ceil_div(b, b.sub(r1, r0), i64(R)))
+                calls = b.select(b.icmp_signed(">", calls, i64(0)), calls, i64(1))     # no column: no tile
                 per = ceil_div(b, ceil_div(b, b.sub(end, b.mul(r1, i64(wrb))), i64(64)), calls)
                 b.store(b.mul(r1, i64(wrb)), nextp)
                 ahead = (nextp, end, b.select(few, per, i64(0)))
-            if tiler.chunk:
+            if tiler.chunk and not one_tile:
                 tiler.chunk(b, K, b.gep(wp, [b.mul(r0, i64(wrb))]), b.sub(r1, r0), chunk, scr)
             columns(r0, r1)
     b.ret_void()
