@@ -82,11 +82,14 @@ def hsums(b, accs):
 
 
 def nibbles(b, w, off):
-    """The 32 nibbles (0..15) of qs at w + off, in element order: low nibbles, then high ones."""
+    """The 32 nibbles (0..15) of qs at w + off, in element order: low nibbles, then high ones.
+    The 16 bytes loaded into both halves (vbroadcasti128, a load), the upper half shifted by 4
+    (vpsrlvd), then one vpand: no cross-lane shuffle on the port that also broadcasts."""
     qs = b.load(at(b, w, off, v16i8), align=1)
-    lo = b.and_(qs, ir.Constant(v16i8, [15] * 16))
-    hi = b.lshr(qs, ir.Constant(v16i8, [4] * 16))
-    return b.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(i32, 32), list(range(32))))
+    both = b.bitcast(b.shuffle_vector(qs, ir.Constant(v16i8, ir.Undefined),
+                                      ir.Constant(ir.VectorType(i32, 32), list(range(16)) * 2)), v8i32)
+    shifted = b.lshr(both, ir.Constant(v8i32, [0] * 4 + [4] * 4))
+    return b.and_(b.bitcast(shifted, v32i8), ir.Constant(v32i8, [15] * 32))
 
 
 def f32x8_reduce(b: ir.IRBuilder, accs):

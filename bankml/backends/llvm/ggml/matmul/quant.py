@@ -30,14 +30,15 @@ from llvmlite import ir
 
 from bankml.backends.llvm.emit.core import f16, f32, for_range, i8, i32, i64, intrinsic
 from bankml.backends.llvm.ggml.matmul.tiling import Tiler, register_tiler
-from bankml.backends.llvm.emit.simd import (at, block_loop, hsums, load_h, madd, maddubs, nibbles, psign, scratch,
-    splat, sums_us8, v16i16, v32i8, zero8)
+from bankml.backends.llvm.emit.simd import (at, block_loop, hsums, lanes, load_h, madd, maddubs, nibbles, psign,
+    scratch, splat, sums_us8, v16i16, v32i8, zero8)
 from bankml.backends.llvm.emit.core import fma
 from bankml.backends.llvm.ggml.matmul.q1_lut import ROWS as LUT_ROWS, TABLE_BYTES, build_tables, lut_tile
 from bankml.ir import order as fo
 from bankml.quants import Q1_0, Q2_0, Q4_1, Q8_0
 
 ONES = ir.Constant(v32i8, [1] * 32)
+V4F32 = ir.VectorType(f32, 4)
 
 
 @dataclass
@@ -143,6 +144,13 @@ def _values_of(b, cols, wrows, wbb: int, values):
     return lambda r, wb, kb: b.load(b.gep(cols.wq, [b.add(first[r], kb)]), align=32)
 
 
+def _head(b, w, wb):
+    """<4 x f32>: the first four f16 of the block at w + wb (d, m, then code bytes: Q4_1, Q5_1) in
+    one vcvtph2ps from memory: a one-column tile's two scales without a scalar conversion each
+    (vpinsrw and vcvtph2ps take the shuffle port a decode step is short of)."""
+    return b.fpext(b.load(at(b, w, wb, ir.VectorType(f16, 4)), align=1), V4F32)
+
+
 def _col_d(b, cols, kb, c):
     """splat(f32(a.d)) of column c's 32-block kb."""
     C = len(cols.x)
@@ -224,21 +232,32 @@ def dot_q1(wbb: int, codes):
         def step(ib, st):
             accs, summs = st[:R * C], st[R * C:]
             wb, xb = b.mul(ib, i64(wbb)), b.mul(ib, i64(36))
-            as_ = b.load(typed_gep(b, cols.s, b.mul(ib, i64(C)), vc), align=4)
             aq = [b.load(at(b, x, b.add(xb, i64(4)), v32i8), align=1) for x in cols.x]
             na, ns = [], []
+            if C == 1:              # lanes of the block's head: 0 the product r(wd * ad), 1 the chain wm·as
+                ad4, as4 = (splat(b, b.load(b.gep(a, [ib])), 4) for a in (cols.d, cols.s))
+            else:
+                as_ = b.load(typed_gep(b, cols.s, b.mul(ib, i64(C)), vc), align=4)
             for r, w in enumerate(wrows):
-                wm = load_h(b, w, b.add(wb, i64(2)))
                 wq = codes_of(r, wb, ib)
+                if C == 1:
+                    head = _head(b, w, wb)
+                    s = b.sitofp(sums_us8(b, wq, aq[0]), ir.VectorType(f32, 8))
+                    na.append(fma(b, lanes(b, b.fmul(head, ad4), [0] * 8), s, accs[r]))
+                    ns.append(fma(b, head, as4, summs[r]))
+                    continue
+                wm = load_h(b, w, b.add(wb, i64(2)))
                 for c in range(C):
                     s = b.sitofp(sums_us8(b, wq, aq[c]), ir.VectorType(f32, 8))
                     na.append(fma(b, dw_of(ib, r, c), s, accs[r * C + c]))
                 ns.append(fma(b, splat(b, wm, C), as_, summs[r]))
             return na + ns
 
-        st = block_loop(b, K // 32, [zero8()] * (R * C) + [ir.Constant(vc, [0.0] * C)] * R, step)
+        vs = V4F32 if C == 1 else vc            # one column: the chain in lane 1 (_head's m)
+        st = block_loop(b, K // 32, [zero8()] * (R * C) + [ir.Constant(vs, [0.0] * vs.count)] * R, step)
         h, summs = hsums(b, st[:R * C]), st[R * C:]
-        return [[b.fadd(h[r * C + c], b.extract_element(summs[r], i32(c))) for c in range(C)] for r in range(R)]
+        lane = (lambda c: 1) if C == 1 else (lambda c: c)      # noqa: E731
+        return [[b.fadd(h[r * C + c], b.extract_element(summs[r], i32(lane(c)))) for c in range(C)] for r in range(R)]
     return tile
 
 
