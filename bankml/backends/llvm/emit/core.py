@@ -134,6 +134,12 @@ def prefetch(b: ir.IRBuilder, p: ir.Value, locality: int) -> None:
     b.call(fn, [p, i32(0), i32(locality), i32(1)])
 
 
+def prefetch_lines(b: ir.IRBuilder, base: ir.Value, start: ir.Value, nbytes: int, locality: int) -> None:
+    """Prefetch the cache lines of base[start : start + nbytes] (base i8*), one per 64 bytes."""
+    for o in range(0, nbytes, 64):
+        prefetch(b, b.gep(base, [b.add(start, i64(o))]), locality)
+
+
 def kernel_arg(b: ir.IRBuilder, dims) -> ir.Value:
     """This call's kernel argument (registry.kernel_arg: a size the kernel takes at run time, so
     that kernels that differ only in it are one IR text, compiled once)."""

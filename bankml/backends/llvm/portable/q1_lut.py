@@ -27,10 +27,10 @@ from __future__ import annotations
 from llvmlite import ir
 
 from bankml.backends.llvm.portable import f64 as pf
-from bankml.backends.llvm.emit.core import f16, f32, f64, i8, i16, i32, i64, intrinsic
+from bankml.backends.llvm.emit.core import f16, f32, f64, i8, i16, i32, i64, intrinsic, prefetch_lines
 from bankml.backends.llvm.emit.simd import maddubs
 from bankml.backends.llvm.ggml.matmul.q1_lut import (ROWS, block_major, build_tables, lookup_bytes, nibbles,
-    prefetch_lines, scale_words, transposed, unpack_idx)
+    scale_words, transposed, unpack_idx)
 from bankml.backends.llvm.portable.rows import BLOCK_BYTES, TERM_BITS, splat_v, vconst
 from bankml.quants import Q1_0
 
@@ -74,7 +74,7 @@ def block_sums(b, K: int, wrows, ib, cols):
 def _prefetch(b, wrows, K: int, ib):
     """The next 16 rows' bytes (16 * K/128 * 18 from the tile's start), 288 a block: the decode
     streams its weights from DRAM."""
-    prefetch_lines(b, wrows[0], b.add(i64(ROWS * (K // 128) * 18), b.mul(ib, i64(ROWS * 18))), ROWS * 18)
+    prefetch_lines(b, wrows[0], b.add(i64(ROWS * (K // 128) * 18), b.mul(ib, i64(ROWS * 18))), ROWS * 18, 1)
 
 
 def group16(b, K: int, wrows: list, gi, nblk: int, cols):

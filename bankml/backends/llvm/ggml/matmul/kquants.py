@@ -18,7 +18,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from bankml.backends.llvm.emit.core import (f32, for_range, i8, i16, i32, i64, intrinsic, kernel_arg, new_function,
-    prefetch, size, smin, thread_range, typed)
+    prefetch_lines, size, smin, thread_range, typed)
 from bankml.backends.llvm.ggml.matmul.tiling import CHUNK_BYTES, PREFETCH_MAX_COLS
 from bankml.backends.llvm.ggml.rows import row_element
 from bankml.backends.llvm.emit.simd import (alloca, at, block_loop, hsum8, load_h, madd, maddubs, scratch, splat,
@@ -504,12 +504,10 @@ def define_mul_mat_kquant(m: ir.Module, g, n) -> ir.Function:
     few = b.icmp_signed("<=", M, i64(PREFETCH_MAX_COLS))
 
     def prefetch_next(r):
-        """Row r + chunk's cache lines while row r runs (few columns: tiling.Tiler.prefetch's reason)."""
+        """Row r + chunk's cache lines while row r runs (few columns: the reason in tiling.Tiler)."""
         nxt = b.add(r, i64(chunk))
         with b.if_then(b.and_(few, b.icmp_signed("<", nxt, hi))):
-            base = b.mul(nxt, i64(wrb))
-            for o in range(0, wrb, 64):
-                prefetch(b, b.gep(wp, [b.add(base, i64(o))]), 3)
+            prefetch_lines(b, wp, b.mul(nxt, i64(wrb)), wrb, 3)
 
     def columns(chain, c0, c1, widths):
         """Columns [c0, c1) through one chain: per chunk of this thread's rows (weights that stay

@@ -38,7 +38,7 @@ from __future__ import annotations
 import numpy as np
 from llvmlite import ir
 
-from bankml.backends.llvm.emit.core import f16, f32, for_range, i8, i16, i32, i64, intrinsic, prefetch
+from bankml.backends.llvm.emit.core import f16, f32, for_range, i8, i16, i32, i64, intrinsic, prefetch_lines
 from bankml.backends.llvm.emit.simd import at, block_loop, madd, scratch, splat, v16i16, v32i8, zero8
 from bankml.backends.llvm.emit.core import fma
 
@@ -230,19 +230,12 @@ def scale_words(b, wrows, wb, order):
     return b.bitcast(packed, v16i16)
 
 
-def prefetch_lines(b, base, start, nbytes: int):
-    """Prefetch (read, low locality, data) the cache lines of base[start : start + nbytes], one
-    per 64 bytes: the lookup decodes stream their weights from DRAM."""
-    for o in range(0, nbytes, 64):
-        prefetch(b, b.gep(base, [b.add(start, i64(o))]), 1)
-
-
 def _combo_step(b, K, wrows, d, tbl, bits, wds, c, ib, acc):
     """Pass 2, combo c, block ib: the four sub-blocks' blk chains of the 4 row sets, then
     acc = fma(wd, blk, acc). Also prefetches the next 16 rows (16 * K/128 * 18 contiguous bytes,
     72 an iteration over the 4 * K/128 iterations of pass 2): the decode reads them from DRAM."""
     nblk = K // 128
-    prefetch_lines(b, wrows[0], b.add(i64(ROWS * nblk * 18 + c * nblk * 72), b.mul(ib, i64(72))), 128)
+    prefetch_lines(b, wrows[0], b.add(i64(ROWS * nblk * 18 + c * nblk * 72), b.mul(ib, i64(72))), 128, 1)
     u, n = divmod(c, 2)
     blk = [None] * 4
     for k in range(4):

@@ -18,7 +18,9 @@ Q8_0 chain (dot_q0: Q8_0, Q4_0, Q5_0) and the Q4_1 chain (dot_q1: Q4_1, Q5_1): w
 chunks, the chunk's weight scales are converted to f32 once (_chunk_wd), and Q4_0, Q5_0 and
 Q5_1 unpack the chunk's values once too; a tile of several columns makes its products r(wd*ad)
 into scratch first (_products), and the eight hsum8 of a 1 x 8 tile run as vector adds
-(hsum8_x8). Q1_0 against several columns (and a thread's last rows) expands its bits as ggml's
+(hsum8_x8). A one-column Q4_1/Q5_1 tile (decode) takes a block's d and m from one vcvtph2ps of
+its 4-byte head (_head: d in lane 0, m in lane 1) and runs the summs chain in lane 1 of a
+vector, so no scalar conversion or shuffle waits on port 5. Q1_0 against several columns (and a thread's last rows) expands its bits as ggml's
 AVX2 vec_dot does (q1_0_neg_signs, q1_0_sums); against one column (decode), 16 rows at a time
 take their integer sums from per-token lookup tables (backends/llvm/ggml/matmul/q1_lut.py).
 """

@@ -16,7 +16,7 @@ Loop nest of one thread (rows [lo, hi) of N, a contiguous share; bits never depe
     for each chunk of rows (sized to stay in L2; one chunk when there is one column tile):
         for each column tile (C columns; a last tile of M % C):
             prep(columns)
-            for each group of R rows: [prefetch a share of the next chunk (Tiler.prefetch)]
+            for each group of R rows: [prefetch a share of the next chunk (few columns)]
                 tile(rows, columns); leftover rows one at a time
 
 Lane l of a quantized block holds the exact int32 sum of elements 4l..4l+3, made as ggml
@@ -42,7 +42,7 @@ from bankml.ir.ops import Op
 from bankml.quants import ACT_TYPES, WEIGHT_TYPES
 
 CHUNK_BYTES = 96 * 1024                          # weight bytes of one row chunk (L2-resident)
-PREFETCH_MAX_COLS = 128                          # Tiler.prefetch: micro-batches of at most this many columns
+PREFETCH_MAX_COLS = 128                          # micro-batches of at most this many columns prefetch
 
 
 # ---- small vector helpers (shared by the other kernels of this backend) -------------------
@@ -60,19 +60,19 @@ class Tiler:
     tile(b, K, wrows, cols) -> [[value] * C] * R: the finished f32 outputs of the tile.
     chunk(b, K, w0, n, n_max, scratch): optional, per chunk of n (<= n_max) weight rows from w0
     (i8*), before its column tiles; only where the rows run in chunks (several column tiles).
-    prefetch: while a chunk runs, prefetch the next chunk's weights (a share of its cache lines
-    before each tile) when the micro-batch has at most PREFETCH_MAX_COLS columns: one thread's
-    hardware prefetch here streams a matrix at 10-16 GB/s where the kernels would take it at
-    twice that, and a chunk's first pass (the chunk step's scales) would otherwise wait on DRAM
-    (bench/mul_mat_columns.py; docs/PERFORMANCE.md, 2026-12-06). A kernel of one column tile
-    runs in chunks for it too, its columns prepared once and no chunk step.
+
+    Every kernel prefetches the next chunk's weights while a chunk runs (a share of its cache
+    lines before each tile) when the micro-batch has at most PREFETCH_MAX_COLS columns: one
+    thread's hardware prefetch here streams a matrix at 10-16 GB/s where the kernels would take
+    it at twice that, and a chunk's first pass (the chunk step's scales) would otherwise wait on
+    DRAM (bench/mul_mat_columns.py; docs/PERFORMANCE.md, 2026-12-06). A kernel of one column
+    tile runs in chunks for it too, its columns prepared once and no chunk step.
     """
     shape: Callable[[int], tuple[int, int]]
     alloc: Callable
     prep: Callable
     tile: Callable
     chunk: Callable | None = None
-    prefetch: bool = True
 
 
 TILERS: dict[tuple[int, object], Tiler] = {}       # (ggml weight type, FloatOrder) -> Tiler
@@ -145,12 +145,11 @@ def define_mul_mat(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     rows_n = kernel_arg(b, dims)     # N, at run time: one kernel text for every row count of a K
     lo, hi = thread_range(b, rows_n, ith, nth)
 
-    ahead = None                     # (next byte to prefetch, end, lines per tile) while chunked
+    ahead = None                     # per chunk: (next byte to prefetch, end, lines per tile)
 
     def rows(R, rlo, rhi, xrows, cols, m0):
         def emit(r0, nr):
-            if ahead is not None:
-                prefetch_ahead(b, wp, *ahead)
+            prefetch_ahead(b, wp, *ahead)
             wrows = [b.gep(wp, [b.mul(b.add(r0, i64(i)), i64(wrb))]) for i in range(nr)]
             res = tiler.tile(b, K, wrows, cols)
             for i in range(nr):
@@ -171,33 +170,29 @@ def define_mul_mat(m: ir.Module, g: Graph, n: Node) -> ir.Function:
 
     def columns(rlo, rhi):
         if one_tile:
-            return rows(R, rlo, rhi, xrows, cols, i64(0))
+            return rows(col_tiles[0][0], rlo, rhi, xrows, cols, i64(0))
         for Rt, c, count, first in col_tiles:
             with for_range(b, 0, count, name=f"ct{c}") as t:
                 m0 = b.add(dim(b, dims, first), b.mul(t, i64(c)))
                 xr = [b.gep(xp, [b.mul(b.add(m0, i64(j)), i64(xrb))]) for j in range(c)]
                 rows(Rt, rlo, rhi, xr, tiler.prep(b, K, xr, scr), m0)
 
-    if one_tile and not tiler.prefetch:
-        columns(lo, hi)
-    else:
-        R = max(r for r, _, _, _ in col_tiles)          # powers of two: chunks cut no row group
-        chunk = max(R, CHUNK_BYTES // wrb // R * R)
-        if tiler.prefetch:
-            tiles = functools.reduce(b.add, [count for _, _, count, _ in col_tiles])
-            nextp = alloca(b, i64, i64(0), "prefetch_at")
-            few = b.icmp_signed("<=", M, i64(PREFETCH_MAX_COLS))
-        with for_range(b, lo, hi, step=chunk, name="chunk") as r0:
-            r1 = smin(b, b.add(r0, i64(chunk)), hi)
-            if tiler.prefetch:        # the next chunk's lines, a share before each tile of this chunk
-                end = b.mul(smin(b, b.add(r1, i64(chunk)), hi), i64(wrb))
-                calls = b.mul(tiles, ceil_div(b, b.sub(r1, r0), i64(R)))
-                calls = b.select(b.icmp_signed(">", calls, i64(0)), calls, i64(1))     # no column: no tile
-                per = ceil_div(b, ceil_div(b, b.sub(end, b.mul(r1, i64(wrb))), i64(64)), calls)
-                b.store(b.mul(r1, i64(wrb)), nextp)
-                ahead = (nextp, end, b.select(few, per, i64(0)))
-            if tiler.chunk and not one_tile:
-                tiler.chunk(b, K, b.gep(wp, [b.mul(r0, i64(wrb))]), b.sub(r1, r0), chunk, scr)
-            columns(r0, r1)
+    R = max(r for r, _, _, _ in col_tiles)              # powers of two: chunks cut no row group
+    chunk = max(R, CHUNK_BYTES // wrb // R * R)
+    tiles = functools.reduce(b.add, [count for _, _, count, _ in col_tiles])
+    nextp = alloca(b, i64, i64(0), "prefetch_at")
+    few = b.icmp_signed("<=", M, i64(PREFETCH_MAX_COLS))
+    with for_range(b, lo, hi, step=chunk, name="chunk") as r0:
+        r1 = smin(b, b.add(r0, i64(chunk)), hi)
+        # the next chunk's lines, a share before each tile of this chunk
+        end = b.mul(smin(b, b.add(r1, i64(chunk)), hi), i64(wrb))
+        calls = b.mul(tiles, ceil_div(b, b.sub(r1, r0), i64(R)))
+        calls = b.select(b.icmp_signed(">", calls, i64(0)), calls, i64(1))     # no column: no tile
+        per = ceil_div(b, ceil_div(b, b.sub(end, b.mul(r1, i64(wrb))), i64(64)), calls)
+        b.store(b.mul(r1, i64(wrb)), nextp)
+        ahead = (nextp, end, b.select(few, per, i64(0)))
+        if tiler.chunk and not one_tile:
+            tiler.chunk(b, K, b.gep(wp, [b.mul(r0, i64(wrb))]), b.sub(r1, r0), chunk, scr)
+        columns(r0, r1)
     b.ret_void()
     return fn
