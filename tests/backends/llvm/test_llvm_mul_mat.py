@@ -10,10 +10,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from llvmlite import ir
 
 sys.path.insert(0, str(Path(__file__).parent))
 from llvm_kernel_util import compile_kernel, graph_of, run_kernel  # noqa: E402
 
+from bankml.backends.llvm import jit, registry  # noqa: E402
 from bankml.backends.reference.matmul import mul_mat, quantize_activation  # noqa: E402
 from bankml.gguf.reader import ggml_type_name  # noqa: E402
 from bankml.ir import order as fo  # noqa: E402
@@ -30,8 +32,10 @@ CASES = [(t, k, m, n) for t in TYPES for k in (128, 576, 1536) for m in (1, 2, 5
          if k % WEIGHT_TYPES[t].block == 0] + [(F16, 100, 3, 36), (F16, 100, 1, 37), (F16, 44, 6, 40),
                                                 (F16, 100, 13, 36), (F16, 44, 17, 40)] + \
         [(t, k, m, n) for t in LEGACY for k in (128, 576) for m in (1, 2, 5, 8, 19) for n in (37, 40)]
+WIDE = [(t, k, m, 37) for t in (Q8_0, Q4_0, Q5_0) for k in (576, 2080) for m in (32, 45)]   # Tiler.wide: 1x8, 2x4
 TYPE_ROWS = [(t, n) for t in TYPES for n in (36, 37)] + [(t, n) for t in LEGACY for n in (37, 40)]
-CHUNKED = [(t, 256, 21, 37) for t in TYPES] + [(t, 256, 21, n) for t in LEGACY for n in (37, 40)]
+CHUNKED = [(t, 256, 21, 37) for t in TYPES] + [(t, 256, 21, n) for t in LEGACY for n in (37, 40)] + \
+          [(t, k, 40, 37) for t in (Q8_0, Q4_0, Q5_0) for k in (256, 2080)]
 
 
 def _id(c) -> str:
@@ -117,6 +121,36 @@ def test_mul_mat_bits_equal_reference(case, nth):
     run_kernel(g, mm, out, [raw, act], nth)
     ref = mul_mat(raw, t, quantize_activation(x, WEIGHT_TYPES[t].act_type), mm.order)
     assert np.array_equal(out.view(np.uint32), ref.view(np.uint32))
+
+
+@pytest.mark.parametrize("nth", [1, 2, 3])
+@pytest.mark.parametrize("case", WIDE, ids=[_id(c) for c in WIDE])
+def test_wide_mul_mat_bits_equal_reference(case, nth):
+    """A prompt's kernels (32 columns or more) of the Q8_0 chain take Tiler.wide (widen_pairs:
+    the lane sums by vpmaddwd, never vpsignb); tiles of 1 x 8 and, past K 2048, of 2 x 4 with a
+    leftover row."""
+    t, k, m, n = case
+    raw, x = _problem(*case)
+    g, q, mm = _nodes(*case)
+    text = jit.asm(_module_of(g, mm), optimize=True)
+    assert "vpmaddwd" in text and "vpsignb" not in text
+    out = np.full((m, n), np.nan, np.float32)
+    run_kernel(g, mm, out, [raw, _act_bytes(x, WEIGHT_TYPES[t].act_type)], nth)
+    ref = mul_mat(raw, t, quantize_activation(x, WEIGHT_TYPES[t].act_type), mm.order)
+    assert np.array_equal(out.view(np.uint32), ref.view(np.uint32))
+
+
+def test_few_columns_keep_the_narrow_tiles():
+    """Below WIDE_COLS (a decode, a batch of sequences) the Q8_0 chain keeps ggml's own steps
+    (vpsignb, vpmaddubsw): widening the chunk does not pay for so few columns."""
+    g, q, mm = _nodes(Q8_0, 576, Dim("T", 2, 16), 37, order_cols=16)
+    assert "vpsignb" in jit.asm(_module_of(g, mm), optimize=True)
+
+
+def _module_of(g, mm):
+    mod = ir.Module()
+    registry.define(mod, g, mm).linkage = "external"
+    return mod
 
 
 @pytest.mark.parametrize("case", CHUNKED, ids=[_id(c) for c in CHUNKED])

@@ -79,7 +79,7 @@ def _vec_dot(b, K, wrows, xrows):
     return res
 
 
-register_tiler(F16, fo.F16_TINYBLAS, Tiler(shape=lambda M: (4, 3), alloc=lambda b, K, C: None, prep=plain_cols,
+register_tiler(F16, fo.F16_TINYBLAS, Tiler(shape=lambda M, K: (4, 3), alloc=lambda b, K, C: None, prep=plain_cols,
                                        tile=_tinyblas))
-register_tiler(F16, fo.F16_VEC_DOT, Tiler(shape=lambda M: (1, 1), alloc=lambda b, K, C: None, prep=plain_cols,
+register_tiler(F16, fo.F16_VEC_DOT, Tiler(shape=lambda M, K: (1, 1), alloc=lambda b, K, C: None, prep=plain_cols,
                                       tile=_vec_dot))

@@ -26,7 +26,7 @@ from bankml.backends.llvm.emit.core import f32, i1, i8, i32, i64
 from bankml.backends.llvm.ggml.matmul.tiling import Tiler, register_tiler
 from bankml.backends.llvm.emit.simd import at, load_h, nibbles, v32i8
 from bankml.backends.llvm.ggml.matmul.quant import (_alloc as alloc, _chunk_wd as chunk_wd, _prep as prep, _shape,
-    dot_q0, dot_q1)
+    dot_q0, dot_q1, wide_q0)
 from bankml.backends.llvm.ggml.rows import row_element
 from bankml.ir import order as fo
 from bankml.quants import Q4_0, Q5_0, Q5_1
@@ -59,8 +59,10 @@ def q5_1_codes(b, w, wb):
     return b.or_(nibbles(b, w, b.add(wb, i64(8))), fifth_bits(b, w, b.add(wb, i64(4))))
 
 
-register_tiler(Q4_0, fo.Q4_0_DOT, Tiler(_shape, alloc(), prep(34), dot_q0(18, q4_0_values), chunk_wd(18, q4_0_values)))
-register_tiler(Q5_0, fo.Q5_0_DOT, Tiler(_shape, alloc(), prep(34), dot_q0(22, q5_0_values), chunk_wd(22, q5_0_values)))
+register_tiler(Q4_0, fo.Q4_0_DOT, Tiler(_shape, alloc(), prep(34), dot_q0(18, q4_0_values), chunk_wd(18, q4_0_values),
+                                    wide=wide_q0(18, q4_0_values)))
+register_tiler(Q5_0, fo.Q5_0_DOT, Tiler(_shape, alloc(), prep(34), dot_q0(22, q5_0_values), chunk_wd(22, q5_0_values),
+                                    wide=wide_q0(22, q5_0_values)))
 register_tiler(Q5_1, fo.Q5_1_DOT, Tiler(_shape, alloc(with_s=True), prep(36), dot_q1(24, q5_1_codes),
                                     chunk_wd(24, q5_1_codes)))
 

@@ -15,14 +15,18 @@ Float steps per (row, column) pair, exactly as backends/reference/matmul.py:
   float steps of the eight pairs run side by side in the lanes of one vector.
 Per column tile, prep converts the activation's f16 scales to f32 scratch [block][column]. The
 Q8_0 chain (dot_q0: Q8_0, Q4_0, Q5_0) and the Q4_1 chain (dot_q1: Q4_1, Q5_1): where rows run in
-chunks, the chunk's weight scales are converted to f32 once (_chunk_wd), and Q4_0, Q5_0 and
-Q5_1 unpack the chunk's values once too; a tile of several columns makes its products r(wd*ad)
-into scratch first (_products), and the eight hsum8 of a 1 x 8 tile run as vector adds
-(hsum8_x8). A one-column Q4_1/Q5_1 tile (decode) takes a block's d and m from one vcvtph2ps of
-its 4-byte head (_head: d in lane 0, m in lane 1) and runs the summs chain in lane 1 of a
-vector, so no scalar conversion or shuffle waits on port 5. Q1_0 against several columns (and a thread's last rows) expands its bits as ggml's
-AVX2 vec_dot does (q1_0_neg_signs, q1_0_sums); against one column (decode), 16 rows at a time
-take their integer sums from per-token lookup tables (backends/llvm/ggml/matmul/q1_lut.py).
+chunks, the chunk's weight scales are converted to f32 once (_chunk_wd), and Q4_0, Q5_0 and Q5_1
+unpack the chunk's values once too; a tile of several columns makes its products r(wd*ad) into
+scratch first (_products), and the eight hsum8 of a 1 x 8 tile run as vector adds (hsum8_x8). A
+prompt's kernels of the Q8_0 chain (Tiler.wide, from WIDE_COLS columns: wide_q0) widen the chunk's
+values and each column tile's quants to int16 once (widen_pairs), and make each lane sum with two
+vpmaddwd and a vpaddd: 4 instead of 5 uops on the multiply ports per block product (pp512 of a
+Q8_0 Qwen3.5-0.8B 1.15 -> 1.22x llama.cpp). A one-column Q4_1/Q5_1 tile (decode) takes a block's d
+and m from one vcvtph2ps of its 4-byte head (_head: d in lane 0, m in lane 1) and runs the summs
+chain in lane 1 of a vector, so no scalar conversion or shuffle waits on port 5. Q1_0 against
+several columns (and a thread's last rows) expands its bits as ggml's AVX2 vec_dot does
+(q1_0_neg_signs, q1_0_sums); against one column (decode), 16 rows at a time take their integer
+sums from per-token lookup tables (backends/llvm/ggml/matmul/q1_lut.py).
 """
 from __future__ import annotations
 
@@ -54,31 +58,55 @@ class Cols:
     lut: object = None   # i8* [K/32][TABLE_BYTES]: the one column's lookup tables (Q1_0, C = 1)
     wd: tuple = None     # (w0, f32* [rows][K/32]): f32(wd) of the chunk's rows from w0 (_chunk_wd)
     wq: object = None    # i8* [rows][K]: the chunk's weight values, unpacked once (_chunk_wd with values)
+    w16: object = None   # <16 x i16>* [rows][K/32][2]: the chunk's signed values as widen_pairs (wide)
+    a16: object = None   # <16 x i16>* [K/32][C][2]: the columns' quants as widen_pairs (with w16)
 
 
-def _shape(M: int) -> tuple[int, int]:
+def _shape(M: int, K: int) -> tuple[int, int]:
     """Tiles of up to 8 columns, one row (several interleaved weight rows stream slower here)."""
     return 1, min(M, 8)
 
 
-def _shape_q1_0(M: int) -> tuple[int, int]:
+def _shape_q1_0(M: int, K: int) -> tuple[int, int]:
     """One column: 16 rows by table lookups (backends/llvm/ggml/matmul/q1_lut.py); several: 1 row x 8."""
     return (LUT_ROWS, 1) if M == 1 else (1, min(M, 8))
 
 
-def _shape_q2_0(M: int) -> tuple[int, int]:
+def _shape_q2_0(M: int, K: int) -> tuple[int, int]:
     """Q2_0 fills the 8 lanes of its float vector with pairs: 8 // M rows for small M."""
     return (max(1, 8 // M), M) if M < 8 else (1, 8)
 
 
-def _alloc(with_s=False, q2=False, lut=False):
+def _shape_wide(M: int, K: int) -> tuple[int, int]:
+    """The wide tiles (widen_pairs): 1 row x 8 columns while the 8 columns' widened quants (K/32
+    x 8 x 64 bytes) stay within 32 KB of L1, else 2 rows x 4 columns."""
+    C = 8 if K <= 2048 else 4
+    return (8 // C, C) if M >= C else (1, M)
+
+
+def _alloc(with_s=False, q2=False, lut=False, wide=False):
     def alloc(b, K, C):
         nb = K // 32 * C
         return {"d": scratch(b, f32, nb, "act.d"), "s": scratch(b, f32, nb, "act.s") if with_s else None,
                 "asum": scratch(b, i32, nb, "act.sum") if q2 else None,
                 "aq": scratch(b, i8, 32 * nb, "act.q") if q2 else None,
-                "lut": scratch(b, i8, K // 32 * TABLE_BYTES, "act.lut") if lut else None}
+                "lut": scratch(b, i8, K // 32 * TABLE_BYTES, "act.lut") if lut else None,
+                "a16": scratch(b, v16i16, 2 * nb, "act.w16") if wide else None}
     return alloc
+
+
+PAIR_A = [4 * (j // 2) + j % 2 for j in range(16)]     # elements 4l, 4l+1 of a block, l = 0..7
+PAIR_B = [e + 2 for e in PAIR_A]                      # elements 4l+2, 4l+3
+
+
+def widen_pairs(b, v):
+    """(A, B), two <16 x i16>: the 32 signed bytes of v sign-extended, A holding elements 4l and
+    4l+1 in its lanes 2l, 2l+1 and B elements 4l+2, 4l+3. madd(A, A') + madd(B, B') of two blocks so
+    widened is, in lane l, the exact sum over elements 4l..4l+3 of their products: ggml's
+    mul_sum_i8_pairs lane sums (exact integers, so any way of making them gives its bits) by two
+    vpmaddwd and a vpaddd, where its vpsignb, vpsignb, vpmaddubsw, vpmaddwd take four uops of
+    the two ports that also run vcvtdq2ps and vfmadd."""
+    return [b.sext(lanes(b, v, idx), v16i16) for idx in (PAIR_A, PAIR_B)]
 
 
 def typed_gep(b, base, offset, t):
@@ -93,7 +121,7 @@ def _prep(bb: int):
     def prep(b, K, xrows, scr):
         C = len(xrows)
         cols = Cols(xrows, scr["d"], scr["s"], scr["asum"], scr["aq"], scr["lut"] if C == 1 else None, scr.get("wd"),
-                    scr.get("wq"))
+                    scr.get("wq"), scr.get("w16"), scr["a16"] if scr.get("w16") else None)
         with for_range(b, 0, K // 32, name="prep") as kb:
             for c, x in enumerate(xrows):
                 xo = b.mul(kb, i64(bb))
@@ -101,6 +129,10 @@ def _prep(bb: int):
                 b.store(load_h(b, x, xo), b.gep(cols.d, [slot]))
                 if cols.s is not None:
                     b.store(load_h(b, x, b.add(xo, i64(2))), b.gep(cols.s, [slot]))
+                if cols.a16 is not None:
+                    q = b.load(at(b, x, b.add(xo, i64(bb - 32)), v32i8), align=1)
+                    for h, v in enumerate(widen_pairs(b, q)):
+                        b.store(v, b.gep(cols.a16, [b.add(b.mul(slot, i64(2)), i64(h))]), align=32)
                 if cols.aq is not None:
                     q = b.load(at(b, x, b.add(xo, i64(bb - 32)), v32i8), align=1)
                     qp = b.shuffle_vector(q, ir.Constant(v32i8, ir.Undefined), ir.Constant(ir.VectorType(i32, 32), _PERM))
@@ -113,22 +145,29 @@ def _prep(bb: int):
     return prep
 
 
-def _chunk_wd(wbb: int, values=None):
+def _chunk_wd(wbb: int, values=None, wide=False):
     """Tiler.chunk of the dot_q0 / dot_q1 tiles: the f32 scales of the chunk's weight blocks (wbb
     bytes, f16 scale first), converted once for all its column tiles. Rows are contiguous whole blocks, so
     block j of the chunk is at w0 + j * wbb. With values (packed types: Q4_0, Q5_0, Q4_1, Q5_1),
     each block's 32 values(b, w0, j * wbb) are unpacked once too, into scratch [block][32]: the
-    column tiles then load them as Q8_0's tiles load their quants."""
+    column tiles then load them as Q8_0's tiles load their quants. wide (wide_q0: Q8_0, Q4_0,
+    Q5_0): the signed values as widen_pairs instead, scratch [block][2] of <16 x i16>."""
     def chunk(b, K, w0, n, n_max, scr):
         wd = scratch(b, f32, n_max * (K // 32), "chunk.wd")
-        wq = scratch(b, v32i8, n_max * (K // 32), "chunk.wq") if values else None
+        wq = scratch(b, v32i8, n_max * (K // 32), "chunk.wq") if values and not wide else None
+        w16 = scratch(b, v16i16, 2 * n_max * (K // 32), "chunk.w16") if wide else None
         with for_range(b, 0, b.mul(n, i64(K // 32)), name="wd") as j:
             b.store(load_h(b, w0, b.mul(j, i64(wbb))), b.gep(wd, [j]))
-            if values:
+            if wide:
+                for h, v in enumerate(widen_pairs(b, values(b, w0, b.mul(j, i64(wbb))))):
+                    b.store(v, b.gep(w16, [b.add(b.mul(j, i64(2)), i64(h))]), align=32)
+            elif values:
                 b.store(values(b, w0, b.mul(j, i64(wbb))), b.gep(wq, [j]), align=32)
         scr["wd"] = (w0, wd)
-        if values:
+        if wq is not None:
             scr["wq"] = wq
+        if wide:
+            scr["w16"] = w16
     return chunk
 
 
@@ -200,6 +239,8 @@ def dot_q0(wbb: int, values):
     def tile(b, K, wrows, cols):
         R, C = len(wrows), len(cols.x)
         dw_of = _products(b, K, wrows, cols, wbb)
+        if cols.w16 is not None:
+            return _finish(b, R, C, block_loop(b, K // 32, [zero8()] * (R * C), _wide_step(b, wrows, cols, wbb, dw_of)))
         values_of = _values_of(b, cols, wrows, wbb, values)
 
         def step(ib, accs):
@@ -217,6 +258,33 @@ def dot_q0(wbb: int, values):
 
         return _finish(b, R, C, block_loop(b, K // 32, [zero8()] * (R * C), step))
     return tile
+
+
+def wide_q0(wbb: int, values) -> Tiler:
+    """The wide twin of a dot_q0 tiler (Tiler.wide): the chunk's values and each column tile's
+    quants as widen_pairs, tiles of _shape_wide."""
+    return Tiler(_shape_wide, _alloc(wide=True), _prep(34), dot_q0(wbb, values), _chunk_wd(wbb, values, wide=True))
+
+
+def _wide_step(b, wrows, cols, wbb: int, dw_of):
+    """block_loop step of dot_q0 from the chunk's and the columns' widen_pairs: lane sums by
+    2 vpmaddwd and 1 vpaddd, then the same float steps."""
+    R, C = len(wrows), len(cols.x)
+    first = [_block_of(b, cols, w, wbb) for w in wrows]
+
+    def pair(base, k):
+        return [b.load(b.gep(base, [b.add(b.mul(k, i64(2)), i64(h))]), align=32) for h in (0, 1)]
+
+    def step(ib, accs):
+        a16 = [pair(cols.a16, b.add(b.mul(ib, i64(C)), i64(c))) for c in range(C)]
+        out = []
+        for r in range(R):
+            w16 = pair(cols.w16, b.add(first[r], ib))
+            for c in range(C):
+                s = b.add(madd(b, w16[0], a16[c][0]), madd(b, w16[1], a16[c][1]))
+                out.append(fma(b, dw_of(ib, r, c), b.sitofp(s, ir.VectorType(f32, 8)), accs[r * C + c]))
+        return out
+    return step
 
 
 def dot_q1(wbb: int, codes):
@@ -263,7 +331,11 @@ def dot_q1(wbb: int, codes):
     return tile
 
 
-_q8_0 = dot_q0(34, lambda b, w, wb: b.load(at(b, w, b.add(wb, i64(2)), v32i8), align=1))
+def _q8_0_values(b, w, wb):
+    return b.load(at(b, w, b.add(wb, i64(2)), v32i8), align=1)
+
+
+_q8_0 = dot_q0(34, _q8_0_values)
 _q4_1 = dot_q1(20, lambda b, w, wb: nibbles(b, w, b.add(wb, i64(4))))
 
 
@@ -389,7 +461,7 @@ def _q1_0_tile(b, K, wrows, cols):
     return _q1_0(b, K, wrows, cols)
 
 
-register_tiler(Q8_0, fo.Q8_0_DOT, Tiler(_shape, _alloc(), _prep(34), _q8_0, _chunk_wd(34)))
+register_tiler(Q8_0, fo.Q8_0_DOT, Tiler(_shape, _alloc(), _prep(34), _q8_0, _chunk_wd(34), wide=wide_q0(34, _q8_0_values)))
 register_tiler(Q4_1, fo.Q4_1_DOT, Tiler(_shape, _alloc(with_s=True), _prep(36), _q4_1, _chunk_wd(20)))
 register_tiler(Q1_0, fo.Q1_0_DOT, Tiler(_shape_q1_0, _alloc(lut=True), _prep(34), _q1_0_tile))
 register_tiler(Q2_0, fo.Q2_0_DOT, Tiler(_shape_q2_0, _alloc(q2=True), _prep(34), _q2_0))

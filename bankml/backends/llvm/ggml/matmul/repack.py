@@ -51,7 +51,7 @@ def row_sums_i16(b, vs):
     return b.add(lo, hi)
 
 
-def _shape(M: int) -> tuple[int, int]:
+def _shape(M: int, K: int) -> tuple[int, int]:
     """8 rows (one accumulator's lanes) x up to 4 columns."""
     return 8, min(M, 4)
 

@@ -43,6 +43,7 @@ from bankml.quants import ACT_TYPES, WEIGHT_TYPES
 
 CHUNK_BYTES = 96 * 1024                          # weight bytes of one row chunk (L2-resident)
 PREFETCH_MAX_COLS = 128                          # micro-batches of at most this many columns prefetch
+WIDE_COLS = 32                                   # Tiler.wide from kernels whose column count reaches this
 
 
 # ---- small vector helpers (shared by the other kernels of this backend) -------------------
@@ -54,12 +55,14 @@ PREFETCH_MAX_COLS = 128                          # micro-batches of at most this
 class Tiler:
     """How one weight type and float order computes an R x C tile of outputs.
 
-    shape(M) -> (R, C): rows and columns of a full tile for a micro-batch of M columns.
+    shape(M, K) -> (R, C): rows and columns of a full tile for a micro-batch of M columns of K.
     alloc(b, K, C) -> scratch: entry-block stack arrays for one column tile (or None).
     prep(b, K, xrows, scratch) -> cols: per column tile state (xrows: C activation row pointers).
     tile(b, K, wrows, cols) -> [[value] * C] * R: the finished f32 outputs of the tile.
     chunk(b, K, w0, n, n_max, scratch): optional, per chunk of n (<= n_max) weight rows from w0
     (i8*), before its column tiles; only where the rows run in chunks (several column tiles).
+    wide: the tiler of kernels whose column count reaches WIDE_COLS (a prompt's), where more
+    work per chunk pays for fewer uops per product (quant.py's widen_pairs).
 
     Every kernel prefetches the next chunk's weights while a chunk runs (a share of its cache
     lines before each tile) when the micro-batch has at most PREFETCH_MAX_COLS columns: one
@@ -73,6 +76,7 @@ class Tiler:
     prep: Callable
     tile: Callable
     chunk: Callable | None = None
+    wide: Tiler | None = None
 
 
 TILERS: dict[tuple[int, object], Tiler] = {}       # (ggml weight type, FloatOrder) -> Tiler
@@ -117,6 +121,8 @@ def define_mul_mat(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     tiler = TILERS.get((wtype, n.order))
     if tiler is None:
         raise LoweringError(f"mul_mat {n.name}: {wt.name} order {n.order.describe() if n.order else None} is not lowered")
+    if tiler.wide is not None and M_hi >= WIDE_COLS:
+        tiler = tiler.wide
     if K % wt.block:
         raise LoweringError(f"mul_mat {n.name}: K = {K} is not a multiple of {wt.name} blocks")
     xrb = ACT_TYPES[wt.act_type].row_bytes(K)
@@ -128,18 +134,18 @@ def define_mul_mat(m: ir.Module, g: Graph, n: Node) -> ir.Function:
     yp = typed(b, out, f32)
     M = size(b, dims, n.shape[:-1])
     if M_lo == M_hi:                 # a known column count: its best tile, then one tile of the rest
-        R, C = tiler.shape(M_lo)
+        R, C = tiler.shape(M_lo, K)
         C = min(C, M_lo)
         col_tiles = [(R, C, i64(M_lo // C), 0)] + ([(R, M_lo % C, i64(1), M_lo // C * C)] if M_lo % C else [])
     else:                            # columns known at run time: full tiles, then the rest in tiles of 4, 2, 1
-        R, C = tiler.shape(max(1, min(M_hi, 8)))
+        R, C = tiler.shape(max(1, min(M_hi, 8)), K)
         full = b.sdiv(M, i64(C))
         col_tiles = [(R, C, full, 0)]
         first, rest = b.mul(full, i64(C)), b.srem(M, i64(C))
         for c in (4, 2, 1):
             if c < C:
                 count = b.and_(b.lshr(rest, i64(c.bit_length() - 1)), i64(1))
-                col_tiles.append((tiler.shape(c)[0], c, count, first))
+                col_tiles.append((tiler.shape(c, K)[0], c, count, first))
                 first = b.add(first, b.mul(count, i64(c)))
     scr = tiler.alloc(b, K, max(c for _, c, _, _ in col_tiles))
     rows_n = kernel_arg(b, dims)     # N, at run time: one kernel text for every row count of a K
