@@ -105,8 +105,16 @@ def test_quantize_q8_k_bits_equal_ggml():
     x[2, 3], x[2, 9] = 5, -5                   # equal magnitudes: the first one decides the sign
     x[3, 3], x[3, 9] = -5, 5
     x[4] = np.float32(0.5) / np.float32(127) * np.arange(512) % 3     # ties for round-half-even
+    x[5, 300], x[5, 263], x[5, 511] = 900, -900, 900  # the largest magnitude twice: the first (-) decides
+    x[0, 7], x[0, 255] = -900, 900                    # ... in the first and last 8 lanes of a block
     ref = np.stack([np.frombuffer(G.from_float(Q8_K, r), np.uint8) for r in x])
     assert np.array_equal(q8_k.to_bytes(q8_k.quantize_q8_k(x)), ref)
+    xn = Node(0, Op.INPUT, (), x.shape, "f32", params={"input": "x"})
+    q = Node(1, Op.QUANTIZE, (0,), x.shape, ggml_type_name(Q8_K), params={"type": Q8_K})
+    for nth in (1, 2, 3):                              # the llvm kernel (a vector scan for the first max)
+        act = np.zeros((x.shape[0], 2 * 292), np.uint8)
+        run_kernel(graph_of(xn, q), q, act, [x], nth)
+        assert np.array_equal(act, ref), f"nth={nth}"
 
 
 @pytest.mark.parametrize("t", [Q4_K, Q6_K], ids=["Q4_K", "Q6_K"])

@@ -54,7 +54,10 @@ def define_quantize_q8_k(m: ir.Module, g, n) -> ir.Function:
     fn.linkage = "internal"
     out, src, ith, nth, dims = fn.args
     M = size(b, dims, x.shape[:-1])
-    fabs = intrinsic(m, "llvm.fabs.f32", f32, [f32])
+    v8f32 = ir.VectorType(f32, 8)
+    fabs = intrinsic(m, "llvm.fabs.v8f32", v8f32, [v8f32])
+    fmax = intrinsic(m, "llvm.vector.reduce.fmax.v8f32", f32, [v8f32])
+    first = intrinsic(m, "llvm.vector.reduce.smin.v8i32", i32, [v8i32])
     rne = intrinsic(m, "llvm.roundeven.v32f32", v32f32, [v32f32])
     smin = intrinsic(m, "llvm.smin.v32i32", v32i32, [v32i32, v32i32])
     vsum = intrinsic(m, "llvm.vector.reduce.add.v16i32", i32, [v16i32])
@@ -62,14 +65,24 @@ def define_quantize_q8_k(m: ir.Module, g, n) -> ir.Function:
     with for_range(b, lo, hi, name="blk") as ib:
         xs = typed(b, b.gep(src, [b.mul(ib, i64(1024))]), f32)
         ob = b.gep(out, [b.mul(ib, i64(Q8K_BYTES))])
-        amax_p, max_p = alloca(b, f32, f32(0.0), "amax"), alloca(b, f32, f32(0.0), "max")
-        with for_range(b, 0, 256, name="j") as j:
-            v = b.load(b.gep(xs, [j]))
-            ax, amax = b.call(fabs, [v]), b.load(amax_p)
-            gt = b.fcmp_ordered(">", ax, amax)
-            b.store(b.select(gt, ax, amax), amax_p)
-            b.store(b.select(gt, v, b.load(max_p)), max_p)
-        nz = b.fcmp_ordered("!=", b.load(amax_p), f32(0.0))
+        # ggml's scan (amax = |x_j|, max = x_j where |x_j| > amax) keeps the largest magnitude (NaN
+        # never greater) and the first element of it: the same two, found 8 lanes at a time
+        ax = [b.call(fabs, [b.load(typed(b, b.gep(xs, [i64(8 * c)]), v8f32), align=4)]) for c in range(32)]
+        acc = [ir.Constant(v8f32, [0.0] * 8)] * 4
+        for c, a in enumerate(ax):
+            acc[c % 4] = b.select(b.fcmp_ordered(">", a, acc[c % 4]), a, acc[c % 4])
+        top = acc[0]
+        for a in acc[1:]:
+            top = b.select(b.fcmp_ordered(">", a, top), a, top)
+        amax = b.call(fmax, [top])                                   # no NaN left: max is exact
+        at_j = ir.Constant(v8i32, [256] * 8)
+        for c in reversed(range(32)):                                # the first index of |x| == amax
+            hit = b.fcmp_ordered("==", ax[c], splat(b, amax))
+            at_j = b.select(hit, ir.Constant(v8i32, [8 * c + lane for lane in range(8)]), at_j)
+        jmax = b.call(first, [at_j])
+        jmax = b.select(b.icmp_signed("<", jmax, i32(256)), jmax, i32(0))     # none (all NaN): unused
+        max_p = b.gep(xs, [b.zext(jmax, i64)])
+        nz = b.fcmp_ordered("!=", amax, f32(0.0))
         iscale = b.select(nz, b.fdiv(f32(-127.0), b.load(max_p)), f32(0.0))
         b.store(b.select(nz, b.fdiv(f32(1.0), iscale), f32(0.0)), at(b, ob, 0, f32), align=1)
         for k in range(8):
