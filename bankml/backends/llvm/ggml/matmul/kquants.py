@@ -8,7 +8,8 @@ path, vec_dot or gemv. The integers are exact int32 sums (vpmaddubsw, then vpmad
 scales), so any grouping of them gives ggml's; each output is one chain of f32 steps over the
 super-blocks. The gemm and the tiled kernel run tiles of LANE_TILES columns (widest first)
 in the lanes of their float chains (activations interleaved once per tile, see _Scratch), the
-columns left one at a time; vec_dot (tiles of 4 sharing one decode) keeps a chain per column.
+1-3 columns left one at a time, or 2-3 of them as one tile of 4 lanes (a prompt's gemv tail and
+tiled rest: columns(padded)); vec_dot (tiles of 4 sharing one decode) keeps a chain per column.
 One thread takes a contiguous share of rows, in L2-sized chunks.
 
 q8_K block (292 bytes): f32 d at 0, 256 int8 at 4, 16 int16 sums of 16 at 260.
@@ -40,6 +41,7 @@ TILE_COLS = 4                   # columns sharing one decode of the weights (vec
 # tiles), for Q4_K / Q6_K kernels 7% / 13% faster at 512 columns with 16 (equal at 52): the first
 # compile is a cost every new user pays, so the tiles stop at 8.
 LANE_TILES = {Q4_K: (8, 4), Q6_K: (8, 4)}
+PAD_COLS = 4                    # the 1-3 columns a prompt leaves after its tiles: one tile of 4 lanes
 
 
 # ---- QUANTIZE to q8_K --------------------------------------------------------------------
@@ -522,30 +524,56 @@ def define_mul_mat_kquant(m: ir.Module, g, n) -> ir.Function:
         with b.if_then(b.and_(few, b.icmp_signed("<", nxt, hi))):
             prefetch_lines(b, wp, b.mul(nxt, i64(wrb)), wrb, 3)
 
-    def columns(chain, c0, c1, widths):
+    def columns(chain, c0, c1, widths, padded=False):
         """Columns [c0, c1) through one chain: per chunk of this thread's rows (weights that stay
         in L2), tiles of widths[0] columns, then of widths[1], ..., then one column at a time;
-        the next chunk prefetched row by row."""
+        the next chunk prefetched row by row. padded (a lane chain): 2 or 3 columns left after the
+        tiles run as one tile of PAD_COLS lanes instead, the last column repeated in the lanes
+        past them and only theirs stored (each lane its own chain: a column's bits do not depend
+        on its neighbours; a 4-lane tile takes about 1.5 single columns' time)."""
         bounds = [c0]
         for C in widths:
             start = bounds[-1]
             bounds.append(b.add(start, b.mul(b.sdiv(b.sub(c1, start), i64(C)), i64(C))))
         widest = None
+
+        def tile_rows(r0, r1, c, xrows, scr, n=None):
+            if scr is not None:
+                scr.fill(b, K, xrows)
+            with for_range(b, r0, r1, name="row") as r:
+                prefetch_next(r)
+                res = _tile(b, chain, wtype, K, b.gep(wp, [b.mul(r, i64(wrb))]), xrows, scr)
+                for j, v in enumerate(res):
+                    at_j = b.gep(yp, [b.add(b.mul(b.add(c, i64(j)), rows_n), r)])
+                    if n is None or j == 0:
+                        b.store(v, at_j)
+                    else:
+                        with b.if_then(b.icmp_signed("<", i64(j), n)):
+                            b.store(v, at_j)
+
         with for_range(b, lo, hi, step=chunk, name="chunk") as r0:
             r1 = smin(b, b.add(r0, i64(chunk)), hi)
-            for C, start, stop in zip(list(widths) + [1], bounds, bounds[1:] + [c1]):
+            stages = list(zip(widths, bounds, bounds[1:]))
+            if not padded:
+                stages.append((1, bounds[-1], c1))
+            for C, start, stop in stages:
                 lanes = C > 1 and not chain.per_column
                 scr = _Scratch(b, wtype, K, C, widest) if lanes else None
                 widest = widest or scr
                 with for_range(b, start, stop, step=C, name=f"ct{C}") as c:
-                    xrows = [b.gep(xp, [b.mul(b.add(c, i64(j)), i64(xrb))]) for j in range(C)]
-                    if lanes:
-                        scr.fill(b, K, xrows)
-                    with for_range(b, r0, r1, name="row") as r:
-                        prefetch_next(r)
-                        res = _tile(b, chain, wtype, K, b.gep(wp, [b.mul(r, i64(wrb))]), xrows, scr)
-                        for j, v in enumerate(res):
-                            b.store(v, b.gep(yp, [b.add(b.mul(b.add(c, i64(j)), rows_n), r)]))
+                    tile_rows(r0, r1, c, [b.gep(xp, [b.mul(b.add(c, i64(j)), i64(xrb))]) for j in range(C)], scr)
+            if padded:
+                start = bounds[-1]
+                left = b.sub(c1, start)
+                with b.if_else(b.icmp_signed(">", left, i64(1))) as (several, one):
+                    with several:
+                        last = b.sub(left, i64(1))
+                        xrows = [b.gep(xp, [b.mul(b.add(start, smin(b, i64(j), last)), i64(xrb))])
+                                 for j in range(PAD_COLS)]
+                        tile_rows(r0, r1, start, xrows, _Scratch(b, wtype, K, PAD_COLS, widest), left)
+                    with one:
+                        with b.if_then(b.icmp_signed("==", left, i64(1))):
+                            tile_rows(r0, r1, start, [b.gep(xp, [b.mul(start, i64(xrb))])], None)
 
     if n.params.get("per_column"):          # a batch of sequences: every column as one alone
         if n.order is fo.Q4_K_REPACK:
@@ -555,11 +583,11 @@ def define_mul_mat_kquant(m: ir.Module, g, n) -> ir.Function:
     elif n.order is fo.Q4_K_REPACK:
         split = b.sub(M, b.srem(M, i64(GEMM_COLS)))           # gemm below, gemv from here
         columns(_Repacked(4), i64(0), split, LANE_TILES[wtype])
-        columns(_Repacked(1), split, M, ())
+        columns(_Repacked(1), split, M, (), padded=True)
     else:
         with b.if_else(b.icmp_signed(">=", M, i64(TILED_MIN_COLS))) as (then, other):
             with then:
-                columns(_Tiled(wtype), i64(0), M, LANE_TILES[wtype])
+                columns(_Tiled(wtype), i64(0), M, LANE_TILES[wtype], padded=True)
             with other:
                 columns(_VecDot(wtype), i64(0), M, (TILE_COLS,))
     b.ret_void()
