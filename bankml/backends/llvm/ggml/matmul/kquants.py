@@ -22,7 +22,7 @@ from bankml.backends.llvm.emit.core import (f32, for_range, i8, i16, i32, i64, i
     prefetch_lines, size, smin, thread_range, typed)
 from bankml.backends.llvm.ggml.matmul.tiling import CHUNK_BYTES, PREFETCH_MAX_COLS
 from bankml.backends.llvm.ggml.rows import row_element
-from bankml.backends.llvm.emit.simd import (alloca, at, block_loop, hsum8, load_h, madd, maddubs, scratch, splat,
+from bankml.backends.llvm.emit.simd import (at, block_loop, hsum8, load_h, madd, maddubs, scratch, splat,
     v16i16, v32i8, v8i32, zero8)
 from bankml.backends.llvm.emit.core import fma
 from bankml.backends.llvm.registry import kernel, kernel_name, kernel_type
@@ -41,7 +41,7 @@ TILE_COLS = 4                   # columns sharing one decode of the weights (vec
 # tiles), for Q4_K / Q6_K kernels 7% / 13% faster at 512 columns with 16 (equal at 52): the first
 # compile is a cost every new user pays, so the tiles stop at 8.
 LANE_TILES = {Q4_K: (8, 4), Q6_K: (8, 4)}
-PAD_COLS = 4                    # the 1-3 columns a prompt leaves after its tiles: one tile of 4 lanes
+PAD_COLS = 4                    # 2-3 columns a prompt leaves after its tiles: one tile of 4 lanes
 
 
 # ---- QUANTIZE to q8_K --------------------------------------------------------------------

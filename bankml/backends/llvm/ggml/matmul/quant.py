@@ -461,7 +461,8 @@ def _q1_0_tile(b, K, wrows, cols):
     return _q1_0(b, K, wrows, cols)
 
 
-register_tiler(Q8_0, fo.Q8_0_DOT, Tiler(_shape, _alloc(), _prep(34), _q8_0, _chunk_wd(34), wide=wide_q0(34, _q8_0_values)))
+register_tiler(Q8_0, fo.Q8_0_DOT, Tiler(_shape, _alloc(), _prep(34), _q8_0, _chunk_wd(34),
+                                    wide=wide_q0(34, _q8_0_values)))
 register_tiler(Q4_1, fo.Q4_1_DOT, Tiler(_shape, _alloc(with_s=True), _prep(36), _q4_1, _chunk_wd(20)))
 register_tiler(Q1_0, fo.Q1_0_DOT, Tiler(_shape_q1_0, _alloc(lut=True), _prep(34), _q1_0_tile))
 register_tiler(Q2_0, fo.Q2_0_DOT, Tiler(_shape_q2_0, _alloc(q2=True), _prep(34), _q2_0))
