@@ -71,7 +71,7 @@ class Tiler:
     DRAM (bench/mul_mat_columns.py; docs/PERFORMANCE.md, 2026-12-06). A kernel of one column
     tile runs in chunks for it too, its columns prepared once and no chunk step.
     """
-    shape: Callable[[int], tuple[int, int]]
+    shape: Callable[[int, int], tuple[int, int]]
     alloc: Callable
     prep: Callable
     tile: Callable
