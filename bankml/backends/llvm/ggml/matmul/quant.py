@@ -91,7 +91,7 @@ def _alloc(with_s=False, q2=False, lut=False, wide=False):
                 "asum": scratch(b, i32, nb, "act.sum") if q2 else None,
                 "aq": scratch(b, i8, 32 * nb, "act.q") if q2 else None,
                 "lut": scratch(b, i8, K // 32 * TABLE_BYTES, "act.lut") if lut else None,
-                "a16": scratch(b, v16i16, 2 * nb, "act.w16") if wide else None}
+                "a16": scratch(b, v16i16, 2 * nb, "act.q16") if wide else None}
     return alloc
 
 
