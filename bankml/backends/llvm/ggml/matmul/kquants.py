@@ -19,7 +19,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from bankml.backends.llvm.emit.core import (f32, for_range, i8, i16, i32, i64, intrinsic, kernel_arg, new_function,
-    prefetch_lines, size, smin, thread_range, typed)
+    prefetch_lines, size, smin, thread_range, typed, v8f32)
 from bankml.backends.llvm.ggml.matmul.tiling import CHUNK_BYTES, PREFETCH_MAX_COLS
 from bankml.backends.llvm.ggml.rows import row_element
 from bankml.backends.llvm.emit.simd import (at, block_loop, hsum8, load_h, madd, maddubs, scratch, splat,
@@ -56,7 +56,6 @@ def define_quantize_q8_k(m: ir.Module, g, n) -> ir.Function:
     fn.linkage = "internal"
     out, src, ith, nth, dims = fn.args
     M = size(b, dims, x.shape[:-1])
-    v8f32 = ir.VectorType(f32, 8)
     fabs = intrinsic(m, "llvm.fabs.v8f32", v8f32, [v8f32])
     fmax = intrinsic(m, "llvm.vector.reduce.fmax.v8f32", f32, [v8f32])
     first = intrinsic(m, "llvm.vector.reduce.smin.v8i32", i32, [v8i32])

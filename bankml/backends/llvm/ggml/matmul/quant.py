@@ -129,12 +129,11 @@ def _prep(bb: int):
                 b.store(load_h(b, x, xo), b.gep(cols.d, [slot]))
                 if cols.s is not None:
                     b.store(load_h(b, x, b.add(xo, i64(2))), b.gep(cols.s, [slot]))
+                q = b.load(at(b, x, b.add(xo, i64(bb - 32)), v32i8), align=1)     # the block's quants
                 if cols.a16 is not None:
-                    q = b.load(at(b, x, b.add(xo, i64(bb - 32)), v32i8), align=1)
                     for h, v in enumerate(widen_pairs(b, q)):
                         b.store(v, b.gep(cols.a16, [b.add(b.mul(slot, i64(2)), i64(h))]), align=32)
                 if cols.aq is not None:
-                    q = b.load(at(b, x, b.add(xo, i64(bb - 32)), v32i8), align=1)
                     qp = b.shuffle_vector(q, ir.Constant(v32i8, ir.Undefined), ir.Constant(ir.VectorType(i32, 32), _PERM))
                     b.store(qp, typed_gep(b, cols.aq, b.mul(slot, i64(32)), v32i8), align=32)
                     vsum = intrinsic(b.module, "llvm.vector.reduce.add.v32i32", i32, [ir.VectorType(i32, 32)])
