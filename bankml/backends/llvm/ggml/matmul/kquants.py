@@ -16,6 +16,8 @@ q8_K block (292 bytes): f32 d at 0, 256 int8 at 4, 16 int16 sums of 16 at 260.
 """
 from __future__ import annotations
 
+import functools
+
 from llvmlite import ir
 
 from bankml.backends.llvm.emit.core import (f32, for_range, i8, i16, i32, i64, intrinsic, kernel_arg, new_function,
@@ -69,12 +71,12 @@ def define_quantize_q8_k(m: ir.Module, g, n) -> ir.Function:
         # ggml's scan (amax = |x_j|, max = x_j where |x_j| > amax) keeps the largest magnitude (NaN
         # never greater) and the first element of it: the same two, found 8 lanes at a time
         ax = [b.call(fabs, [b.load(typed(b, b.gep(xs, [i64(8 * c)]), v8f32), align=4)]) for c in range(32)]
+        def larger(a, acc):                                          # a where a > acc (NaN: acc)
+            return b.select(b.fcmp_ordered(">", a, acc), a, acc)
         acc = [ir.Constant(v8f32, [0.0] * 8)] * 4
         for c, a in enumerate(ax):
-            acc[c % 4] = b.select(b.fcmp_ordered(">", a, acc[c % 4]), a, acc[c % 4])
-        top = acc[0]
-        for a in acc[1:]:
-            top = b.select(b.fcmp_ordered(">", a, top), a, top)
+            acc[c % 4] = larger(a, acc[c % 4])
+        top = functools.reduce(lambda t, a: larger(a, t), acc[1:], acc[0])
         amax = b.call(fmax, [top])                                   # no NaN left: max is exact
         at_j = ir.Constant(v8i32, [256] * 8)
         for c in reversed(range(32)):                                # the first index of |x| == amax

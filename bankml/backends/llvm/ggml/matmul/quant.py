@@ -134,7 +134,7 @@ def _prep(bb: int):
                     for h, v in enumerate(widen_pairs(b, q)):
                         b.store(v, b.gep(cols.a16, [b.add(b.mul(slot, i64(2)), i64(h))]), align=32)
                 if cols.aq is not None:
-                    qp = b.shuffle_vector(q, ir.Constant(v32i8, ir.Undefined), ir.Constant(ir.VectorType(i32, 32), _PERM))
+                    qp = lanes(b, q, _PERM)
                     b.store(qp, typed_gep(b, cols.aq, b.mul(slot, i64(32)), v32i8), align=32)
                     vsum = intrinsic(b.module, "llvm.vector.reduce.add.v32i32", i32, [ir.VectorType(i32, 32)])
                     b.store(b.call(vsum, [b.sext(q, ir.VectorType(i32, 32))]), b.gep(cols.asum, [slot]))
@@ -238,8 +238,6 @@ def dot_q0(wbb: int, values):
     def tile(b, K, wrows, cols):
         R, C = len(wrows), len(cols.x)
         dw_of = _products(b, K, wrows, cols, wbb)
-        if cols.w16 is not None:
-            return _finish(b, R, C, block_loop(b, K // 32, [zero8()] * (R * C), _wide_step(b, wrows, cols, wbb, dw_of)))
         values_of = _values_of(b, cols, wrows, wbb, values)
 
         def step(ib, accs):
@@ -262,12 +260,20 @@ def dot_q0(wbb: int, values):
 def wide_q0(wbb: int, values) -> Tiler:
     """The wide twin of a dot_q0 tiler (Tiler.wide): the chunk's values and each column tile's
     quants as widen_pairs, tiles of _shape_wide."""
-    return Tiler(_shape_wide, _alloc(wide=True), _prep(34), dot_q0(wbb, values), _chunk_wd(wbb, values, wide=True))
+    return Tiler(_shape_wide, _alloc(wide=True), _prep(34), _wide_tile(wbb), _chunk_wd(wbb, values, wide=True))
+
+
+def _wide_tile(wbb: int):
+    """dot_q0's tile from the chunk's and the columns' widen_pairs: lane sums by 2 vpmaddwd and
+    1 vpaddd, then the same float steps."""
+    def tile(b, K, wrows, cols):
+        R, C = len(wrows), len(cols.x)
+        step = _wide_step(b, wrows, cols, wbb, _products(b, K, wrows, cols, wbb))
+        return _finish(b, R, C, block_loop(b, K // 32, [zero8()] * (R * C), step))
+    return tile
 
 
 def _wide_step(b, wrows, cols, wbb: int, dw_of):
-    """block_loop step of dot_q0 from the chunk's and the columns' widen_pairs: lane sums by
-    2 vpmaddwd and 1 vpaddd, then the same float steps."""
     R, C = len(wrows), len(cols.x)
     first = [_block_of(b, cols, w, wbb) for w in wrows]
 
