@@ -58,6 +58,16 @@ class SessionBatch:
     def _run(self, first: int, sessions, tokens: list[int]) -> np.ndarray:
         if len(sessions) == 1:
             return sessions[0].decode(tokens[0])[None]
+        S, KV, inputs, caches, n_kv_swa = self.step_inputs(first, sessions, tokens)
+        out = self.model.run_seqs(S, KV, inputs, caches, n_kv_swa)
+        for s in sessions:
+            s.n_past += 1
+            s._ubatch_index += 1
+        return out["logits"][:S]
+
+    def step_inputs(self, first: int, sessions, tokens: list[int]):
+        """(S, KV, inputs, caches, n_kv_swa) of one decode-seqs run (Model.run_seqs) of checked tokens,
+        one for each of sessions (the batch's from index first); nothing runs."""
         m, S = self.model, len(sessions)
         used = np.array([s.n_past + 1 for s in sessions])
         cells = np.array([m.n_kv(u) for u in used], np.int32)
@@ -79,8 +89,4 @@ class SessionBatch:
         caches = self._caches.get(first)
         if caches is None:
             caches = self._caches[first] = {key: [s.caches[key] for s in sessions] for key in sessions[0].caches}
-        out = m.run_seqs(S, KV, inputs, caches, n_kv_swa)
-        for s in sessions:
-            s.n_past += 1
-            s._ubatch_index += 1
-        return out["logits"][:S]
+        return S, KV, inputs, caches, n_kv_swa

@@ -222,11 +222,15 @@ class Model:
         caches maps each (layer, kind) to the list of the sequences' caches, in row order."""
         if self.runner is None:
             raise BankmlError(f"{self.path.name}: the model is closed")
+        return self.runner.run(*self.seqs_graph(n_seqs, n_kv, n_kv_swa), inputs, caches)
+
+    def seqs_graph(self, n_seqs: int, n_kv: int, n_kv_swa: int | None = None):
+        """(graph, values): the decode-seqs graph, prepared, and its sizes for n_seqs sequences."""
         self.prepare(self.seqs_variant)
         values = {"T": n_seqs, "KV": n_kv, "O": n_seqs}
         if n_kv_swa is not None:
             values["KVS"] = n_kv_swa
-        return self.runner.run(self.generic_graph(self.seqs_variant), values, inputs, caches)
+        return self.generic_graph(self.seqs_variant), values
 
     def batch_refusal(self) -> str | None:
         """Why this model's sessions cannot decode in one step (Model.batch), or None."""
