@@ -571,7 +571,7 @@ async def _ollama(request: Request, kind: str):
             except BadRequest as e:
                 return JSONResponse(ollama.error_body(str(e)), status_code=e.status)
         if fields.get("n_probs"):           # every streamed chunk's, as Ollama gathers them
-            out["logprobs"] = ollama.logprobs([p for p in r.probs if p.text], srv.piece, with_top)
+            out["logprobs"] = ollama.logprobs([p for p in r.probs if p.sent], srv.piece, with_top)
         return JSONResponse(out)
 
     async def body_iter():

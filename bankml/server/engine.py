@@ -7,8 +7,10 @@ The slot keeps its cells for the prompt's common prefix, prefills the rest, star
 with the whole prompt accepted (init_sampler), then samples and decodes one token at a time; with
 n_probs, each token's probabilities as populate_token_probs takes them (runtime/probs.py). Text
 follows process_token: a token's piece without its special text (the end-of-generation token
-adds none), nothing sent while the UTF-8 is incomplete or the text ends with the start of a stop
-string, and a stop string ends the text before it. Stops:
+adds none), kept as bytes (generated_text), nothing sent while its last bytes start a UTF-8
+character they do not finish (validate_utf8: bytes that are not UTF-8 at all are sent, each
+chunk's as U+FFFD as llama-server's JSON writer replaces them) or the text ends with the start of
+a stop string, and a stop string ends the text before it. Stops:
 a stop string ("stop" / STOP_TYPE_WORD), the end-of-generation token ("stop" / EOS), n_predict
 tokens or a full context ("length" / LIMIT), or a cancel (a client gone).
 """
@@ -46,9 +48,9 @@ class Job:
 
 @dataclass
 class Prob:
-    """One generated_token_probs entry: the probabilities and the text sent with the token."""
+    """One generated_token_probs entry: the probabilities and the bytes sent with the token (text_to_send)."""
     probs: P.TokenProbs
-    text: str
+    sent: bytes
 
 
 @dataclass
@@ -96,7 +98,17 @@ def timings_so_far(slot, n_gen: int) -> dict:
     return timings_json(n_cached, n_prompt - n_cached, t_prompt_ms, n_gen, (time.perf_counter() - t_start) * 1e3)
 
 
-def find_partial_stop(text: str, word: str) -> int:
+def valid_utf8_len(b: bytes) -> int:
+    """validate_utf8 (server-common.cpp): the length without a multi-byte character cut off at the end."""
+    n = len(b)
+    for i in range(1, min(4, n) + 1):
+        c = b[n - i]
+        if ((c & 0xE0) == 0xC0 and i < 2) or ((c & 0xF0) == 0xE0 and i < 3) or ((c & 0xF8) == 0xF0 and i < 4):
+            return n - i
+    return n
+
+
+def find_partial_stop(text: bytes, word: bytes) -> int:
     """string_find_partial_stop: where a suffix of text that starts `word` begins, or -1."""
     for i in range(max(0, len(text) - len(word) + 1), len(text)):
         if word.startswith(text[i:]):
@@ -151,12 +163,10 @@ def _run_job(model, slot, job, on_text, cancelled, steps, join) -> Result:
     join()
     out: list[int] = []
     probs: list[Prob] = []
-    raw = bytearray()           # every piece so far
-    text = ""                   # generated_text (complete UTF-8), stop word cut
-    n_text = 0                  # of raw, the bytes text decodes: raw decodes when raw[n_text:] does
-    sent = 0                    # n_sent_text
+    raw = bytearray()           # generated_text: every piece so far, a stop word cut
+    sent = 0                    # n_sent_text (bytes)
+    stops = [w.encode() for w in job.stop]
     finish, stop_type, word = "length", "limit", ""
-    incomplete = False
     while job.n_predict != 0:
         if cancelled():
             finish, stop_type = "cancelled", "none"
@@ -171,35 +181,27 @@ def _run_job(model, slot, job, on_text, cancelled, steps, join) -> Result:
         piece = b"" if eog else tok.piece(t, special=False)
         raw += piece
         has_next = True
-        try:
-            text += raw[n_text:].decode("utf-8")     # UTF-8 is whole at the end of text: raw.decode("utf-8")
-            n_text, incomplete = len(raw), False
-        except UnicodeDecodeError:
-            incomplete = True
-        if not incomplete:
-            piece_len = len(piece.decode("utf-8", "ignore"))
-            window = text[sent:]
+        if valid_utf8_len(raw) == len(raw):
+            window = bytes(raw[sent:])
             stop_pos = -1
-            for w in job.stop:
-                start = max(0, len(window) - (len(w) + piece_len))
-                p = window.find(w, start)
+            for w, b in zip(job.stop, stops):
+                p = window.find(b, max(0, len(window) - (len(b) + len(piece))))
                 if p != -1 and (stop_pos == -1 or p < stop_pos):
                     stop_pos, word = p, w
             send = True
             if stop_pos != -1:
-                text = text[:sent + stop_pos]
-                raw = text.encode()
+                del raw[sent + stop_pos:]
                 finish, stop_type, has_next = "stop", "word", False
             elif not eog:
-                send = all(find_partial_stop(window, w) == -1 for w in job.stop)
-            chunk = text[sent:] if send else ""
+                send = all(find_partial_stop(window, b) == -1 for b in stops)
+            chunk = bytes(raw[sent:]) if send else b""
             sent += len(chunk)
             prob = None
             if tp is not None:                      # slot.add_token(result)
                 prob = Prob(tp, chunk)
                 probs.append(prob)
-            on_text(chunk, t, prob)
-            if job.t_max_predict_ms > 0 and "\n" in chunk and (time.perf_counter() - t1) * 1e3 > job.t_max_predict_ms:
+            on_text(chunk.decode("utf-8", "replace"), t, prob)
+            if job.t_max_predict_ms > 0 and b"\n" in chunk and (time.perf_counter() - t1) * 1e3 > job.t_max_predict_ms:
                 finish, stop_type, has_next = "length", "limit", False     # the time limit, met at a newline
         else:
             on_text("", t, None)
@@ -215,5 +217,5 @@ def _run_job(model, slot, job, on_text, cancelled, steps, join) -> Result:
         slot.tokens.append(t)
     t2 = time.perf_counter()
     n_stop = len(model.tokenize(word, add_special=False, parse_special=False)) if probs and word else 0
-    return Result(out, text if not incomplete else raw.decode("utf-8", "replace"), finish, stop_type, word,
+    return Result(out, raw.decode("utf-8", "replace"), finish, stop_type, word,
                   len(job.prompt), n_cached, (t1 - t0) * 1e3, (t2 - t1) * 1e3, probs, n_stop)

@@ -73,10 +73,18 @@ def test_split_character_is_sent_once_whole(monkeypatch):
     assert r.text == "ab\xe9c\U0001f600!" and r.finish == "length"
 
 
-def test_invalid_byte_holds_back_the_rest_and_is_replaced_in_the_text(monkeypatch):
+def test_bytes_that_are_not_utf8_are_sent_replaced(monkeypatch):
+    """validate_utf8 holds back only a character cut off at the end: a byte that starts none goes
+    out at once, as U+FFFD (llama-server's JSON writer), and the text goes on after it."""
     events, r = run(monkeypatch, [b"ok", b"\xff", b"more", b"text"])
-    assert events == ["ok", "", "", ""]
+    assert events == ["ok", "\ufffd", "more", "text"]
     assert r.text == "ok\ufffdmoretext"
+
+
+def test_a_start_byte_waits_for_as_many_bytes_as_it_announces(monkeypatch):
+    """\\xe2 announces three bytes: "a\\xe2b" still looks cut off, "a\\xe2bc" does not (and is not UTF-8)."""
+    events, r = run(monkeypatch, [b"a\xe2", b"b", b"c", b"d"])
+    assert events == ["", "", "a\ufffdbc", "d"] and r.text == "a\ufffdbcd"
 
 
 def test_stop_string_across_tokens_cuts_the_text_before_it(monkeypatch):
@@ -99,10 +107,11 @@ def test_text_that_may_start_a_stop_string_waits(monkeypatch, stop, want, text):
     assert events == want and r.text == text
 
 
-def test_stop_string_after_an_invalid_byte_is_not_seen(monkeypatch):
-    """Once the bytes are not UTF-8 nothing more is decoded, so a later stop string is not found."""
-    events, r = run(monkeypatch, [b"x\xc3", b"\xa9y", b"\xff", b"zy"], stop=["zy"])
-    assert events == ["", "x\xe9y", "", ""] and r.text == "x\xe9y\ufffdzy" and r.finish == "length"
+def test_stop_string_after_an_invalid_byte(monkeypatch):
+    """The stop strings are looked for in the bytes, after a byte that is not UTF-8 too."""
+    events, r = run(monkeypatch, [b"x\xc3", b"\xa9y", b"\xff", b"zy", b"!"], stop=["zy"])
+    assert events == ["", "x\xe9y", "\ufffd", ""] and r.text == "x\xe9y\ufffd"
+    assert (r.finish, r.stop_type, r.stopping_word) == ("stop", "word", "zy")
 
 
 def test_end_of_generation_adds_no_text(monkeypatch):

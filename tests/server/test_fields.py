@@ -170,6 +170,6 @@ def test_a_setting_of_a_sampler_that_is_off_is_never_refused():
 def test_token_text_drops_only_a_character_cut_off_at_the_end():
     """validate_utf8: the token's text leaves out an unfinished multi-byte character at its end
     (its bytes keep it); it looks back up to four bytes, past ASCII too, as llama-server's does."""
-    from bankml.server.api.openai import valid_utf8_len
+    from bankml.server.engine import valid_utf8_len
     assert [valid_utf8_len(b) for b in (b"ab\xc3", b"\xc3\xa9", b"\xe2a", b"\xf0\x9f\x98", b"x\xf0\x9f\x98\x80")] == \
         [2, 2, 0, 0, 5]

@@ -191,3 +191,24 @@ def test_request_sequence_equals_llama_server(pair, record):
         n += 1
     assert n >= 20
     record(kind="server", model=name, compared=n, identical=n)
+
+
+NOT_UTF8 = cmpl(PROMPTS[0], max_tokens=32, seed=4, temperature=1.5, top_k=0, top_p=1.0, min_p=0.0)
+
+
+@pytest.mark.oracle
+@pytest.mark.server
+def test_text_that_is_not_utf8_equals_llama_server(pair, record):
+    """SmolLM2 at temperature 1.5 without top_k (NOT_UTF8) samples a character's first byte and
+    then a newline: llama-server holds back only a character cut off at the end of the text
+    (validate_utf8) and sends the rest, its JSON writer putting U+FFFD for the bytes that are
+    not UTF-8. The same text streamed and not, the same token bytes in the probabilities."""
+    name, ours, theirs = pair
+    path, body = NOT_UTF8
+    texts = [compare(name, ours, theirs, path, {**body, "stream": stream})["text"] for stream in (False, True)]
+    if name == "smollm2-q4_1":
+        assert "\ufffd" in texts[0], texts       # the request still makes bytes that are not UTF-8
+    got, want = (httpx.post(s.url + path, json={**body, "logprobs": 2}, timeout=120).json()["choices"][0]["logprobs"]
+                 for s in (ours, theirs))
+    assert got == want
+    record(kind="server", model=name, compared=3, identical=3)

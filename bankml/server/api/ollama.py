@@ -269,7 +269,7 @@ def logprobs(entries: list[Prob], piece, with_top: bool) -> list[dict]:
         return out
     out = []
     for e in entries:
-        d = entry(token_text(e.text.encode())["token"], logarithm(e.probs.prob))
+        d = entry(token_text(e.sent)["token"], logarithm(e.probs.prob))
         if with_top and e.probs.top:
             d["top_logprobs"] = [entry(token_text(piece(t))["token"], logarithm(p)) for t, p in e.probs.top]
         out.append(d)

@@ -12,7 +12,7 @@ import bankml
 from bankml.runtime.chat import ChatTemplateError, chat_template, render_chat, template_caps
 from bankml.runtime.probs import logarithm
 from bankml.server.api import tools
-from bankml.server.engine import Prob, Result
+from bankml.server.engine import Prob, Result, valid_utf8_len
 from bankml.server.fields import BadRequest, _json_type, boolean
 
 FINGERPRINT = f"bankml-{bankml.__version__}"
@@ -210,16 +210,6 @@ def completion_prompt(model, body: dict) -> list[int]:
     raise BadRequest("\"prompt\" must be a string or a list of tokens (bankml serves one prompt per request)")
 
 
-def valid_utf8_len(b: bytes) -> int:
-    """validate_utf8 (server-common.cpp): the length without a multi-byte character cut off at the end."""
-    n = len(b)
-    for i in range(1, min(4, n) + 1):
-        c = b[n - i]
-        if ((c & 0xE0) == 0xC0 and i < 2) or ((c & 0xF0) == 0xE0 and i < 3) or ((c & 0xF8) == 0xF0 and i < 4):
-            return n - i
-    return n
-
-
 def token_text(b: bytes) -> dict:
     """A token as llama-server's probabilities show it: the text of its whole UTF-8 prefix, its bytes."""
     return {"token": b[:valid_utf8_len(b)].decode("utf-8", "replace"), "bytes": list(b)}
@@ -234,7 +224,7 @@ def probs_json(entries: list[Prob], post: bool, piece) -> list[dict]:
     out = []
     for e in entries:
         top = [{"id": t, **token_text(piece(t)), key: value(p)} for t, p in e.probs.top]
-        out.append({"id": e.probs.tok, **token_text(e.text.encode()), key: value(e.probs.prob), top_key: top})
+        out.append({"id": e.probs.tok, **token_text(e.sent), key: value(e.probs.prob), top_key: top})
     return out
 
 
